@@ -1,0 +1,3 @@
+from tuned.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""tuned's configuration: one frozen, validated object built from a TOML file.
+
+Configuration flows one way: file (or defaults) -> :class:`Config` -> constructors.
+Every field carries its type, its allowed range and a one-line doc; that table is
+the manual (`tuned check-config --explain` prints it) and the validator.
+
+Fields marked ``restart`` size the engine (model, ceiling, ports); a live reload
+that changes one of them is reported as needing a restart and the running value
+is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+QUEUE_POLICIES = ("fcfs", "mcsf", "multibin", "bucket", "saber")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
+       choices: tuple | None = None, restart: bool = False, optional: bool = False):
+    return field(default=default, metadata={
+        "doc": doc, "lo": lo, "hi": hi, "choices": choices, "restart": restart,
+        "optional": optional})
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- engine (restart to change) ---
+    model: str = _f("demo:small", "model folder, or demo:tiny / demo:small to build the "
+                    "random-weight demo Llama locally", restart=True)
+    max_num_seqs: int = _f(32, "ceiling on running sequences handed to vLLM; tuned's cap "
+                           "moves inside [b_min, max_num_seqs]", lo=1, hi=4096, restart=True)
+    max_num_batched_tokens: int = _f(2048, "vLLM's per-step token ceiling; tuned's token "
+                                     "budget moves below it", lo=16, hi=1 << 20, restart=True)
+    max_model_len: int = _f(1024, "longest prompt+output in tokens", lo=16, hi=1 << 20,
+                            restart=True)
+    num_gpu_blocks: int = _f(0, "KV-cache blocks to allocate (0 = let vLLM size the cache)",
+                             lo=0, hi=1 << 24, restart=True)
+    host: str = _f("127.0.0.1", "address of the OpenAI-compatible server", restart=True)
+    port: int = _f(8000, "port of the OpenAI-compatible server", lo=1, hi=65535, restart=True)
+    metrics_host: str = _f("127.0.0.1", "address of tuned's /metrics endpoint", restart=True)
+    metrics_port: int = _f(9464, "port of tuned's endpoint (plus the data-parallel rank)",
+                           lo=1, hi=65535, restart=True)
+    vllm_args: tuple[str, ...] = _f((), "extra arguments passed to vLLM's server", restart=True)
+
+    # --- controller loop ---
+    interval_s: float = _f(0.5, "controller period", lo=0.05, hi=60.0)
+    stale_after_s: float = _f(5.0, "a decision older than this makes the scheduler apply "
+                              "fallback_cap", lo=0.2, hi=3600.0)
+    fallback_cap: int = _f(4, "safe static cap applied when the controller fails or stalls",
+                           lo=1, hi=4096)
+    b_min: int = _f(1, "lowest batch size tuned may choose (B_min)", lo=1, hi=4096)
+    b_max: int = _f(0, "highest batch size tuned may choose (B_max); 0 = max_num_seqs",
+                    lo=0, hi=4096)
+    min_chunk_tokens: int = _f(32, "room kept in the token budget for a prefill chunk "
+                               "above the cap", lo=1, hi=1 << 20)
+
+    # --- memory bound: seed 000, Algorithm 1 ---
+    eps_m: float = _f(0.05, "allowed probability that KV demand overflows the cache (eps_M)",
+                      lo=1e-6, hi=0.5)
+    demand_window: int = _f(128, "finished requests used for the mean/variance of KV demand",
+                            lo=2, hi=100000)
+    min_demand_samples: int = _f(8, "finished requests needed before the memory bound acts",
+                                 lo=1, hi=100000)
+
+    # --- SLA bound: seed 000, Algorithm 2 ---
+    tbt_sla_s: float = _f(0.0, "time-between-tokens SLA D_SLA in seconds; 0 = no SLA "
+                          "(memory alone decides)", lo=0.0, hi=60.0)
+    eps_d_s: float = _f(0.002, "SLA tolerance eps_D in seconds", lo=0.0, hi=10.0)
+    alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
+    delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
+    tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",
+                             lo=0.05, hi=600.0)
+
+    # --- policies and curves ---
+    queue_policy: str = _f("fcfs", "waiting-queue and admission policy", choices=QUEUE_POLICIES)
+    profile: str = _f("", "speed-curve profile file from `tuned profile` ('' = none)")
+    log_level: str = _f("info", "log level", choices=LOG_LEVELS)
+
+    # Where this config was read from ('' for the embedded default); not a TOML key.
+    source_path: str = field(default="", compare=False, metadata={"internal": True})
+
+    @property
+    def effective_b_max(self) -> int:
+        return self.b_max or self.max_num_seqs
+
+    @property
+    def sla_enabled(self) -> bool:
+        return self.tbt_sla_s > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["vllm_args"] = list(self.vllm_args)
+        return d
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config) if not f.metadata.get("internal")}
+RESTART_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata["restart"])
+
+
+class ConfigError(ValueError):
+    """A config that failed validation; ``problems`` holds one line per field."""
+
+    def __init__(self, problems: list[str], source: str = ""):
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(problems))
+
+
+def _type_name(t: Any) -> str:
+    return {"int": "an integer", "float": "a number", "str": "a string",
+            "tuple[str, ...]": "a list of strings"}.get(str(t), str(t))
+
+
+def _range_text(meta: dict) -> str:
+    if meta["choices"]:
+        return "one of " + ", ".join(meta["choices"])
+    lo, hi = meta["lo"], meta["hi"]
+    if lo is not None and hi is not None:
+        return f"in [{lo:g}, {hi:g}]"
+    return ""
+
+
+def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
+    f = FIELDS[name]
+    meta = f.metadata
+    want = str(f.type)
+    if want == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {value!r}"
+    elif want == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {value!r}"
+        value = float(value)
+        if not math.isfinite(value):
+            return None, f"{name}: must be a finite number {_range_text(meta)}, got {value!r}"
+    elif want == "str":
+        if not isinstance(value, str):
+            return None, f"{name}: must be a string, got {value!r}"
+    elif want == "tuple[str, ...]":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            return None, f"{name}: must be a list of strings, got {value!r}"
+        value = tuple(value)
+    if meta["choices"] and value not in meta["choices"]:
+        return None, f"{name}: must be {_range_text(meta)}, got {value!r}"
+    lo, hi = meta["lo"], meta["hi"]
+    if lo is not None and (value < lo or value > hi):
+        return None, f"{name}: must be {_range_text(meta)}, got {value!r}"
+    return value, None
+
+
+def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
+    """Build a :class:`Config` from a parsed mapping, or raise :class:`ConfigError`
+    listing every problem (unknown keys, types, ranges, cross-field rules)."""
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in FIELDS:
+            problems.append(f"{key}: unknown key (known keys: see `tuned check-config --explain`)")
+            continue
+        checked, err = _check_field(key, value)
+        if err:
+            problems.append(err)
+        else:
+            values[key] = checked
+    if problems:
+        raise ConfigError(problems, source)
+    if values.get("profile") and base_dir is not None:
+        p = Path(values["profile"])
+        if not p.is_absolute():
+            values["profile"] = str((base_dir / p).resolve())
+    cfg = Config(**values, source_path=source)
+    problems += cross_field_problems(cfg)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def cross_field_problems(cfg: Config) -> list[str]:
+    problems = []
+    if cfg.b_max and cfg.b_max > cfg.max_num_seqs:
+        problems.append(f"b_max: must be <= max_num_seqs ({cfg.max_num_seqs}), got {cfg.b_max}")
+    if cfg.b_min > cfg.effective_b_max:
+        problems.append(f"b_min: must be <= b_max ({cfg.effective_b_max}), got {cfg.b_min}")
+    if cfg.fallback_cap > cfg.max_num_seqs:
+        problems.append(f"fallback_cap: must be <= max_num_seqs ({cfg.max_num_seqs}), "
+                        f"got {cfg.fallback_cap}")
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs + cfg.min_chunk_tokens:
+        problems.append(
+            f"max_num_batched_tokens: must be >= max_num_seqs + min_chunk_tokens "
+            f"({cfg.max_num_seqs + cfg.min_chunk_tokens}), got {cfg.max_num_batched_tokens}")
+    if cfg.stale_after_s < 2 * cfg.interval_s:
+        problems.append(f"stale_after_s: must be >= 2 * interval_s ({2 * cfg.interval_s:g}), "
+                        f"got {cfg.stale_after_s:g}")
+    if cfg.sla_enabled and cfg.eps_d_s >= cfg.tbt_sla_s:
+        problems.append(f"eps_d_s: must be < tbt_sla_s ({cfg.tbt_sla_s:g}), got {cfg.eps_d_s:g}")
+    if cfg.profile and not Path(cfg.profile).is_file():
+        problems.append(f"profile: file not found: {cfg.profile}")
+    if cfg.metrics_port == cfg.port and cfg.metrics_host == cfg.host:
+        problems.append(f"metrics_port: must differ from port ({cfg.port})")
+    return problems
+
+
+def load(path: str | Path) -> Config:
+    """Read and validate a TOML config file; raise :class:`ConfigError` on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError([f"cannot read config file: {e.strerror}"], str(p)) from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"not valid TOML: {e}"], str(p)) from None
+    return validate(raw, source=str(p.resolve()), base_dir=p.resolve().parent)
+
+
+def default() -> Config:
+    """The embedded default: the small demo model on CPU, memory bound only."""
+    return Config()
+
+
+def restart_changes(old: Config, new: Config) -> list[str]:
+    """Fields that differ between two configs but cannot change on a live engine."""
+    return [n for n in RESTART_FIELDS if getattr(old, n) != getattr(new, n)]
+
+
+def explain() -> str:
+    """The field table, one line per key: name, type, default, range, doc."""
+    lines = []
+    for name, f in FIELDS.items():
+        meta = f.metadata
+        rng = _range_text(meta)
+        flag = " [restart]" if meta["restart"] else ""
+        lines.append(f"{name} ({f.type}, default {f.default!r}{', ' + rng if rng else ''})"
+                     f"{flag}: {meta['doc']}")
+    return "\n".join(lines)

@@ -1,0 +1,367 @@
+"""The control loop: observe -> decide -> act, once per ``interval_s``.
+
+``Controller.run_once()`` reads the step and finished-request rings the scheduler
+fills, NVML memory where a GPU exists, and the queue lengths (observe); runs the
+batch-size policy of seed 000 (decide); and puts the decision in a pending slot the
+scheduler applies at the top of its next ``schedule()`` (act). Each phase is timed
+into ``tuned_controller_tick_seconds{phase}``.
+
+A tick that raises is counted and hands the scheduler the configured fallback cap;
+the scheduler also falls back on its own when the last good tick is older than
+``stale_after_s``. Nothing here can stop the engine: the loop runs in apscheduler's
+thread and only ever swaps a reference the scheduler reads.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import structlog
+
+from tuned import config as config_mod
+from tuned.config import Config, ConfigError
+from tuned.metrics import Metrics
+from tuned.policies.batch import BatchPolicy, Decision, MemoryBound, Observation, SlaBound
+from tuned.telemetry.nvml import NvmlSampler
+from tuned.telemetry.ring import Ring
+
+log = structlog.get_logger("tuned.controller")
+
+
+class EngineView(Protocol):
+    """What the controller may read from (and ask of) the engine adapter."""
+
+    steps: Ring
+    finished: Ring
+    ceiling: int
+    max_num_batched_tokens: int
+    kv_capacity_tokens: int
+    dp_rank: int
+
+    def counts(self) -> tuple[int, int]: ...          # (running, waiting)
+    def applied(self) -> dict: ...                    # cap, token_budget, fallback, cause
+    def set_queue_policy(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Handed to the scheduler instead of a Decision when a tick fails."""
+
+    cause: str
+    cap: int
+
+
+def load_profile(path: str):
+    from tuned.curves.profile import load_profile as _load
+
+    return _load(path)
+
+
+class Controller:
+    def __init__(self, cfg: Config, engine: EngineView, metrics: Metrics,
+                 nvml: NvmlSampler | None = None, notifier: Any = None,
+                 serving: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 profile_loader: Callable[[str], Any] = load_profile,
+                 reload_source: Callable[[], Config] | None = None):
+        self.engine = engine
+        self.metrics = metrics
+        self.nvml = nvml
+        self.notifier = notifier
+        self.serving = serving
+        self.clock = clock
+        self.wall = wall
+        self.profile_loader = profile_loader
+        self.reload_source = reload_source or self._read_config_file
+        self._lock = threading.RLock()
+        self.pending: Decision | Fallback | None = None  # the slot the scheduler takes
+        self.current: Decision | None = None
+        self.recent: list[dict] = []
+        self.seq = 0
+        self.last_ok = clock()  # monotonic time of the last good tick
+        self.ready_sent = False
+        self._last_watchdog = -math.inf
+        self._step_seq = 0
+        self._fin_seq = 0
+        self._gpu: list | None = None
+        self._obs: Observation | None = None
+        self.last_reload: dict = {"t": None, "outcome": "none", "problems": [],
+                                  "restart_needed": []}
+        self._scheduler = None
+        self.cfg = cfg
+        self._build(cfg)
+        metrics.ceiling.set(engine.ceiling)
+        metrics.kv_capacity.set(engine.kv_capacity_tokens)
+
+    # ------------------------------------------------------------------ config
+    def _build(self, cfg: Config) -> None:
+        """(Re)build the policy objects from a validated config."""
+        profile = self.profile_loader(cfg.profile) if cfg.profile else None
+        b_max = min(cfg.effective_b_max, self.engine.ceiling)
+        sla = None
+        first_reason = None
+        if cfg.sla_enabled:
+            sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min, b_max)
+            if profile is not None:
+                # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
+                sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))
+                first_reason = "profile_initial"
+        self.policy = BatchPolicy(
+            ceiling=self.engine.ceiling, b_min=cfg.b_min, b_max=b_max,
+            memory=MemoryBound(cfg.eps_m, b_max, cfg.min_demand_samples), sla=sla,
+            max_num_batched_tokens=self.engine.max_num_batched_tokens,
+            min_chunk_tokens=cfg.min_chunk_tokens, step_model=profile)
+        self.profile = profile
+        self._first_reason = first_reason
+        self.cfg = cfg
+        self.metrics.tbt_sla.set(cfg.tbt_sla_s)
+
+    def _read_config_file(self) -> Config:
+        if not self.cfg.source_path:
+            return config_mod.default()
+        return config_mod.load(self.cfg.source_path)
+
+    def reload(self) -> dict:
+        """Re-read and validate the config; apply it live or keep the old one."""
+        now = self.wall()
+        try:
+            new = self.reload_source()
+        except ConfigError as e:
+            return self._refuse(now, e.problems)
+        restart = config_mod.restart_changes(self.cfg, new)
+        if restart:
+            # Keep the running engine's values for fields that size the engine.
+            new = _replace(new, {n: getattr(self.cfg, n) for n in restart})
+        changed = [n for n in config_mod.FIELDS if getattr(self.cfg, n) != getattr(new, n)]
+        with self._lock:
+            old = self.cfg
+            try:
+                self._build(new)
+                if new.queue_policy != old.queue_policy:
+                    self.engine.set_queue_policy(new.queue_policy)
+            except Exception as e:  # a profile that fails to load, a policy that fails
+                self._build(old)
+                return self._refuse(now, [f"{type(e).__name__}: {e}"])
+        if self._scheduler is not None and new.interval_s != old.interval_s:
+            self._scheduler.reschedule_job("tuned-controller", trigger="interval",
+                                           seconds=new.interval_s)
+        self.last_reload = {"t": now, "outcome": "ok", "problems": [],
+                            "restart_needed": restart, "changed": changed}
+        self.metrics.reloads.labels("ok").inc()
+        log.info("reload_applied", changed=changed, restart_needed=restart,
+                 source=new.source_path or "embedded default")
+        return dict(self.last_reload)
+
+    def _refuse(self, now: float, problems: list[str]) -> dict:
+        self.last_reload = {"t": now, "outcome": "refused", "problems": problems,
+                            "restart_needed": [], "changed": []}
+        self.metrics.reloads.labels("refused").inc()
+        log.warning("reload_refused", problems=problems, kept=self.cfg.source_path or
+                    "embedded default")
+        return dict(self.last_reload)
+
+    # ------------------------------------------------------------------ loop
+    def run_once(self) -> Decision | None:
+        """One tick. Never raises: a failure becomes a counted fallback."""
+        m = self.metrics
+        try:
+            with self._lock:
+                t0 = self.clock()
+                obs = self.observe()
+                t1 = self.clock()
+                dec = self.decide(obs)
+                t2 = self.clock()
+                self.act(dec)
+                t3 = self.clock()
+            m.tick.labels("observe").observe(t1 - t0)
+            m.tick.labels("decide").observe(t2 - t1)
+            m.tick.labels("act").observe(t3 - t2)
+            m.tick.labels("total").observe(t3 - t0)
+            self.last_ok = t3
+        except Exception as e:
+            dec = None
+            m.errors.inc()
+            self.pending = Fallback("controller_error", self.cfg.fallback_cap)
+            log.error("controller_error", error=f"{type(e).__name__}: {e}",
+                      fallback_cap=self.cfg.fallback_cap, exc_info=True)
+        self._notify()
+        return dec
+
+    def observe(self) -> Observation:
+        eng, m, cfg = self.engine, self.metrics, self.cfg
+        now = self.clock()
+        new_steps = eng.steps.since(self._step_seq)
+        if new_steps:
+            self._step_seq = new_steps[-1].seq + 1
+        gen = pre = 0
+        for s in new_steps:
+            if s.num_decode:
+                m.tbt.observe(s.step_s)
+            gen += s.generated_tokens
+            pre += s.preempted
+        m.steps.inc(len(new_steps))
+        m.generated.inc(gen)
+        m.preemptions.inc(pre)
+        # window for T and b-bar: the most recent steps within tbt_window_s
+        tbt_sum = b_sum = 0.0
+        n = 0
+        kv_usage = None
+        for s in reversed(eng.steps.last(eng.steps.size)):
+            if kv_usage is None:
+                kv_usage = s.kv_usage
+            if now - s.t > cfg.tbt_window_s:
+                break
+            if s.num_decode:
+                tbt_sum += s.step_s
+                b_sum += s.num_decode
+                n += 1
+        fin = eng.finished.last(cfg.demand_window)
+        new_fin = [f for f in fin if f.seq >= self._fin_seq]
+        if fin:
+            self._fin_seq = fin[-1].seq + 1
+        m.finished.inc(len(new_fin))
+        demand_mean = demand_std = None
+        if fin:
+            ins = [f.prompt_tokens for f in fin]
+            outs = [f.output_tokens for f in fin]
+            demand_mean = _mean(ins) + _mean(outs)
+            # seed 000 eq. (9): Var(S)/b = Var(l_in) + Var(l_out)
+            demand_std = math.sqrt(_var(ins) + _var(outs))
+        running, waiting = eng.counts()
+        if self.nvml is not None:
+            self._gpu = self.nvml.sample()
+            for g in self._gpu or ():
+                m.gpu_used.labels(str(g.index)).set(g.used_bytes)
+                m.gpu_total.labels(str(g.index)).set(g.total_bytes)
+        m.running.set(running)
+        m.waiting.set(waiting)
+        m.kv_usage.set(kv_usage or 0.0)
+        self._obs = Observation(
+            num_running=running, num_waiting=waiting,
+            kv_capacity_tokens=eng.kv_capacity_tokens, demand_mean=demand_mean,
+            demand_std=demand_std, demand_samples=len(fin),
+            tbt_mean_s=tbt_sum / n if n else None,
+            decode_batch_mean=b_sum / n if n else None, kv_usage=kv_usage or 0.0)
+        return self._obs
+
+    def decide(self, obs: Observation) -> Decision:
+        dec = self.policy.decide(obs)
+        if self._first_reason and self.current is None and dec.reason == "initial":
+            dec = _replace(dec, {"reason": self._first_reason})
+        return dec
+
+    def act(self, dec: Decision) -> None:
+        m = self.metrics
+        old = self.current
+        self.seq += 1
+        self.current = dec
+        self.pending = dec
+        m.target.set(dec.target)
+        m.lower.set(dec.lower)
+        m.upper.set(dec.upper)
+        if dec.b_mem is not None:
+            m.b_mem.set(dec.b_mem)
+        if dec.b_sla is not None:
+            m.b_sla.set(dec.b_sla)
+        m.decisions.labels(dec.reason).inc()
+        entry = {"t": self.wall(), "seq": self.seq, **dec.to_dict()}
+        self.recent.append(entry)
+        del self.recent[:-200]
+        if old is None or (old.cap, old.token_budget) != (dec.cap, dec.token_budget):
+            m.decision_changes.inc()
+            log.info("decision", old_cap=old.cap if old else None, new_cap=dec.cap,
+                     old_token_budget=old.token_budget if old else None,
+                     new_token_budget=dec.token_budget, target=dec.target,
+                     lower=dec.lower, upper=dec.upper, reason=dec.reason,
+                     b_mem=dec.b_mem, b_sla=dec.b_sla, inputs=dec.inputs)
+
+    def _notify(self) -> None:
+        n = self.notifier
+        if n is None or not getattr(n, "enabled", False):
+            return
+        now = self.clock()
+        interval = n.watchdog_interval_s
+        if interval is not None and now - self._last_watchdog >= interval:
+            n.watchdog()
+            self._last_watchdog = now
+        if not self.ready_sent and self.current is not None:
+            try:
+                serving = self.serving()
+            except Exception:
+                serving = False
+            if serving:
+                n.ready(f"cap={self.current.cap} reason={self.current.reason}")
+                self.ready_sent = True
+
+    # ------------------------------------------------------------------ state
+    def healthy(self) -> bool:
+        return self.clock() - self.last_ok <= self.cfg.stale_after_s
+
+    def decisions_json(self, limit: int = 50) -> dict:
+        obs = self._obs
+        limit = max(0, min(limit, 200))
+        running, waiting = self.engine.counts()
+        gpu = None if self._gpu is None else [g._asdict() for g in self._gpu]
+        return {
+            "current": self.recent[-1] if self.recent else None,
+            "recent": self.recent[-limit:] if limit else [],
+            "applied": self.engine.applied(),
+            "config": {"queue_policy": self.cfg.queue_policy, "profile": self.cfg.profile,
+                       "tbt_sla_s": self.cfg.tbt_sla_s, "source_path": self.cfg.source_path,
+                       "interval_s": self.cfg.interval_s},
+            "last_reload": dict(self.last_reload),
+            "telemetry": {"tbt_mean_s": obs.tbt_mean_s if obs else None,
+                          "decode_batch_mean": obs.decode_batch_mean if obs else None,
+                          "kv_usage": obs.kv_usage if obs else 0.0,
+                          "kv_capacity_tokens": self.engine.kv_capacity_tokens,
+                          "gpu": gpu, "running": running, "waiting": waiting},
+            "engine": {"ceiling": self.engine.ceiling,
+                       "max_num_batched_tokens": self.engine.max_num_batched_tokens,
+                       "dp_rank": self.engine.dp_rank},
+        }
+
+    def start(self):
+        """Run ``run_once`` every ``interval_s`` on apscheduler's thread, first tick now."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        sched = BackgroundScheduler(daemon=True)
+        sched.add_job(self.run_once, "interval", seconds=self.cfg.interval_s,
+                      id="tuned-controller", max_instances=1, coalesce=True,
+                      misfire_grace_time=None, next_run_time=_now_dt())
+        sched.start()
+        self._scheduler = sched
+        return sched
+
+    def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+
+
+def _now_dt():
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _replace(obj, changes: dict):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def _mean(xs: list[int]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _var(xs: list[int]) -> float:
+    """Population variance (the window is the population the bound is about)."""
+    if len(xs) < 2:
+        return 0.0
+    mu = _mean(xs)
+    return sum((x - mu) ** 2 for x in xs) / len(xs)

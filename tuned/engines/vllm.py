@@ -1,0 +1,327 @@
+"""tuned inside vLLM 0.32: a thin scheduler subclass.
+
+vLLM loads it in the EngineCore process (``--scheduler-cls
+tuned.engines.vllm.TunedScheduler``, or ``LLM(scheduler_cls=...)``) and calls it
+from its busy loop. It overrides as little as it can:
+
+* ``schedule()``: first applies the controller's latest decision to the two live
+  knobs, ``max_num_active_reqs`` (the admission gate; never ``max_num_running_reqs``,
+  the model runner's slot count) and ``max_num_scheduled_tokens`` (the token budget),
+  or the fallback cap when the controller failed or went stale; then vLLM schedules.
+* ``update_from_output()``: after vLLM, records one :class:`StepSample` in a ring.
+* ``_free_request()``: records the finished request's lengths for the memory bound.
+
+The controller (an apscheduler thread) and the HTTP endpoint start here, in
+``__init__``, so there is one of each per data-parallel rank. Everything tuned does
+on the step path is wrapped so that an exception in tuned is counted and logged,
+never raised into the engine.
+
+``TunedScheduler`` picks the synchronous base (vLLM's ``Scheduler``, forced on CPU) or
+``AsyncScheduler`` (the GPU default) from the engine's config, so one class name
+serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections import deque
+from typing import Any
+
+import structlog
+
+from tuned import config as config_mod
+from tuned import log as log_mod
+from tuned.config import Config
+from tuned.controller import Controller, Fallback
+from tuned.metrics import Endpoint, Metrics
+from tuned.policies.batch import Decision
+from tuned.telemetry.nvml import NvmlSampler
+from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
+
+SUPPORTED_VLLM = ((0, 32),)
+STEP_RING = 8192
+FINISHED_RING = 4096
+
+log = structlog.get_logger("tuned.engine")
+
+
+class UnsupportedVllmError(RuntimeError):
+    pass
+
+
+def check_vllm_version(version: str) -> tuple[int, int]:
+    """Raise unless ``version`` is a vLLM release this adapter was written against."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        raise UnsupportedVllmError(f"cannot parse vLLM version {version!r}") from None
+    if (major, minor) not in SUPPORTED_VLLM:
+        supported = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM)
+        raise UnsupportedVllmError(
+            f"tuned's scheduler adapter supports vLLM {supported}; found {version}. "
+            f"Install a supported vLLM (extras: tuned-llm[gpu] or tuned-llm[cpu]).")
+    return major, minor
+
+
+def tuned_additional_config(cfg: Config, serving_url: str | None = None) -> dict:
+    """The ``additional_config`` entry that carries tuned's config into EngineCore."""
+    d = cfg.to_dict()
+    d.pop("source_path", None)
+    return {"tuned": {"config": d, "config_path": cfg.source_path,
+                      "serving_url": serving_url}}
+
+
+def _config_from_vllm(vllm_config) -> tuple[Config, str | None]:
+    extra = (vllm_config.additional_config or {}).get("tuned") or {}
+    path = extra.get("config_path") or ""
+    if path:
+        cfg = config_mod.load(path)
+    else:
+        cfg = config_mod.validate(extra.get("config") or {})
+    return cfg, extra.get("serving_url")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+class _TunedMixin:
+    """The parts shared by the sync and async variants."""
+
+    # -------------------------------------------------------------- set-up
+    def _tuned_setup(self) -> None:
+        import vllm
+
+        check_vllm_version(vllm.__version__)
+        cfg, serving_url = _config_from_vllm(self.vllm_config)
+        log_mod.configure(cfg.log_level)
+        self.steps = Ring(STEP_RING)
+        self.finished = Ring(FINISHED_RING)
+        self.ceiling = self.max_num_running_reqs
+        self.max_num_batched_tokens = self.scheduler_config.max_num_batched_tokens
+        pool = self.kv_cache_manager.block_pool
+        self._block_pool = pool
+        # one block of the pool is vLLM's null block and never holds tokens
+        self.kv_capacity_tokens = (pool.num_gpu_blocks - 1) * self.block_size
+        self.dp_rank = int(getattr(self.parallel_config, "data_parallel_rank", 0) or 0)
+        self._sched_times: deque[float] = deque()
+        self._last_update_t = 0.0
+        self._applied_obj: Any = None
+        self._fallback_cause: str | None = None
+        self._tuned_errors = 0
+        self.metrics = Metrics()
+        nvml = NvmlSampler()
+        nvml.start()
+        from tuned import sdnotify
+
+        # EngineCore inherits NOTIFY_SOCKET / WATCHDOG_USEC from `tuned serve`.
+        notifier = sdnotify.from_environ(os.environ)
+        serving = (lambda: _http_ok(serving_url)) if serving_url else (lambda: True)
+        self.controller = Controller(cfg, self, self.metrics, nvml=nvml, notifier=notifier,
+                                     serving=serving)
+        self.queue_policy = "fcfs"
+        if cfg.queue_policy != "fcfs":
+            self.set_queue_policy(cfg.queue_policy)
+        self._stale_after_s = cfg.stale_after_s
+        self._set_knobs(min(cfg.fallback_cap, self.ceiling), self.max_num_batched_tokens)
+        self.endpoint = None
+        port = cfg.metrics_port + self.dp_rank
+        try:
+            self.endpoint = Endpoint(cfg.metrics_host, port, self.metrics,
+                                     decisions=self.controller.decisions_json,
+                                     steps=self.steps_json, reload=self.controller.reload,
+                                     healthy=self.controller.healthy).start()
+        except OSError as e:
+            log.error("endpoint_failed", host=cfg.metrics_host, port=port, error=str(e),
+                      note="engine keeps serving; metrics unavailable")
+        log.info("tuned_started", ceiling=self.ceiling, kv_capacity_tokens=self.kv_capacity_tokens,
+                 block_size=self.block_size, scheduler=type(self).__mro__[2].__name__,
+                 metrics=f"http://{cfg.metrics_host}:{port}/metrics" if self.endpoint else None,
+                 config=cfg.source_path or "embedded default", sla_s=cfg.tbt_sla_s)
+        self.controller.start()
+
+    # -------------------------------------------------------------- the view
+    def counts(self) -> tuple[int, int]:
+        return self.get_request_counts()
+
+    def applied(self) -> dict:
+        return {"cap": self.max_num_active_reqs, "token_budget": self.max_num_scheduled_tokens,
+                "fallback": self._fallback_cause is not None,
+                "fallback_cause": self._fallback_cause}
+
+    def set_queue_policy(self, name: str) -> None:
+        from tuned.engines import vllm_queue
+
+        vllm_queue.install(self, name, self.controller.cfg)
+        self.queue_policy = name
+
+    def steps_json(self, since: int) -> dict:
+        return {"next": self.steps.next_seq, "block_size": self.block_size,
+                "num_gpu_blocks": self._block_pool.num_gpu_blocks,
+                "samples": [s._asdict() for s in self.steps.since(since)]}
+
+    # -------------------------------------------------------------- hot path
+    def _set_knobs(self, cap: int, budget: int) -> None:
+        cap = min(max(cap, 1), self.ceiling)
+        self.max_num_active_reqs = cap
+        self.max_num_scheduled_tokens = min(max(budget, cap + 1), self.max_num_batched_tokens)
+        self.metrics.applied_cap.set(cap)
+        self.metrics.token_budget.set(self.max_num_scheduled_tokens)
+
+    def _tuned_apply(self) -> None:
+        ctrl = self.controller
+        p = ctrl.pending
+        if p is not self._applied_obj:
+            self._applied_obj = p
+            if isinstance(p, Decision):
+                self._set_knobs(p.cap, p.token_budget)
+                if self._fallback_cause is not None:
+                    log.info("fallback_cleared", cause=self._fallback_cause, cap=p.cap)
+                    self._fallback_cause = None
+                    self.metrics.in_fallback.set(0)
+            elif isinstance(p, Fallback):
+                self._enter_fallback(p.cause, p.cap)
+        if (self._fallback_cause is None
+                and time.monotonic() - ctrl.last_ok > self._stale_after_s):
+            self._enter_fallback("stale", ctrl.cfg.fallback_cap)
+
+    def _enter_fallback(self, cause: str, cap: int) -> None:
+        if self._fallback_cause == cause:
+            return
+        self._fallback_cause = cause
+        self._set_knobs(cap, self.max_num_batched_tokens)
+        self.metrics.fallbacks.labels(cause).inc()
+        self.metrics.in_fallback.set(1)
+        log.warning("fallback", cause=cause, cap=self.max_num_active_reqs,
+                    last_good_tick_age_s=round(time.monotonic() - self.controller.last_ok, 3))
+
+    def _tuned_record(self, so, mro) -> None:
+        now = time.monotonic()
+        start = self._sched_times.popleft() if self._sched_times else now
+        step_s = now - max(start, self._last_update_t)
+        self._last_update_t = now
+        nst = so.num_scheduled_tokens
+        if not nst:
+            return
+        n_dec = 0
+        for v in nst.values():
+            if v == 1:
+                n_dec += 1
+        total = so.total_num_scheduled_tokens
+        gen = 0
+        for t in mro.sampled_token_ids or ():
+            gen += len(t)
+        free = self._block_pool.get_num_free_blocks()
+        used = self._block_pool.num_gpu_blocks - free
+        resident = 0
+        for r in self.running:
+            resident += r.num_computed_tokens
+        running, waiting = self.get_request_counts()
+        self.steps.append(StepSample(
+            self.steps.next_seq, now, step_s, n_dec, len(nst) - n_dec, total - n_dec, total,
+            gen, used / self._block_pool.num_gpu_blocks, used, resident, running, waiting,
+            len(so.preempted_req_ids or ())))
+
+    def _tuned_guard(self, where: str, e: Exception) -> None:
+        self._tuned_errors += 1
+        if self._tuned_errors <= 5:
+            log.error("tuned_step_error", where=where, error=f"{type(e).__name__}: {e}",
+                      count=self._tuned_errors, exc_info=True)
+
+    # -------------------------------------------------------------- overrides
+    def schedule(self, *args, **kwargs):
+        try:
+            self._tuned_apply()
+        except Exception as e:
+            self._tuned_guard("apply", e)
+        out = super().schedule(*args, **kwargs)
+        self._sched_times.append(time.monotonic())
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        try:
+            self._tuned_record(scheduler_output, model_runner_output)
+        except Exception as e:
+            self._tuned_guard("record", e)
+        return result
+
+    def _free_request(self, request, *args, **kwargs):
+        try:
+            self.finished.append(FinishedRequest(
+                self.finished.next_seq, time.monotonic(), request.request_id,
+                request.num_prompt_tokens, request.num_output_tokens,
+                request.max_tokens or 0, request.arrival_time, request.num_preemptions))
+            q = self.waiting
+            if hasattr(q, "on_request_finished"):
+                q.on_request_finished(request)
+        except Exception as e:
+            self._tuned_guard("finish", e)
+        return super()._free_request(request, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        try:
+            self.controller.stop()
+            if self.endpoint is not None:
+                self.endpoint.stop()
+        except Exception as e:
+            self._tuned_guard("shutdown", e)
+        super().shutdown()
+
+
+def _make_classes():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class TunedSyncScheduler(_TunedMixin, Scheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._tuned_setup()
+
+    class TunedAsyncScheduler(_TunedMixin, AsyncScheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._tuned_setup()
+
+    return TunedSyncScheduler, TunedAsyncScheduler
+
+
+TunedSyncScheduler, TunedAsyncScheduler = _make_classes()
+
+
+class TunedScheduler:
+    """Entry point for ``--scheduler-cls``: builds the variant matching the engine.
+
+    vLLM resolves async scheduling before it builds the scheduler; this picks
+    ``AsyncScheduler`` as the base when it is on and the plain ``Scheduler`` when it
+    is off (always on CPU).
+    """
+
+    def __new__(cls, *args, **kwargs):
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        if vllm_config.scheduler_config.async_scheduling:
+            return TunedAsyncScheduler(*args, **kwargs)
+        return TunedSyncScheduler(*args, **kwargs)
+
+
+def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) -> dict:
+    """Keyword arguments for ``vllm.LLM`` / ``EngineArgs`` that embed tuned."""
+    kw: dict[str, Any] = dict(
+        model=model_path, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
+        scheduler_cls="tuned.engines.vllm.TunedScheduler",
+        additional_config=tuned_additional_config(cfg, serving_url))
+    if cfg.num_gpu_blocks:
+        kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks
+    return kw
+
+
+def dumps_additional_config(cfg: Config, serving_url: str | None) -> str:
+    return json.dumps(tuned_additional_config(cfg, serving_url))

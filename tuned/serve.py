@@ -1,0 +1,236 @@
+"""``tuned serve``: vLLM's OpenAI-compatible server with tuned's scheduler embedded.
+
+The command is a small supervisor. It validates the config, resolves the model
+(building the demo model when asked), and runs
+``python -m vllm.entrypoints.openai.api_server --scheduler-cls
+tuned.engines.vllm.TunedScheduler --additional-config {...}`` as its child, so the
+controller runs inside vLLM's EngineCore process. It then:
+
+* on SIGHUP (``systemctl reload``) asks every engine rank's endpoint to reload the
+  config (``POST /reload``); the engine validates it and keeps the old one when it is
+  bad;
+* on SIGTERM / SIGINT stops the server and waits for it;
+* exits with the server's exit code.
+
+READY=1 and WATCHDOG=1 for systemd come from the controller inside the engine
+(``NotifyAccess=all``), once the first decision is made and the server answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import structlog
+
+from tuned import config as config_mod
+from tuned import log as log_mod
+from tuned.config import Config, ConfigError
+from tuned.engines.vllm import dumps_additional_config
+
+log = structlog.get_logger("tuned.serve")
+
+STOP_TIMEOUT_S = 60.0
+DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "tuned" / "models"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="run vLLM's OpenAI server with tuned embedded",
+        description="Start vLLM's OpenAI-compatible server with tuned's scheduler. "
+                    "Arguments after -- go to vLLM unchanged.")
+    p.add_argument("--config", help="TOML config (default: the embedded demo: the "
+                   "small demo model on CPU)")
+    p.add_argument("--model-cache", default=str(DEFAULT_MODEL_CACHE),
+                   help="where demo:tiny / demo:small are built (default: %(default)s)")
+    p.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")
+    p.set_defaults(func=cmd_serve)
+
+
+def load_config(path: str | None) -> Config:
+    return config_mod.load(path) if path else config_mod.default()
+
+
+def resolve_model(cfg: Config, cache_dir: Path) -> str:
+    from tuned.demo_model import resolve_model as _resolve
+
+    return str(_resolve(cfg.model, cache_dir, log=lambda msg: log.info("demo_model", step=msg)))
+
+
+def server_command(cfg: Config, model_path: str, extra: list[str] | None = None) -> list[str]:
+    serving_url = f"http://{_connect_host(cfg.host)}:{cfg.port}/health"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+           "--model", model_path, "--host", cfg.host, "--port", str(cfg.port),
+           "--max-num-seqs", str(cfg.max_num_seqs),
+           "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+           "--max-model-len", str(cfg.max_model_len),
+           "--scheduler-cls", "tuned.engines.vllm.TunedScheduler",
+           "--additional-config", dumps_additional_config(cfg, serving_url)]
+    if cfg.num_gpu_blocks:
+        cmd += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
+    return cmd + list(cfg.vllm_args) + list(extra or [])
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def endpoint_url(cfg: Config, rank: int = 0) -> str:
+    return f"http://{_connect_host(cfg.metrics_host)}:{cfg.metrics_port + rank}"
+
+
+def _dp_size(args: list[str]) -> int:
+    for i, a in enumerate(args):
+        if a in ("--data-parallel-size", "-dp") and i + 1 < len(args):
+            return int(args[i + 1])
+        if a.startswith("--data-parallel-size="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
+def post_reload(url: str, timeout: float = 10.0) -> dict:
+    req = urllib.request.Request(url + "/reload", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # 422: refused, with the problems in the body
+        return json.loads(e.read() or b"{}")
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, cmd: list[str], env: dict[str, str]):
+        self.cfg = cfg
+        self.cmd = cmd
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.dp = _dp_size(cmd)
+        self._stopping = False
+        self._stop_began = 0.0
+
+    def _on_hup(self, signum, frame) -> None:
+        threading.Thread(target=self.reload, name="tuned-reload", daemon=True).start()
+
+    def reload(self) -> list[dict]:
+        results = []
+        for rank in range(self.dp):
+            url = endpoint_url(self.cfg, rank)
+            try:
+                res = post_reload(url)
+            except (OSError, ValueError) as e:
+                res = {"outcome": "unreachable", "error": str(e)}
+            res["rank"] = rank
+            log.info("reload_result", **res)
+            results.append(res)
+        return results
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _on_term(self, signum, frame) -> None:
+        if self.proc is not None and self.proc.poll() is None and not self._stopping:
+            self._stopping = True
+            self._stop_began = time.monotonic()
+            log.info("stopping", signal=signal.Signals(signum).name)
+            self._signal_group(signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        log.info("starting_engine", cmd=" ".join(self.cmd[:4]) + " ...",
+                 api=f"http://{self.cfg.host}:{self.cfg.port}/v1",
+                 metrics=endpoint_url(self.cfg) + "/metrics")
+        # A new session keeps a terminal's Ctrl-C from reaching vLLM twice: it
+        # arrives here and is forwarded once as SIGTERM.
+        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
+        threading.Thread(target=self._announce, daemon=True).start()
+        last_term = 0.0
+        while True:
+            try:
+                rc = self.proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if not self._stopping:
+                    continue
+                waited = time.monotonic() - self._stop_began
+                if waited > STOP_TIMEOUT_S:
+                    log.warning("engine_did_not_stop", action="SIGKILL", waited_s=round(waited))
+                    self._signal_group(signal.SIGKILL)
+                elif time.monotonic() - last_term > 5:
+                    # vLLM ignores SIGTERM while it is still starting up: repeat it.
+                    last_term = time.monotonic()
+                    self._signal_group(signal.SIGTERM)
+        # The engine's own children (EngineCore, workers) share the session: make
+        # sure none outlives the server.
+        self._signal_group(signal.SIGKILL)
+        log.info("engine_exited", returncode=rc)
+        return 0 if (self._stopping and rc in (0, -signal.SIGTERM)) else rc
+
+    def _announce(self) -> None:
+        """Log once when the API answers and the controller has decided."""
+        health = f"http://{_connect_host(self.cfg.host)}:{self.cfg.port}/health"
+        dec = endpoint_url(self.cfg) + "/decisions?limit=0"
+        while self.proc is not None and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(health, timeout=1) as r:
+                    ok = r.status == 200
+                with urllib.request.urlopen(dec, timeout=1) as r:
+                    cur = json.loads(r.read()).get("current")
+                if ok and cur:
+                    log.info("serving", api=f"http://{self.cfg.host}:{self.cfg.port}/v1",
+                             metrics=endpoint_url(self.cfg) + "/metrics",
+                             cap=cur["cap"], reason=cur["reason"])
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.5)
+
+
+def build_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    # The CPU build sizes its KV cache in GiB from this variable; keep its footprint
+    # small unless the operator chose (num_gpu_blocks overrides it anyway).
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    return env
+
+
+def cmd_serve(args) -> int:
+    extra = list(args.vllm_args or [])
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        for p in e.problems:
+            print(f"{e.source or 'config'}: {p}", file=sys.stderr)
+        return 2
+    log_mod.configure(cfg.log_level)
+    try:
+        model_path = resolve_model(cfg, Path(args.model_cache))
+    except FileNotFoundError as e:
+        print(f"model: {e}", file=sys.stderr)
+        return 2
+    from tuned.engines.vllm import UnsupportedVllmError, check_vllm_version
+
+    try:
+        import vllm
+
+        check_vllm_version(vllm.__version__)
+    except ImportError:
+        print("vLLM is not installed: pip install 'tuned-llm[gpu]' (GPU hosts) or "
+              "'tuned-llm[cpu]' (CPU hosts)", file=sys.stderr)
+        return 2
+    except UnsupportedVllmError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    sup = Supervisor(cfg, server_command(cfg, model_path, extra), build_env())
+    return sup.run()

@@ -1,0 +1,1 @@
+"""Observe: step samples from the scheduler, finished-request lengths, NVML memory."""

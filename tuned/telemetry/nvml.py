@@ -1,0 +1,92 @@
+"""GPU memory from NVML, or a clear 'no GPU' and engine-only telemetry.
+
+The pynvml module (from the nvidia-ml-py package) is the hardware boundary: it is
+passed in, so tests hand a fake module with the same function names and error class.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import structlog
+
+log = structlog.get_logger("tuned.nvml")
+
+
+class GpuMemory(NamedTuple):
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+
+
+def _default_pynvml():
+    import pynvml  # provided by nvidia-ml-py
+
+    return pynvml
+
+
+class NvmlSampler:
+    """Reads used/total device memory for the GPUs visible to this process.
+
+    ``start()`` initialises NVML once. Where it fails (no driver, no device, no
+    library) the sampler disables itself, logs one line saying telemetry is
+    engine-only, and ``sample()`` returns None from then on.
+    """
+
+    def __init__(self, pynvml: Any = None, device_indices: list[int] | None = None):
+        self._pynvml = pynvml
+        self._device_indices = device_indices
+        self._handles: list[tuple[int, str, Any]] = []
+        self.available = False
+        self.reason = "not started"
+
+    def start(self) -> bool:
+        try:
+            nv = self._pynvml if self._pynvml is not None else _default_pynvml()
+            self._pynvml = nv
+            nv.nvmlInit()
+            count = nv.nvmlDeviceGetCount()
+            indices = self._device_indices if self._device_indices is not None else range(count)
+            for i in indices:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                name = nv.nvmlDeviceGetName(h)
+                if isinstance(name, bytes):
+                    name = name.decode()
+                self._handles.append((i, str(name), h))
+            if not self._handles:
+                raise RuntimeError("NVML reports no GPU device")
+        except Exception as e:  # any NVML failure means: no GPU telemetry
+            self._handles = []
+            self.available = False
+            self.reason = f"{type(e).__name__}: {e}"
+            log.info("nvml_unavailable", telemetry="engine-only", reason=self.reason)
+            return False
+        self.available = True
+        self.reason = "ok"
+        log.info("nvml_ready", gpus=[n for _, n, _ in self._handles])
+        return True
+
+    def sample(self) -> list[GpuMemory] | None:
+        if not self.available:
+            return None
+        out = []
+        try:
+            for i, name, h in self._handles:
+                m = self._pynvml.nvmlDeviceGetMemoryInfo(h)
+                out.append(GpuMemory(i, name, int(m.used), int(m.total)))
+        except Exception as e:
+            # A device that stops answering mid-run: keep serving, report once.
+            self.available = False
+            self.reason = f"{type(e).__name__}: {e}"
+            log.warning("nvml_lost", telemetry="engine-only", reason=self.reason)
+            return None
+        return out
+
+    def stop(self) -> None:
+        if self.available:
+            try:
+                self._pynvml.nvmlShutdown()
+            except Exception:
+                pass
+            self.available = False

@@ -45,8 +45,8 @@ class Config:
     host: str = _f("127.0.0.1", "address of the OpenAI-compatible server", restart=True)
     port: int = _f(8000, "port of the OpenAI-compatible server", lo=1, hi=65535, restart=True)
     metrics_host: str = _f("127.0.0.1", "address of tuned's /metrics endpoint", restart=True)
-    metrics_port: int = _f(9464, "port of tuned's endpoint (plus the data-parallel rank)",
-                           lo=1, hi=65535, restart=True)
+    metrics_port: int = _f(9464, "port of tuned's endpoint (plus the data-parallel rank; "
+                           "0 = any free port)", lo=0, hi=65535, restart=True)
     vllm_args: tuple[str, ...] = _f((), "extra arguments passed to vLLM's server", restart=True)
 
     # --- controller loop ---
@@ -132,6 +132,7 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     f = FIELDS[name]
     meta = f.metadata
     want = str(f.type)
+    raw = value  # errors quote what the user wrote, not our conversion of it
     if want == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {value!r}"
@@ -149,10 +150,10 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
             return None, f"{name}: must be a list of strings, got {value!r}"
         value = tuple(value)
     if meta["choices"] and value not in meta["choices"]:
-        return None, f"{name}: must be {_range_text(meta)}, got {value!r}"
+        return None, f"{name}: must be {_range_text(meta)}, got {raw!r}"
     lo, hi = meta["lo"], meta["hi"]
     if lo is not None and (value < lo or value > hi):
-        return None, f"{name}: must be {_range_text(meta)}, got {value!r}"
+        return None, f"{name}: must be {_range_text(meta)}, got {raw!r}"
     return value, None
 
 

@@ -132,7 +132,7 @@ class _TunedMixin:
         self._stale_after_s = cfg.stale_after_s
         self._set_knobs(min(cfg.fallback_cap, self.ceiling), self.max_num_batched_tokens)
         self.endpoint = None
-        port = cfg.metrics_port + self.dp_rank
+        port = cfg.metrics_port + self.dp_rank if cfg.metrics_port else 0
         try:
             self.endpoint = Endpoint(cfg.metrics_host, port, self.metrics,
                                      decisions=self.controller.decisions_json,
@@ -143,7 +143,8 @@ class _TunedMixin:
                       note="engine keeps serving; metrics unavailable")
         log.info("tuned_started", ceiling=self.ceiling, kv_capacity_tokens=self.kv_capacity_tokens,
                  block_size=self.block_size, scheduler=type(self).__mro__[2].__name__,
-                 metrics=f"http://{cfg.metrics_host}:{port}/metrics" if self.endpoint else None,
+                 metrics=(f"http://{cfg.metrics_host}:{self.endpoint.port}/metrics"
+                          if self.endpoint else None),
                  config=cfg.source_path or "embedded default", sla_s=cfg.tbt_sla_s)
         self.controller.start()
 

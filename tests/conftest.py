@@ -1,0 +1,28 @@
+"""Shared fixtures: the demo models, built locally once and reused across runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_CACHE = ROOT / ".cache" / "test-models"
+
+# The CPU build sizes its KV cache in GiB from this; tests keep it small.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from tuned.demo_model import build_demo_model
+
+    return build_demo_model(MODEL_CACHE / "tiny", "tiny")
+
+
+@pytest.fixture(scope="session")
+def small_model() -> Path:
+    from tuned.demo_model import build_demo_model
+
+    return build_demo_model(MODEL_CACHE / "small", "small")

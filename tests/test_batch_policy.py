@@ -1,0 +1,181 @@
+"""Seed 000's Algorithms 1 and 2 against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tuned.policies.batch import (BatchPolicy, MemoryBound, Observation, SlaBound,
+                                  clt_theta, memory_batch_limit, token_budget)
+
+
+def obs(running=4, waiting=4, n=1000, mean=100.0, std=0.0, samples=32, tbt=None, bbar=None):
+    return Observation(num_running=running, num_waiting=waiting, kv_capacity_tokens=n,
+                       demand_mean=mean, demand_std=std, demand_samples=samples,
+                       tbt_mean_s=tbt, decode_batch_mean=bbar)
+
+
+# ---------------------------------------------------------------- Algorithm 1
+def test_theta_is_the_normal_quantile():
+    assert clt_theta(0.05) == pytest.approx(1.6448536, abs=1e-6)
+    assert clt_theta(0.5) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_memory_limit_without_variance_is_capacity_over_mean():
+    # sigma = 0: b*mu <= n  ->  b = 1000 / 100 = 10, no safety buffer
+    assert memory_batch_limit(1000, 100.0, 0.0, clt_theta(0.05)) == (10, 0.0)
+
+
+def test_memory_limit_with_clt_buffer_by_hand():
+    # theta = 1.644854, sigma = 20, mu = 100, n = 1000:
+    # sqrt(b) = (-32.897 + sqrt(32.897^2 + 4*100*1000)) / 200 = 3.00207 -> b = 9.012
+    # L0 = theta * sigma * sqrt(b) = 98.76;  (n - L0) / mu = 9.012 -> 9
+    # check: 9*100 + 1.6449*20*3 = 998.7 <= 1000, while b = 10 gives 1104 > 1000
+    b, l0 = memory_batch_limit(1000, 100.0, 20.0, clt_theta(0.05))
+    assert b == 9
+    assert l0 == pytest.approx(98.76, abs=0.01)
+
+
+def test_memory_limit_boundary_exact_fit():
+    # theta*sigma = 10, mu = 10, n = 130: b = 9 gives 90 + 10*3 = 120; b = 10 gives
+    # 100 + 10*3.162 = 131.6 > 130; sqrt(b) solves 10 b + 10 sqrt(b) = 130 -> sqrt(b)=3.140
+    theta = 1.0
+    b, _ = memory_batch_limit(130, 10.0, 10.0, theta)
+    assert b == 9
+    # exact fit: n = 120 -> sqrt(b) = 3 exactly, b = 9 (no float floor slip to 8)
+    assert memory_batch_limit(120, 10.0, 10.0, theta)[0] == 9
+
+
+def test_algorithm1_adjusts_only_with_waiting_and_running():
+    m = MemoryBound(eps_m=0.05, b_max=32, min_samples=8)
+    assert m.update(obs(running=4, waiting=0)) == (32, "hold_no_queue")   # b_{t-1} = B_max
+    assert m.update(obs(running=0, waiting=5)) == (32, "hold_no_queue")
+    assert m.update(obs(running=4, waiting=5, std=20.0)) == (9, "memory")
+    assert m.update(obs(running=4, waiting=0)) == (9, "hold_no_queue")     # keeps b_{t-1}
+
+
+def test_algorithm1_never_below_running_never_above_bmax():
+    m = MemoryBound(eps_m=0.05, b_max=32, min_samples=8)
+    assert m.update(obs(running=12, waiting=3)) == (12, "floor_running")   # b_mem 10 < 12
+    assert m.update(obs(running=2, waiting=3, n=100000)) == (32, "memory")  # 1000 -> B_max
+
+
+def test_algorithm1_waits_for_demand_samples():
+    m = MemoryBound(eps_m=0.05, b_max=16, min_samples=8)
+    assert m.update(obs(samples=7)) == (16, "memory_no_data")
+    assert m.update(obs(samples=8)) == (10, "memory")
+
+
+# ---------------------------------------------------------------- Algorithm 2
+def sla(**kw):
+    args = dict(sla_s=0.050, eps_s=0.005, alpha=2, delta=1, b_min=1, b_max=32)
+    args.update(kw)
+    return SlaBound(**args)
+
+
+def test_algorithm2_binary_search_by_hand():
+    s = sla()
+    assert (s.low, s.high) == (1, 32)
+    # T = 80 ms > 55: high = max(b_bar=20, low+alpha=3) = 20; low = max(1-1, 1) = 1 -> mid 10
+    assert s.update(obs(running=4, tbt=0.080, bbar=20.0)) == (10, "sla_over")
+    assert (s.low, s.high) == (1, 20)
+    # T = 30 ms < 45: low = min(b_bar=10, high-alpha=18) = 10; high = min(20+1, 32) = 21 -> 15
+    assert s.update(obs(running=4, tbt=0.030, bbar=10.0)) == (15, "sla_under")
+    assert (s.low, s.high) == (10, 21)
+    # T = 50 ms within +-5: high = min(15+1, 32) = 16; low = max(15-1, 1) = 14 -> 15
+    assert s.update(obs(running=4, tbt=0.050, bbar=15.0)) == (15, "sla_hold")
+    assert (s.low, s.high) == (14, 16)
+    # b_bar rounds to the nearest integer: 14.6 -> 15
+    assert s.update(obs(running=4, tbt=0.052, bbar=14.6)) == (15, "sla_hold")
+
+
+def test_algorithm2_boundaries_of_the_tolerance_band():
+    # binary-exact numbers so D +- eps are exact: band [0.25, 0.75]
+    s = sla(sla_s=0.5, eps_s=0.25)
+    # exactly D_SLA + eps_D is not "over" (strict >): the interval narrows instead
+    assert s.update(obs(running=1, tbt=0.75, bbar=8.0))[1] == "sla_hold"
+    assert s.update(obs(running=1, tbt=0.7501, bbar=8.0))[1] == "sla_over"
+    assert s.update(obs(running=1, tbt=0.25, bbar=8.0))[1] == "sla_hold"
+    assert s.update(obs(running=1, tbt=0.2499, bbar=8.0))[1] == "sla_under"
+
+
+def test_algorithm2_never_below_running_and_clamped():
+    s = sla()
+    s.update(obs(running=4, tbt=0.080, bbar=20.0))            # -> [1, 20], mid 10
+    assert s.update(obs(running=18, tbt=0.080, bbar=18.0)) == (18, "floor_running")
+    t = sla(b_max=8)
+    for _ in range(20):                                       # light load keeps rising
+        b, _ = t.update(obs(running=1, tbt=0.010, bbar=1.0))
+    assert b <= 8 and t.high == 8 and t.low >= 1
+
+
+def test_algorithm2_keeps_interval_without_decode_data():
+    s = sla()
+    assert s.update(obs(running=0, waiting=0, tbt=None, bbar=None)) == (16, "initial")
+    assert (s.low, s.high) == (1, 32)
+
+
+def test_algorithm2_converges_to_bmin_when_sla_unreachable():
+    s = sla(b_min=2)
+    for _ in range(40):
+        b, r = s.update(obs(running=0, tbt=0.500, bbar=4.0))
+    # high = max(b_bar, low + alpha) = max(4, 4); low decays by delta to B_min = 2
+    assert (s.low, s.high, b, r) == (2, 4, 3, "sla_over")
+
+
+# ---------------------------------------------------------------- combined
+def policy(sla_bound=None, **kw):
+    args = dict(ceiling=32, b_min=1, b_max=32, memory=MemoryBound(0.05, 32, 8),
+                sla=sla_bound, max_num_batched_tokens=2048, min_chunk_tokens=32)
+    args.update(kw)
+    return BatchPolicy(**args)
+
+
+def test_memory_alone_decides_without_sla():
+    d = policy().decide(obs(running=4, waiting=4, std=20.0))
+    assert (d.target, d.cap, d.reason, d.b_mem, d.b_sla) == (9, 9, "memory", 9, None)
+    assert (d.lower, d.upper, d.token_budget) == (1, 9, 2048)
+
+
+def test_min_of_memory_and_sla():
+    p = policy(sla_bound=sla())
+    d = p.decide(obs(running=2, waiting=4, tbt=0.080, bbar=20.0))
+    # b_mem = 10 (sigma 0), b_SLA = 10 -> tie goes to memory; cap 10
+    assert (d.b_mem, d.b_sla, d.cap) == (10, 10, 10)
+    d = p.decide(obs(running=2, waiting=4, tbt=0.080, bbar=6.0))
+    # SLA: high = max(6, low+2=2) = 6, low = 1 -> 3; memory 10 -> min = 3 by SLA
+    assert (d.b_mem, d.b_sla, d.cap, d.reason) == (10, 3, 3, "sla_over")
+    assert (d.lower, d.upper) == (1, 6)
+
+
+def test_cap_never_below_running_and_never_above_ceiling():
+    p = policy(ceiling=8, b_max=8, memory=MemoryBound(0.05, 8, 8))
+    d = p.decide(obs(running=2, waiting=1, n=100000))
+    assert d.cap == 8
+    p2 = policy()
+    d = p2.decide(obs(running=20, waiting=3))           # b_mem 10 < running 20
+    assert (d.cap, d.reason) == (20, "floor_running")
+
+
+def test_no_waiting_no_running_holds_bmax():
+    d = policy().decide(obs(running=0, waiting=0))
+    assert (d.cap, d.reason) == (32, "hold_no_queue")
+
+
+class LinearStep:
+    """T(b, c) = 10 ms + 1 ms * b + 0.1 ms * c."""
+
+    def largest_chunk_within(self, b, tbt_s, lo, hi):
+        c = math.floor((tbt_s - 0.010 - 0.001 * b) / 0.0001 + 1e-9)
+        return min(max(c, lo), hi)
+
+
+def test_token_budget_from_step_model_by_hand():
+    # at cap 10 and D = 50 ms: c <= (0.050 - 0.010 - 0.010) / 0.0001 = 300 -> 10 + 300
+    assert token_budget(10, 2048, 32, 0.050, LinearStep()) == 310
+    # the budget never drops below cap + min chunk, never above the ceiling
+    assert token_budget(10, 2048, 32, 0.015, LinearStep()) == 42
+    assert token_budget(10, 200, 32, 0.050, LinearStep()) == 200
+    assert token_budget(10, 2048, 32, 0.0, LinearStep()) == 2048   # no SLA
+    assert token_budget(10, 2048, 32, 0.050, None) == 2048          # no model

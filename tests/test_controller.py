@@ -1,0 +1,264 @@
+"""The controller loop on a fake engine view: readiness, watchdog, reload, fallback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tuned import config
+from tuned.controller import Controller, Fallback
+from tuned.metrics import Metrics
+from tuned.sdnotify import SdNotifier
+from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
+
+
+class FakeEngine:
+    def __init__(self, ceiling=32, running=0, waiting=0):
+        self.steps = Ring(1024)
+        self.finished = Ring(256)
+        self.ceiling = ceiling
+        self.max_num_batched_tokens = 2048
+        self.kv_capacity_tokens = 1000
+        self.dp_rank = 0
+        self.running, self.waiting = running, waiting
+        self.policies: list[str] = []
+        self.fail_counts = 0
+
+    def counts(self):
+        if self.fail_counts > 0:
+            self.fail_counts -= 1
+            raise RuntimeError("engine view not ready")
+        return self.running, self.waiting
+
+    def applied(self):
+        return {"cap": 0, "token_budget": 0, "fallback": False, "fallback_cause": None}
+
+    def set_queue_policy(self, name):
+        self.policies.append(name)
+
+    def add_step(self, step_s, num_decode, t=None):
+        s = self.steps
+        s.append(StepSample(s.next_seq, time.monotonic() if t is None else t, step_s,
+                            num_decode, 0, 0, num_decode, num_decode, 0.1, 1, 10,
+                            self.running, self.waiting, 0))
+
+    def add_finished(self, prompt, output):
+        f = self.finished
+        f.append(FinishedRequest(f.next_seq, time.monotonic(), f"r{f.next_seq}", prompt,
+                                 output, output, 0.0, 0))
+
+
+def write(tmp_path: Path, text: str, name="tuned.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+BASE = "max_num_seqs = 32\ninterval_s = 0.1\nstale_after_s = 1.0\n"
+
+
+# ------------------------------------------------------------- sd_notify
+class NotifySocket:
+    def __init__(self, path: Path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.05)
+        self.path = str(path)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            self.messages.append((time.monotonic(), data.decode()))
+
+    def close(self):
+        self._stop.set()
+        self.thread.join()
+        self.sock.close()
+
+    def count(self, prefix, since=0.0, until=float("inf")):
+        return sum(1 for t, m in self.messages if m.startswith(prefix) and since <= t <= until)
+
+
+def test_ready_only_after_first_decision_and_watchdog_rate(tmp_path):
+    sock = NotifySocket(tmp_path / "notify.sock")
+    eng = FakeEngine()
+    eng.fail_counts = 3   # the first three ticks cannot observe: no decision yet
+    ctrl = Controller(config.validate({"interval_s": 0.1, "stale_after_s": 1.0}), eng,
+                      Metrics(), notifier=SdNotifier(sock.path, watchdog_usec=400_000))
+    ready_at_decision = []
+    orig_ready = ctrl.notifier.ready
+
+    def ready(status=""):
+        ready_at_decision.append(ctrl.current is not None)
+        return orig_ready(status)
+
+    ctrl.notifier.ready = ready
+    t0 = time.monotonic()
+    ctrl.start()
+    try:
+        time.sleep(0.25)
+        assert sock.count("READY=1") == 0          # ticks so far all failed
+        assert ctrl.current is None
+        time.sleep(1.75)
+    finally:
+        ctrl.stop()
+    sock.close()
+    assert sock.count("READY=1") == 1
+    assert ready_at_decision == [True]
+    # WATCHDOG_USEC = 0.4 s -> ping every 0.2 s over ~2 s of ticks: about 10
+    n = sock.count("WATCHDOG=1", since=t0)
+    assert 7 <= n <= 11, n
+
+
+def test_watchdog_pings_stop_while_loop_is_stalled(tmp_path):
+    sock = NotifySocket(tmp_path / "notify.sock")
+    eng = FakeEngine()
+    ctrl = Controller(config.validate({"interval_s": 0.1, "stale_after_s": 1.0}), eng,
+                      Metrics(), notifier=SdNotifier(sock.path, watchdog_usec=200_000))
+    gate = threading.Event()
+    gate.set()
+    orig_decide = ctrl.decide
+
+    def decide(obs):
+        gate.wait()           # the stall: the tick blocks here
+        return orig_decide(obs)
+
+    ctrl.decide = decide
+    ctrl.start()
+    try:
+        time.sleep(0.6)
+        gate.clear()
+        time.sleep(0.25)       # let the tick in flight reach the gate
+        stall_from = time.monotonic()
+        time.sleep(1.0)
+        stall_to = time.monotonic()
+        assert not ctrl.healthy() or ctrl.cfg.stale_after_s >= 1.0
+        gate.set()
+        time.sleep(0.6)
+        resumed = time.monotonic()
+    finally:
+        gate.set()
+        ctrl.stop()
+    sock.close()
+    assert sock.count("WATCHDOG=1", until=stall_from) >= 3
+    assert sock.count("WATCHDOG=1", since=stall_from, until=stall_to) == 0
+    assert sock.count("WATCHDOG=1", since=stall_to, until=resumed + 0.1) >= 2
+
+
+def test_notifier_disabled_sends_nothing():
+    ctrl = Controller(config.default(), FakeEngine(), Metrics(), notifier=SdNotifier(None))
+    assert ctrl.run_once() is not None
+    assert ctrl.ready_sent is False
+
+
+# ------------------------------------------------------------- reload
+def test_valid_reload_changes_sla_and_decisions(tmp_path):
+    path = write(tmp_path, BASE)
+    eng = FakeEngine(running=4, waiting=4)
+    ctrl = Controller(config.load(path), eng, Metrics())
+    for _ in range(5):
+        eng.add_step(0.040, 8)
+    assert ctrl.run_once().reason == "memory_no_data"
+    write(tmp_path, BASE + "tbt_sla_s = 0.020\neps_d_s = 0.002\n")
+    res = ctrl.reload()
+    assert res["outcome"] == "ok" and res["changed"] == ["tbt_sla_s"]
+    d = ctrl.run_once()
+    # TBT 40 ms > 22 ms: high = max(8, 1 + 2) = 8, low = 1 -> b_SLA = 4 (= running)
+    assert (d.b_sla, d.cap, d.reason) == (4, 4, "sla_over")
+    assert ctrl.metrics.reloads.labels("ok")._value.get() == 1
+
+
+def test_invalid_reload_is_refused_and_old_config_kept(tmp_path):
+    path = write(tmp_path, BASE + "tbt_sla_s = 0.05\n")
+    ctrl = Controller(config.load(path), FakeEngine(), Metrics())
+    write(tmp_path, BASE + "tbt_sla_s = -1\nb_min = 40\n")
+    res = ctrl.reload()
+    assert res["outcome"] == "refused"
+    assert res["problems"] == ["tbt_sla_s: must be in [0, 60], got -1"]
+    write(tmp_path, BASE + "b_min = 40\n")
+    res = ctrl.reload()
+    assert res["problems"] == ["b_min: must be <= b_max (32), got 40"]
+    assert ctrl.cfg.tbt_sla_s == 0.05 and ctrl.cfg.b_min == 1
+    assert ctrl.policy.sla is not None and ctrl.policy.sla.sla_s == 0.05
+    assert ctrl.metrics.reloads.labels("refused")._value.get() == 2
+    assert ctrl.decisions_json()["last_reload"]["outcome"] == "refused"
+
+
+def test_reload_reports_restart_fields_and_switches_policy(tmp_path):
+    path = write(tmp_path, BASE)
+    eng = FakeEngine()
+    ctrl = Controller(config.load(path), eng, Metrics())
+    write(tmp_path, BASE.replace("32", "64") + 'queue_policy = "mcsf"\nmetrics_port = 9999\n')
+    res = ctrl.reload()
+    assert res["outcome"] == "ok"
+    assert res["restart_needed"] == ["max_num_seqs", "metrics_port"]
+    assert ctrl.cfg.max_num_seqs == 32 and ctrl.cfg.metrics_port == 9464   # kept
+    assert ctrl.cfg.queue_policy == "mcsf" and eng.policies == ["mcsf"]
+
+
+def test_reload_with_missing_file_keeps_running(tmp_path):
+    path = write(tmp_path, BASE)
+    ctrl = Controller(config.load(path), FakeEngine(), Metrics())
+    path.unlink()
+    res = ctrl.reload()
+    assert res["outcome"] == "refused"
+    assert res["problems"][0].startswith("cannot read config file")
+
+
+# ------------------------------------------------------------- observe
+def test_observation_window_and_demand_moments():
+    eng = FakeEngine(running=3, waiting=2)
+    ctrl = Controller(config.validate({"tbt_window_s": 1.0}), eng, Metrics())
+    now = time.monotonic()
+    eng.add_step(0.500, 30, t=now - 5.0)      # outside the 1 s window
+    eng.add_step(0.010, 2, t=now)
+    eng.add_step(0.030, 4, t=now)
+    eng.add_step(0.020, 0, t=now)             # a prefill-only step: not a TBT sample
+    for p, o in ((10, 20), (30, 40)):
+        eng.add_finished(p, o)
+    ob = ctrl.observe()
+    assert ob.tbt_mean_s == pytest.approx(0.020)
+    assert ob.decode_batch_mean == pytest.approx(3.0)
+    # E[l_in] + E[l_out] = 20 + 30; Var(l_in) + Var(l_out) = 100 + 100 -> std 14.142
+    assert ob.demand_mean == 50.0
+    assert ob.demand_std == pytest.approx(200 ** 0.5)
+    assert (ob.num_running, ob.num_waiting, ob.demand_samples) == (3, 2, 2)
+    # histogram got the three decode steps (all new since the last tick)
+    assert ctrl.metrics.tbt._sum.get() == pytest.approx(0.540)
+
+
+def test_controller_error_hands_fallback():
+    eng = FakeEngine()
+    eng.fail_counts = 1
+    ctrl = Controller(config.validate({"fallback_cap": 5}), eng, Metrics())
+    assert ctrl.run_once() is None
+    assert ctrl.pending == Fallback("controller_error", 5)
+    assert ctrl.metrics.errors._value.get() == 1
+    assert ctrl.run_once() is not None     # next tick recovers
+
+
+class FakeProfile:
+    def largest_batch_within(self, tbt_s, b_max):
+        return 12 if tbt_s == 0.03 else 1
+
+    def largest_chunk_within(self, b, tbt_s, lo, hi):
+        return 100
+
+
+def test_profile_gives_first_cap_before_any_telemetry(tmp_path):
+    prof = write(tmp_path, "{}", "p.json")
+    cfg = config.validate({"profile": str(prof), "tbt_sla_s": 0.03})
+    ctrl = Controller(cfg, FakeEngine(), Metrics(), profile_loader=lambda p: FakeProfile())
+    d = ctrl.run_once()
+    assert (d.cap, d.reason, d.token_budget) == (12, "profile_initial", 112)

@@ -1,0 +1,212 @@
+"""Contract tests: tuned's scheduler built from vLLM config objects, no GPU, no model run.
+
+Both bases are exercised: vLLM's synchronous ``Scheduler`` (forced on CPU) and
+``AsyncScheduler`` (the GPU default). A fake KV-cache config stands in for the
+profiled one; steps are driven by hand with ModelRunnerOutputs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from tuned import config
+from tuned.controller import Fallback
+from tuned.engines.vllm import (TunedScheduler, UnsupportedVllmError, check_vllm_version,
+                                tuned_additional_config)
+from tuned.policies.batch import Decision
+
+BLOCK = 16
+NUM_BLOCKS = 64
+
+
+def make_scheduler(model: str, asynchronous: bool, **overrides):
+    cfg = config.validate({"max_num_seqs": 8, "max_num_batched_tokens": 256,
+                           "max_model_len": 256, "metrics_port": 0, "interval_s": 0.1,
+                           "fallback_cap": 3, **overrides})
+    sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256,
+                         enable_chunked_prefill=True, is_encoder_decoder=False,
+                         scheduler_cls="tuned.engines.vllm.TunedScheduler")
+    vc = VllmConfig(scheduler_config=sc,
+                    model_config=ModelConfig(model=model, dtype="float32", seed=0,
+                                             skip_tokenizer_init=True),
+                    cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+                    additional_config=tuned_additional_config(cfg))
+    # The CPU platform forces async scheduling off while finalising the config;
+    # set it afterwards to build the GPU default's variant.
+    vc.scheduler_config.async_scheduling = asynchronous
+    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
+    kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
+                                                      head_size=32, dtype=torch.float32))])
+    cls = vc.scheduler_config.get_scheduler_cls()
+    assert cls is TunedScheduler
+    s = cls(vllm_config=vc, kv_cache_config=kv,
+            structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK)
+    s.controller.stop()  # the test drives decisions by hand
+    return s
+
+
+def requests(n: int, prompt: int = 20, max_tokens: int = 5) -> list[Request]:
+    return [Request(request_id=f"r{i}", prompt_token_ids=[i + 1] * prompt,
+                    sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                    pooling_params=None) for i in range(n)]
+
+
+def step(s) -> tuple:
+    so = s.schedule()
+    ids = list(so.num_scheduled_tokens)
+    sampled = [[] if s.requests[r].is_prefill_chunk else [7] for r in ids]
+    out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                            sampled_token_ids=sampled)
+    s.update_from_output(so, out)
+    return so
+
+
+def decision(cap: int, budget: int = 256) -> Decision:
+    return Decision(target=cap, lower=1, upper=cap, cap=cap, token_budget=budget,
+                    reason="memory")
+
+
+@pytest.fixture(params=[False, True], ids=["Scheduler", "AsyncScheduler"])
+def sched(request, tiny_model):
+    s = make_scheduler(str(tiny_model), request.param)
+    yield s
+    s.shutdown()
+
+
+def test_variant_follows_async_flag(sched):
+    base = AsyncScheduler if sched.scheduler_config.async_scheduling else Scheduler
+    assert isinstance(sched, base)
+    assert sched.max_num_running_reqs == 8
+    assert sched.kv_capacity_tokens == (NUM_BLOCKS - 1) * BLOCK
+
+
+def test_applied_cap_bounds_running_and_all_finish(sched):
+    for r in requests(6):
+        sched.add_request(r)
+    sched.controller.pending = decision(2, budget=100)
+    max_running = 0
+    for _ in range(200):
+        if not sched.has_requests():
+            break
+        step(sched)
+        max_running = max(max_running, len(sched.running))
+        # the ceiling (model-runner slots) never moves; only the admission gate does
+        assert sched.max_num_running_reqs == 8
+    assert sched.max_num_active_reqs == 2
+    assert sched.max_num_scheduled_tokens == 100
+    assert max_running == 2
+    fin = sched.finished.since(0)
+    assert sorted(f.request_id for f in fin) == [f"r{i}" for i in range(6)]
+    assert {(f.prompt_tokens, f.output_tokens) for f in fin} == {(20, 5)}
+    samples = sched.steps.since(0)
+    assert max(s.num_decode for s in samples) == 2
+    assert sum(s.prefill_tokens for s in samples) == 6 * 20
+    assert sum(s.generated_tokens for s in samples) == 6 * 5
+    assert all(s.step_s >= 0 for s in samples)
+
+
+def test_raise_takes_effect_next_step(sched):
+    for r in requests(6):
+        sched.add_request(r)
+    sched.controller.pending = decision(1)
+    step(sched)
+    assert len(sched.running) == 1
+    sched.controller.pending = decision(4)
+    step(sched)
+    assert len(sched.running) == 4
+
+
+def test_lowering_cap_drains_without_preempting(sched):
+    for r in requests(6, max_tokens=8):
+        sched.add_request(r)
+    sched.controller.pending = decision(6)
+    step(sched)
+    assert len(sched.running) == 6
+    sched.controller.pending = decision(2)
+    counts = []
+    while sched.has_requests():
+        so = step(sched)
+        assert not so.preempted_req_ids
+        counts.append(len(sched.running))
+    # running falls only as requests finish, and no new one is admitted above 2
+    assert counts[0] == 6 and counts[-1] == 0
+    assert sum(1 for f in sched.finished.since(0)) == 6
+
+
+def test_stale_controller_falls_back(sched):
+    sched.controller.pending = decision(6)
+    sched.add_request(requests(1)[0])
+    step(sched)
+    assert sched.max_num_active_reqs == 6
+    sched.controller.last_ok = time.monotonic() - 100.0
+    step(sched)
+    assert sched.max_num_active_reqs == 3  # fallback_cap
+    assert sched.applied() == {"cap": 3, "token_budget": 256, "fallback": True,
+                               "fallback_cause": "stale"}
+    assert sched.metrics.fallbacks.labels("stale")._value.get() == 1
+    step(sched)  # staying in fallback is one fallback, not one per step
+    assert sched.metrics.fallbacks.labels("stale")._value.get() == 1
+    # a fresh decision clears it
+    sched.controller.last_ok = time.monotonic()
+    sched.controller.pending = decision(5)
+    step(sched)
+    assert sched.applied()["fallback"] is False and sched.max_num_active_reqs == 5
+
+
+def test_controller_error_falls_back_and_engine_keeps_stepping(sched, monkeypatch):
+    for r in requests(4):
+        sched.add_request(r)
+
+    def boom():
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(sched.controller, "observe", boom)
+    assert sched.controller.run_once() is None
+    assert isinstance(sched.controller.pending, Fallback)
+    assert sched.metrics.errors._value.get() == 1
+    while sched.has_requests():
+        step(sched)
+    assert sched.max_num_active_reqs == 3
+    assert sched.metrics.fallbacks.labels("controller_error")._value.get() == 1
+    assert len(sched.finished.since(0)) == 4
+
+
+def test_tuned_bug_on_step_path_never_reaches_engine(sched, monkeypatch):
+    monkeypatch.setattr(sched, "_tuned_record", lambda so, mro: 1 / 0)
+    for r in requests(2):
+        sched.add_request(r)
+    while sched.has_requests():
+        step(sched)
+    assert sched._tuned_errors > 0
+    assert len(sched.finished.since(0)) == 2
+
+
+def test_controller_tick_decides_from_scheduler_state(sched):
+    for r in requests(8, prompt=40, max_tokens=10):
+        sched.add_request(r)
+    sched.controller.pending = decision(8)
+    while sched.has_requests():
+        step(sched)
+    dec = sched.controller.run_once()
+    # 8 finished requests (the default min_demand_samples) with demand 40 + 10
+    assert dec.inputs["demand_samples"] == 8 and dec.inputs["demand_mean"] == 50.0
+    assert dec.inputs["demand_std"] == 0.0
+    assert dec.inputs["kv_capacity_tokens"] == 63 * 16
+
+
+def test_unsupported_vllm_version_is_a_clear_error():
+    assert check_vllm_version("0.32.0") == (0, 32)
+    with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; found 0\.31\.2"):
+        check_vllm_version("0.31.2")

@@ -11,7 +11,7 @@ from tuned.policies.batch import (BatchPolicy, MemoryBound, Observation, SlaBoun
 
 
 def obs(running=4, waiting=4, n=1000, mean=100.0, std=0.0, samples=32, tbt=None, bbar=None):
-    return Observation(num_running=running, num_waiting=waiting, kv_capacity_tokens=n,
+    return Observation(num_running=running, num_waiting=waiting, kv_capacity_blocks=n,
                        demand_mean=mean, demand_std=std, demand_samples=samples,
                        tbt_mean_s=tbt, decode_batch_mean=bbar)
 

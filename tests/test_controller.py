@@ -23,6 +23,7 @@ class FakeEngine:
         self.ceiling = ceiling
         self.max_num_batched_tokens = 2048
         self.kv_capacity_tokens = 1000
+        self.block_size = 1
         self.dp_rank = 0
         self.running, self.waiting = running, waiting
         self.policies: list[str] = []
@@ -217,6 +218,19 @@ def test_reload_with_missing_file_keeps_running(tmp_path):
 
 
 # ------------------------------------------------------------- observe
+def test_demand_is_counted_in_whole_blocks():
+    eng = FakeEngine()
+    eng.block_size = 16
+    eng.kv_capacity_tokens = 64 * 16
+    ctrl = Controller(config.default(), eng, Metrics())
+    for p, o in ((10, 6), (10, 7), (40, 24)):   # 16 -> 1 block, 17 -> 2, 64 -> 4
+        eng.add_finished(p, o)
+    ob = ctrl.observe()
+    assert ob.kv_capacity_blocks == 64
+    assert ob.demand_mean == pytest.approx(7 / 3)
+    assert ob.demand_std == pytest.approx(((4 / 3) ** 2 + (1 / 3) ** 2 + (5 / 3) ** 2) ** 0.5 / 3 ** 0.5)
+
+
 def test_observation_window_and_demand_moments():
     eng = FakeEngine(running=3, waiting=2)
     ctrl = Controller(config.validate({"tbt_window_s": 1.0}), eng, Metrics())
@@ -230,9 +244,9 @@ def test_observation_window_and_demand_moments():
     ob = ctrl.observe()
     assert ob.tbt_mean_s == pytest.approx(0.020)
     assert ob.decode_batch_mean == pytest.approx(3.0)
-    # E[l_in] + E[l_out] = 20 + 30; Var(l_in) + Var(l_out) = 100 + 100 -> std 14.142
+    # block_size 1: demands 30 and 70 -> mean 50, population std 20
     assert ob.demand_mean == 50.0
-    assert ob.demand_std == pytest.approx(200 ** 0.5)
+    assert ob.demand_std == pytest.approx(20.0)
     assert (ob.num_running, ob.num_waiting, ob.demand_samples) == (3, 2, 2)
     # histogram got the three decode steps (all new since the last tick)
     assert ctrl.metrics.tbt._sum.get() == pytest.approx(0.540)

@@ -200,10 +200,11 @@ def test_controller_tick_decides_from_scheduler_state(sched):
     while sched.has_requests():
         step(sched)
     dec = sched.controller.run_once()
-    # 8 finished requests (the default min_demand_samples) with demand 40 + 10
-    assert dec.inputs["demand_samples"] == 8 and dec.inputs["demand_mean"] == 50.0
-    assert dec.inputs["demand_std"] == 0.0
-    assert dec.inputs["kv_capacity_tokens"] == 63 * 16
+    # 8 finished requests (the default min_demand_samples) of 40 + 10 tokens:
+    # ceil(50 / 16) = 4 blocks each, out of 63 usable blocks
+    assert dec.inputs["demand_samples"] == 8 and dec.inputs["demand_mean_blocks"] == 4.0
+    assert dec.inputs["demand_std_blocks"] == 0.0
+    assert dec.inputs["kv_capacity_blocks"] == 63
 
 
 def test_unsupported_vllm_version_is_a_clear_error():

@@ -40,6 +40,7 @@ class EngineView(Protocol):
     ceiling: int
     max_num_batched_tokens: int
     kv_capacity_tokens: int
+    block_size: int
     dp_rank: int
 
     def counts(self) -> tuple[int, int]: ...          # (running, waiting)
@@ -227,11 +228,14 @@ class Controller:
         m.finished.inc(len(new_fin))
         demand_mean = demand_std = None
         if fin:
-            ins = [f.prompt_tokens for f in fin]
-            outs = [f.output_tokens for f in fin]
-            demand_mean = _mean(ins) + _mean(outs)
-            # seed 000 eq. (9): Var(S)/b = Var(l_in) + Var(l_out)
-            demand_std = math.sqrt(_var(ins) + _var(outs))
+            # A request's KV demand in blocks: what the paged allocator gives it.
+            bs = eng.block_size
+            blocks = [-(-(f.prompt_tokens + f.output_tokens) // bs) for f in fin]
+            demand_mean = _mean(blocks)
+            # seed 000 eqs. (8)-(9) take Var(l_in) + Var(l_out), i.e. input and output
+            # lengths independent; the variance of the per-request sum measures the
+            # same spread without that assumption and in the allocator's units.
+            demand_std = math.sqrt(_var(blocks))
         running, waiting = eng.counts()
         if self.nvml is not None:
             self._gpu = self.nvml.sample()
@@ -243,7 +247,8 @@ class Controller:
         m.kv_usage.set(kv_usage or 0.0)
         self._obs = Observation(
             num_running=running, num_waiting=waiting,
-            kv_capacity_tokens=eng.kv_capacity_tokens, demand_mean=demand_mean,
+            kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
+            demand_mean=demand_mean,
             demand_std=demand_std, demand_samples=len(fin),
             tbt_mean_s=tbt_sum / n if n else None,
             decode_batch_mean=b_sum / n if n else None, kv_usage=kv_usage or 0.0)

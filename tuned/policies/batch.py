@@ -34,9 +34,9 @@ class Observation:
 
     num_running: int                 # N^d: requests running (decoding or mid-prefill)
     num_waiting: int                 # N^p: requests waiting for admission (prefill pending)
-    kv_capacity_tokens: int          # n: KV tokens the cache holds (blocks x block size)
-    demand_mean: float | None        # E[l_in] + E[l_out] over recent finished requests
-    demand_std: float | None         # sqrt(Var(l_in) + Var(l_out)) over the same window
+    kv_capacity_blocks: int          # n: KV blocks the cache holds for requests
+    demand_mean: float | None        # mean KV blocks a finished request held (l_in + l_out)
+    demand_std: float | None         # its standard deviation (seed 000 eq. 9)
     demand_samples: int              # how many finished requests the two numbers come from
     tbt_mean_s: float | None         # T: mean step time of recent steps that ran decodes
     decode_batch_mean: float | None  # b-bar: mean decode batch of those steps
@@ -97,8 +97,12 @@ class MemoryBound:
     (N^d > 0), b_t = floor((n - L0) / (E[l_in] + E[l_out])); otherwise b_t = b_{t-1}.
     Then b_t = min(max(b_t, N^d), B_max) (line 6).
 
-    n is the KV cache's token capacity (vLLM: num_gpu_blocks x block_size), the
-    paper's "implemented using blocks rather than tokens" remark. Until
+    Units are KV blocks, as the paper suggests for vLLM ("our algorithm can be
+    implemented using blocks rather than relying on the number of tokens"): n is
+    the blocks the cache holds for requests, and a request's demand is
+    ceil((l_in + l_out) / block_size), what vLLM's paged allocator actually gives it.
+    With 16-token GPU blocks this is close to the token count; with the CPU
+    build's 128-token blocks a token count would over-admit several-fold. Until
     ``min_samples`` requests have finished there is no demand estimate and the bound
     stays at its previous value (reason ``memory_no_data``).
     """
@@ -116,7 +120,7 @@ class MemoryBound:
             b = self.prev
         elif obs.num_waiting > 0 and obs.num_running > 0:
             b, self.last_l0 = memory_batch_limit(
-                obs.kv_capacity_tokens, obs.demand_mean, obs.demand_std or 0.0, self.theta)
+                obs.kv_capacity_blocks, obs.demand_mean, obs.demand_std or 0.0, self.theta)
             reason = "memory"
         else:
             reason = "hold_no_queue"
@@ -247,11 +251,11 @@ class BatchPolicy:
 
 def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
     d = {"running": obs.num_running, "waiting": obs.num_waiting,
-         "kv_capacity_tokens": obs.kv_capacity_tokens, "kv_usage": round(obs.kv_usage, 4),
-         "demand_mean": obs.demand_mean, "demand_std": obs.demand_std,
+         "kv_capacity_blocks": obs.kv_capacity_blocks, "kv_usage": round(obs.kv_usage, 4),
+         "demand_mean_blocks": obs.demand_mean, "demand_std_blocks": obs.demand_std,
          "demand_samples": obs.demand_samples, "tbt_mean_s": obs.tbt_mean_s,
          "decode_batch_mean": obs.decode_batch_mean,
-         "safety_buffer_tokens": round(pol.memory.last_l0, 2)}
+         "safety_buffer_blocks": round(pol.memory.last_l0, 2)}
     if pol.sla is not None:
         d["sla_s"] = pol.sla.sla_s
         d["search"] = [pol.sla.low, pol.sla.high]

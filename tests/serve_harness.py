@@ -1,0 +1,155 @@
+"""Runs the real ``tuned serve`` (vLLM's OpenAI server with tuned embedded) for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def get_text(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+class Server:
+    def __init__(self, proc, port, metrics_port, log_path, config_path):
+        self.proc = proc
+        self.api = f"http://127.0.0.1:{port}/v1"
+        self.base = f"http://127.0.0.1:{port}"
+        self.endpoint = f"http://127.0.0.1:{metrics_port}"
+        self.log_path = log_path
+        self.config_path = config_path
+
+    def decisions(self, limit: int = 50) -> dict:
+        return get_json(f"{self.endpoint}/decisions?limit={limit}")
+
+    def metrics(self) -> str:
+        return get_text(f"{self.endpoint}/metrics")
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+
+    def model_id(self) -> str:
+        return get_json(f"{self.api}/models")["data"][0]["id"]
+
+
+@contextmanager
+def tuned_serve(tmp_path: Path, config_text: str, env_extra: dict | None = None,
+                ready_timeout_s: float = 300.0):
+    """Start ``python -m tuned serve --config`` with ``config_text`` (ports are added),
+    wait until the API answers and the controller has decided, yield a Server, then
+    stop it with SIGTERM and check it exits."""
+    port, mport = free_port(), free_port()
+    cfg = tmp_path / "tuned.toml"
+    cfg.write_text(f"port = {port}\nmetrics_port = {mport}\n" + config_text)
+    log_path = tmp_path / "serve.log"
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(env_extra or {})
+    with open(log_path, "w") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "tuned", "serve", "--config", str(cfg)],
+                                stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    srv = Server(proc, port, mport, log_path, cfg)
+    try:
+        t0 = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"tuned serve exited with {proc.returncode}:\n"
+                                     + srv.log_tail())
+            try:
+                urllib.request.urlopen(srv.base + "/health", timeout=1).close()
+                if srv.decisions(0)["current"]:
+                    break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() - t0 > ready_timeout_s:
+                raise AssertionError("tuned serve not ready in time:\n" + srv.log_tail())
+            time.sleep(0.5)
+        yield srv
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class Load:
+    """N client threads, each sending completions back to back until stopped."""
+
+    def __init__(self, srv: Server, concurrency: int, prompt_tokens=(16, 64),
+                 max_tokens=(16, 48), xargs=None, seed: int = 0):
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=300)
+        self.model = srv.model_id()
+        self.concurrency = concurrency
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.xargs = xargs
+        self.seed = seed
+        self.stop_flag = threading.Event()
+        self.lock = threading.Lock()
+        self.sent = self.completed = 0
+        self.errors: list[str] = []
+        self.tokens = 0
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                        for i in range(concurrency)]
+
+    def _run(self, i: int) -> None:
+        import random
+
+        rng = random.Random(self.seed * 1000 + i)
+        while not self.stop_flag.is_set():
+            prompt = [rng.randrange(10, 500) for _ in range(rng.randint(*self.prompt_tokens))]
+            n = rng.randint(*self.max_tokens)
+            body = {"ignore_eos": True}
+            if self.xargs is not None:
+                body["vllm_xargs"] = self.xargs
+            with self.lock:
+                self.sent += 1
+            try:
+                r = self.client.completions.create(model=self.model, prompt=prompt,
+                                                   max_tokens=n, extra_body=body)
+                with self.lock:
+                    self.completed += 1
+                    self.tokens += r.usage.completion_tokens
+                assert r.usage.completion_tokens == n
+            except Exception as e:
+                with self.lock:
+                    self.errors.append(f"{type(e).__name__}: {e}")
+
+    def start(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self, timeout: float = 300.0) -> None:
+        self.stop_flag.set()
+        for t in self.threads:
+            t.join(timeout)

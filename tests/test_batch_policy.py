@@ -55,9 +55,10 @@ def test_algorithm1_adjusts_only_with_waiting_and_running():
     assert m.update(obs(running=4, waiting=0)) == (9, "hold_no_queue")     # keeps b_{t-1}
 
 
-def test_algorithm1_never_below_running_never_above_bmax():
+def test_algorithm1_bound_is_capped_at_bmax_and_not_floored():
     m = MemoryBound(eps_m=0.05, b_max=32, min_samples=8)
-    assert m.update(obs(running=12, waiting=3)) == (12, "floor_running")   # b_mem 10 < 12
+    # b_mem = 10 with 12 running: the bound stays 10 (the floor is the batch's, below)
+    assert m.update(obs(running=12, waiting=3)) == (10, "memory")
     assert m.update(obs(running=2, waiting=3, n=100000)) == (32, "memory")  # 1000 -> B_max
 
 
@@ -100,10 +101,11 @@ def test_algorithm2_boundaries_of_the_tolerance_band():
     assert s.update(obs(running=1, tbt=0.2499, bbar=8.0))[1] == "sla_under"
 
 
-def test_algorithm2_never_below_running_and_clamped():
+def test_algorithm2_interval_stays_within_bounds():
     s = sla()
     s.update(obs(running=4, tbt=0.080, bbar=20.0))            # -> [1, 20], mid 10
-    assert s.update(obs(running=18, tbt=0.080, bbar=18.0)) == (18, "floor_running")
+    # 18 running do not move the midpoint: the floor applies to the batch size
+    assert s.update(obs(running=18, tbt=0.080, bbar=18.0)) == (9, "sla_over")
     t = sla(b_max=8)
     for _ in range(20):                                       # light load keeps rising
         b, _ = t.update(obs(running=1, tbt=0.010, bbar=1.0))
@@ -134,7 +136,7 @@ def policy(sla_bound=None, **kw):
 
 def test_memory_alone_decides_without_sla():
     d = policy().decide(obs(running=4, waiting=4, std=20.0))
-    assert (d.target, d.cap, d.reason, d.b_mem, d.b_sla) == (9, 9, "memory", 9, None)
+    assert (d.target, d.cap, d.batch, d.reason, d.b_mem, d.b_sla) == (9, 9, 9, "memory", 9, None)
     assert (d.lower, d.upper, d.token_budget) == (1, 9, 2048)
 
 
@@ -149,13 +151,25 @@ def test_min_of_memory_and_sla():
     assert (d.lower, d.upper) == (1, 6)
 
 
-def test_cap_never_below_running_and_never_above_ceiling():
+def test_batch_never_below_running_gate_never_above_ceiling():
     p = policy(ceiling=8, b_max=8, memory=MemoryBound(0.05, 8, 8))
     d = p.decide(obs(running=2, waiting=1, n=100000))
-    assert d.cap == 8
+    assert (d.cap, d.batch) == (8, 8)                  # never above the ceiling
     p2 = policy()
-    d = p2.decide(obs(running=20, waiting=3))           # b_mem 10 < running 20
-    assert (d.cap, d.reason) == (20, "floor_running")
+    d = p2.decide(obs(running=20, waiting=3))           # b_mem 10 < 20 running
+    # the batch size b_t = max(b*, N^d) = 20 (Alg. 1 line 6); the admission gate is
+    # b* = 10, so the 20 drain to 10 as they finish and none is preempted
+    assert (d.target, d.cap, d.batch, d.reason) == (10, 10, 20, "memory")
+    assert d.inputs["draining"] is True
+    # the token budget is sized for the 20 decodes that keep running
+    assert d.token_budget == 2048
+
+
+def test_gate_respects_bmin():
+    p = policy(b_min=4, sla_bound=sla(b_min=4))
+    for _ in range(30):
+        d = p.decide(obs(running=0, waiting=5, tbt=0.5, bbar=4.0))
+    assert (d.b_sla, d.cap, d.batch) == (5, 5, 5)
 
 
 def test_no_waiting_no_running_holds_bmax():

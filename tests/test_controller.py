@@ -38,8 +38,11 @@ class FakeEngine:
     def applied(self):
         return {"cap": 0, "token_budget": 0, "fallback": False, "fallback_cause": None}
 
-    def set_queue_policy(self, name):
+    def set_queue_policy(self, name, cfg):
         self.policies.append(name)
+
+    def queue_snapshot(self):
+        return None
 
     def add_step(self, step_s, num_decode, t=None):
         s = self.steps
@@ -268,6 +271,9 @@ class FakeProfile:
 
     def largest_chunk_within(self, b, tbt_s, lo, hi):
         return 100
+
+    def speed_tok_s(self, n):
+        return 50.0 / n
 
 
 def test_profile_gives_first_cap_before_any_telemetry(tmp_path):

@@ -74,7 +74,7 @@ def step(s) -> tuple:
 
 
 def decision(cap: int, budget: int = 256) -> Decision:
-    return Decision(target=cap, lower=1, upper=cap, cap=cap, token_budget=budget,
+    return Decision(target=cap, lower=1, upper=cap, cap=cap, batch=cap, token_budget=budget,
                     reason="memory")
 
 

@@ -24,9 +24,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
        choices: tuple | None = None, restart: bool = False, optional: bool = False):
-    return field(default=default, metadata={
-        "doc": doc, "lo": lo, "hi": hi, "choices": choices, "restart": restart,
-        "optional": optional})
+    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "restart": restart,
+            "optional": optional, "default": default}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ class Config:
 
     # --- policies and curves ---
     queue_policy: str = _f("fcfs", "waiting-queue and admission policy", choices=QUEUE_POLICIES)
+    queue_options: dict = _f({}, "options of the queue policy (a TOML table; see "
+                             "docs/operator-guide.md), e.g. {reserve_fraction = 0.05} for mcsf")
+    class_deadlines_s: dict = _f({}, "SLA table: request class (vllm_xargs tuned_class) -> "
+                                 "deadline in seconds, for saber")
+    queue_seed: int = _f(0, "seed of the queue policies' random choices", lo=0, hi=2**31 - 1)
     profile: str = _f("", "speed-curve profile file from `tuned profile` ('' = none)")
     log_level: str = _f("info", "log level", choices=LOG_LEVELS)
 
@@ -97,6 +104,8 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["vllm_args"] = list(self.vllm_args)
+        d["queue_options"] = dict(self.queue_options)
+        d["class_deadlines_s"] = dict(self.class_deadlines_s)
         return d
 
 
@@ -116,7 +125,7 @@ class ConfigError(ValueError):
 
 def _type_name(t: Any) -> str:
     return {"int": "an integer", "float": "a number", "str": "a string",
-            "tuple[str, ...]": "a list of strings"}.get(str(t), str(t))
+            "tuple[str, ...]": "a list of strings", "dict": "a table"}.get(str(t), str(t))
 
 
 def _range_text(meta: dict) -> str:
@@ -145,6 +154,10 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     elif want == "str":
         if not isinstance(value, str):
             return None, f"{name}: must be a string, got {value!r}"
+    elif want == "dict":
+        if not isinstance(value, dict):
+            return None, f"{name}: must be a table, got {value!r}"
+        value = dict(value)
     elif want == "tuple[str, ...]":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             return None, f"{name}: must be a list of strings, got {value!r}"
@@ -202,6 +215,16 @@ def cross_field_problems(cfg: Config) -> list[str]:
                         f"got {cfg.stale_after_s:g}")
     if cfg.sla_enabled and cfg.eps_d_s >= cfg.tbt_sla_s:
         problems.append(f"eps_d_s: must be < tbt_sla_s ({cfg.tbt_sla_s:g}), got {cfg.eps_d_s:g}")
+    for cls, secs in cfg.class_deadlines_s.items():
+        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not secs > 0:
+            problems.append(f"class_deadlines_s.{cls}: must be a number of seconds > 0, "
+                            f"got {secs!r}")
+    try:
+        from tuned.policies.queues import make_policy
+
+        make_policy(cfg.queue_policy, cfg.queue_options)
+    except (ValueError, TypeError) as e:
+        problems.append(f"queue_options: {e}")
     if cfg.profile and not Path(cfg.profile).is_file():
         problems.append(f"profile: file not found: {cfg.profile}")
     if cfg.metrics_port == cfg.port and cfg.metrics_host == cfg.host:
@@ -249,6 +272,6 @@ def explain() -> str:
         meta = f.metadata
         rng = _range_text(meta)
         flag = " [restart]" if meta["restart"] else ""
-        lines.append(f"{name} ({f.type}, default {f.default!r}{', ' + rng if rng else ''})"
+        lines.append(f"{name} ({f.type}, default {meta['default']!r}{', ' + rng if rng else ''})"
                      f"{flag}: {meta['doc']}")
     return "\n".join(lines)

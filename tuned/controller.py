@@ -45,7 +45,8 @@ class EngineView(Protocol):
 
     def counts(self) -> tuple[int, int]: ...          # (running, waiting)
     def applied(self) -> dict: ...                    # cap, token_budget, fallback, cause
-    def set_queue_policy(self, name: str) -> None: ...
+    def set_queue_policy(self, name: str, cfg: Config) -> None: ...
+    def queue_snapshot(self) -> dict | None: ...
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class Controller:
         self._last_watchdog = -math.inf
         self._step_seq = 0
         self._fin_seq = 0
+        self._queue_last: dict = {}
         self._gpu: list | None = None
         self._obs: Observation | None = None
         self.last_reload: dict = {"t": None, "outcome": "none", "problems": [],
@@ -118,6 +120,9 @@ class Controller:
             max_num_batched_tokens=self.engine.max_num_batched_tokens,
             min_chunk_tokens=cfg.min_chunk_tokens, step_model=profile)
         self.profile = profile
+        # one bound method for the queue's admission checks (SABER): a new object
+        # every step would make it recompute its order every step
+        self.speed_fn = profile.speed_tok_s if profile is not None else None
         self._first_reason = first_reason
         self.cfg = cfg
         self.metrics.tbt_sla.set(cfg.tbt_sla_s)
@@ -143,8 +148,10 @@ class Controller:
             old = self.cfg
             try:
                 self._build(new)
-                if new.queue_policy != old.queue_policy:
-                    self.engine.set_queue_policy(new.queue_policy)
+                if (new.queue_policy, new.queue_options, new.class_deadlines_s,
+                        new.queue_seed) != (old.queue_policy, old.queue_options,
+                                            old.class_deadlines_s, old.queue_seed):
+                    self.engine.set_queue_policy(new.queue_policy, new)
             except Exception as e:  # a profile that fails to load, a policy that fails
                 self._build(old)
                 return self._refuse(now, [f"{type(e).__name__}: {e}"])
@@ -237,6 +244,7 @@ class Controller:
             # same spread without that assumption and in the allocator's units.
             demand_std = math.sqrt(_var(blocks))
         running, waiting = eng.counts()
+        self._export_queue(eng.queue_snapshot())
         if self.nvml is not None:
             self._gpu = self.nvml.sample()
             for g in self._gpu or ():
@@ -254,6 +262,27 @@ class Controller:
             decode_batch_mean=b_sum / n if n else None, kv_usage=kv_usage or 0.0)
         return self._obs
 
+    def _export_queue(self, snap: dict | None) -> None:
+        """Queue-policy counters as Prometheus counters (a policy switch restarts the
+        policy's own counts; the exported totals keep growing)."""
+        if not snap:
+            return
+        m = self.metrics
+        pol = snap["policy"]
+        last = self._queue_last if self._queue_last.get("policy") == pol else {}
+        for key, counter in (("admitted", m.q_admitted), ("deferred", m.q_deferred),
+                             ("demoted", m.q_demoted)):
+            delta = snap[key] - last.get(key, 0)
+            if delta > 0:
+                counter.labels(pol).inc(delta)
+        m.q_bins.set(snap["bins_in_use"])
+        m.q_buckets.set(snap["buckets_in_use"])
+        m.pred_mae.set(snap["prediction_mae_tokens"])
+        m.pred_bias.set(snap["prediction_mean_error_tokens"])
+        m.pred_count.set(snap["prediction_count"])
+        m.queue_policy.info({"policy": pol})
+        self._queue_last = dict(snap)
+
     def decide(self, obs: Observation) -> Decision:
         dec = self.policy.decide(obs)
         if self._first_reason and self.current is None and dec.reason == "initial":
@@ -267,6 +296,7 @@ class Controller:
         self.current = dec
         self.pending = dec
         m.target.set(dec.target)
+        m.batch.set(dec.batch)
         m.lower.set(dec.lower)
         m.upper.set(dec.upper)
         if dec.b_mem is not None:
@@ -281,7 +311,7 @@ class Controller:
             m.decision_changes.inc()
             log.info("decision", old_cap=old.cap if old else None, new_cap=dec.cap,
                      old_token_budget=old.token_budget if old else None,
-                     new_token_budget=dec.token_budget, target=dec.target,
+                     new_token_budget=dec.token_budget, target=dec.target, batch=dec.batch,
                      lower=dec.lower, upper=dec.upper, reason=dec.reason,
                      b_mem=dec.b_mem, b_sla=dec.b_sla, inputs=dec.inputs)
 

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 TBT_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
@@ -37,6 +37,8 @@ class Metrics:
         self.target = g("tuned_decision_target_seqs", "Batch size the controller decided")
         self.lower = g("tuned_decision_lower_seqs", "Lower bound of the decision")
         self.upper = g("tuned_decision_upper_seqs", "Upper bound of the decision")
+        self.batch = g("tuned_decision_batch_seqs", "Batch size b_t of the decision: the "
+                       "gate, or the running count while it drains to the gate")
         self.b_mem = g("tuned_decision_memory_bound_seqs", "Memory bound b_mem (seed 000 Alg. 1)")
         self.b_sla = g("tuned_decision_sla_bound_seqs", "SLA bound b_SLA (seed 000 Alg. 2)")
         self.applied_cap = g("tuned_applied_cap_seqs",
@@ -67,6 +69,23 @@ class Metrics:
         self.hint_warnings = c("tuned_request_hint_warnings_total", "Request hints "
                                "(vllm_xargs) ignored as malformed", ("field",))
         self.steps = c("tuned_engine_steps_total", "Engine steps observed")
+        self.q_admitted = c("tuned_queue_admitted_total", "Requests the queue policy admitted",
+                            ("policy",))
+        self.q_deferred = c("tuned_queue_deferred_total", "Admissions the queue policy "
+                            "refused (request x step)", ("policy",))
+        self.q_demoted = c("tuned_queue_demoted_total", "Requests demoted to the low-priority "
+                           "queue (saber)", ("policy",))
+        self.q_bins = g("tuned_queue_bins_in_use", "Length bins holding waiting requests "
+                        "(multibin)")
+        self.q_buckets = g("tuned_queue_buckets_in_use", "Length buckets holding waiting "
+                           "requests (bucket)")
+        self.pred_mae = g("tuned_predictor_abs_error_tokens", "Mean absolute error of "
+                          "output-length predictions")
+        self.pred_bias = g("tuned_predictor_error_tokens", "Mean signed error (predicted - "
+                           "actual) of output-length predictions")
+        self.pred_count = g("tuned_predictor_observations", "Finished requests the "
+                            "output-length predictor has been scored on")
+        self.queue_policy = Info("tuned_queue_policy", "Active queue policy", registry=r)
         for reason in ("ok", "refused"):
             self.reloads.labels(reason)
         for cause in ("stale", "controller_error"):

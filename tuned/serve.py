@@ -34,7 +34,6 @@ import structlog
 from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.config import Config, ConfigError
-from tuned.engines.vllm import dumps_additional_config
 
 log = structlog.get_logger("tuned.serve")
 
@@ -73,10 +72,18 @@ def server_command(cfg: Config, model_path: str, extra: list[str] | None = None)
            "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
            "--max-model-len", str(cfg.max_model_len),
            "--scheduler-cls", "tuned.engines.vllm.TunedScheduler",
-           "--additional-config", dumps_additional_config(cfg, serving_url)]
+           "--additional-config", json.dumps(additional_config(cfg, serving_url))]
     if cfg.num_gpu_blocks:
         cmd += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
     return cmd + list(cfg.vllm_args) + list(extra or [])
+
+
+def additional_config(cfg: Config, serving_url: str | None = None) -> dict:
+    """vLLM's ``additional_config`` entry that carries tuned's config into EngineCore."""
+    d = cfg.to_dict()
+    d.pop("source_path", None)
+    return {"tuned": {"config": d, "config_path": cfg.source_path,
+                      "serving_url": serving_url}}
 
 
 def _connect_host(host: str) -> str:
@@ -114,11 +121,19 @@ class Supervisor:
         self.dp = _dp_size(cmd)
         self._stopping = False
         self._stop_began = 0.0
+        self._served = threading.Event()
 
     def _on_hup(self, signum, frame) -> None:
         threading.Thread(target=self.reload, name="tuned-reload", daemon=True).start()
 
     def reload(self) -> list[dict]:
+        """Ask each engine rank to reload; tell systemd RELOADING=1 ... READY=1 around it
+        so `systemctl reload` returns once the outcome is known."""
+        from tuned import sdnotify
+
+        notifier = sdnotify.from_environ(self.env) if self._served.is_set() else None
+        if notifier is not None:
+            notifier.reloading()
         results = []
         for rank in range(self.dp):
             url = endpoint_url(self.cfg, rank)
@@ -129,6 +144,9 @@ class Supervisor:
             res["rank"] = rank
             log.info("reload_result", **res)
             results.append(res)
+        if notifier is not None:
+            outcomes = ",".join(str(r.get("outcome")) for r in results)
+            notifier.ready(f"reload {outcomes}")
         return results
 
     def _signal_group(self, sig: int) -> None:
@@ -191,6 +209,7 @@ class Supervisor:
                     log.info("serving", api=f"http://{self.cfg.host}:{self.cfg.port}/v1",
                              metrics=endpoint_url(self.cfg) + "/metrics",
                              cap=cur["cap"], reason=cur["reason"])
+                    self._served.set()
                     return
             except (OSError, ValueError):
                 pass

@@ -23,7 +23,6 @@ serves both.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import urllib.request
@@ -38,6 +37,7 @@ from tuned.config import Config
 from tuned.controller import Controller, Fallback
 from tuned.metrics import Endpoint, Metrics
 from tuned.policies.batch import Decision
+from tuned.serve import additional_config as tuned_additional_config
 from tuned.telemetry.nvml import NvmlSampler
 from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
 
@@ -66,12 +66,6 @@ def check_vllm_version(version: str) -> tuple[int, int]:
     return major, minor
 
 
-def tuned_additional_config(cfg: Config, serving_url: str | None = None) -> dict:
-    """The ``additional_config`` entry that carries tuned's config into EngineCore."""
-    d = cfg.to_dict()
-    d.pop("source_path", None)
-    return {"tuned": {"config": d, "config_path": cfg.source_path,
-                      "serving_url": serving_url}}
 
 
 def _config_from_vllm(vllm_config) -> tuple[Config, str | None]:
@@ -126,9 +120,14 @@ class _TunedMixin:
         serving = (lambda: _http_ok(serving_url)) if serving_url else (lambda: True)
         self.controller = Controller(cfg, self, self.metrics, nvml=nvml, notifier=notifier,
                                      serving=serving)
+        # fcfs keeps vLLM's own queue (nothing added on the step path); any other
+        # policy, or a later switch, installs tuned's PolicyQueue at the top of
+        # schedule(), on this thread.
         self.queue_policy = "fcfs"
+        self._pending_queue: tuple[str, Config] | None = None
         if cfg.queue_policy != "fcfs":
-            self.set_queue_policy(cfg.queue_policy)
+            self.set_queue_policy(cfg.queue_policy, cfg)
+            self._apply_queue_policy()
         self._stale_after_s = cfg.stale_after_s
         self._set_knobs(min(cfg.fallback_cap, self.ceiling), self.max_num_batched_tokens)
         self.endpoint = None
@@ -157,11 +156,31 @@ class _TunedMixin:
                 "fallback": self._fallback_cause is not None,
                 "fallback_cause": self._fallback_cause}
 
-    def set_queue_policy(self, name: str) -> None:
+    def set_queue_policy(self, name: str, cfg: Config) -> None:
+        """Ask for a queue policy; the scheduler thread installs it next step."""
+        from tuned.policies.queues import make_policy
+
+        make_policy(name, cfg.queue_options)  # raise here, on the caller's thread
+        self._pending_queue = (name, cfg)
+
+    def _apply_queue_policy(self) -> None:
         from tuned.engines import vllm_queue
 
-        vllm_queue.install(self, name, self.controller.cfg)
+        name, cfg = self._pending_queue
+        self._pending_queue = None
+        before = len(self.waiting)
+        vllm_queue.install(self, name, cfg, on_warning=self._hint_warning)
+        log.info("queue_policy", old=self.queue_policy, new=name, waiting_kept=len(self.waiting),
+                 waiting_before=before)
         self.queue_policy = name
+
+    def _hint_warning(self, field: str, message: str) -> None:
+        self.metrics.hint_warnings.labels(field).inc()
+        log.warning("request_hint_ignored", field=field, problem=message)
+
+    def queue_snapshot(self) -> dict | None:
+        snap = getattr(self.waiting, "snapshot", None)
+        return snap() if snap is not None else None
 
     def steps_json(self, since: int) -> dict:
         return {"next": self.steps.next_seq, "block_size": self.block_size,
@@ -192,6 +211,9 @@ class _TunedMixin:
         if (self._fallback_cause is None
                 and time.monotonic() - ctrl.last_ok > self._stale_after_s):
             self._enter_fallback("stale", ctrl.cfg.fallback_cap)
+
+    def _queue_installed(self) -> bool:
+        return hasattr(self.waiting, "begin_step")
 
     def _enter_fallback(self, cause: str, cap: int) -> None:
         if self._fallback_cause == cause:
@@ -240,6 +262,12 @@ class _TunedMixin:
     def schedule(self, *args, **kwargs):
         try:
             self._tuned_apply()
+            if self._pending_queue is not None:
+                self._apply_queue_policy()
+            if self.queue_policy != "fcfs" or self._queue_installed():
+                from tuned.engines.vllm_queue import begin_step
+
+                begin_step(self, self.controller.speed_fn)
         except Exception as e:
             self._tuned_guard("apply", e)
         out = super().schedule(*args, **kwargs)
@@ -322,7 +350,3 @@ def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) 
     if cfg.num_gpu_blocks:
         kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks
     return kw
-
-
-def dumps_additional_config(cfg: Config, serving_url: str | None) -> str:
-    return json.dumps(tuned_additional_config(cfg, serving_url))

@@ -7,8 +7,9 @@ target, its bounds and the reason.
 
 * :class:`MemoryBound` is Algorithm 1 (memory-constrained dynamic batching).
 * :class:`SlaBound` is Algorithm 2 (SLA-constrained dynamic batching).
-* :func:`decide` combines them as the paper does, b* = min(b_mem, b_SLA), then
-  clamps to [B_min, ceiling] and never below the running decodes.
+* :class:`BatchPolicy` combines them as the paper does, b* = min(b_mem, b_SLA),
+  clamped to [B_min, ceiling]; the batch size it reports, b_t, is never below the
+  running decodes (Alg. 1 line 6, Alg. 2 line 15).
 * :func:`token_budget` is the per-step token budget (the paper's adaptive chunk
   size under PD fusion), from a profile's step-time model when one is given.
 
@@ -18,6 +19,16 @@ whole life; vLLM admits and retires requests every step, so a running request ho
 only l_in + (tokens so far). Using the full l_in + l_out per request, as the paper
 does, is therefore conservative by about l_out/2 per request; we keep the paper's
 rule and let the overflow probability eps_M absorb the rest.
+
+The floor b_t >= N^d exists in the paper so that a smaller batch never evicts a
+running request. vLLM's admission gate (``max_num_active_reqs``) never evicts: a
+gate below the running count only stops admissions until requests finish. And vLLM
+admits at every step, so between two controller ticks finished requests are
+replaced at once; a gate floored at the running count would therefore stay pinned
+at its old value under sustained load and the SLA bound could never lower it. So
+the floor is kept where it belongs, in the batch size b_t the decision reports
+(``Decision.batch``), and the gate the scheduler applies is the un-floored
+b* (``Decision.cap``): running requests drain to it, none is preempted.
 """
 
 from __future__ import annotations
@@ -47,10 +58,11 @@ class Observation:
 class Decision:
     """A recommendation: target with bounds, the cap to apply, and why."""
 
-    target: int
+    target: int         # b* = min(b_mem, b_SLA)
     lower: int
     upper: int
-    cap: int
+    cap: int            # admission gate applied in vLLM: b* clamped to [B_min, ceiling]
+    batch: int          # the paper's b_t: max(cap, running decodes), at most the ceiling
     token_budget: int
     reason: str
     b_mem: int | None = None
@@ -59,7 +71,8 @@ class Decision:
 
     def to_dict(self) -> dict:
         return {"target": self.target, "lower": self.lower, "upper": self.upper,
-                "cap": self.cap, "token_budget": self.token_budget, "reason": self.reason,
+                "cap": self.cap, "batch": self.batch, "token_budget": self.token_budget,
+                "reason": self.reason,
                 "b_mem": self.b_mem, "b_sla": self.b_sla, "inputs": dict(self.inputs)}
 
 
@@ -95,7 +108,9 @@ class MemoryBound:
     State: the previous batch size b_{t-1} (starts at B_max, what static batching
     would run). Each tick, only when requests are both waiting (N^p > 0) and running
     (N^d > 0), b_t = floor((n - L0) / (E[l_in] + E[l_out])); otherwise b_t = b_{t-1}.
-    Then b_t = min(max(b_t, N^d), B_max) (line 6).
+    Line 6, b_t = min(max(b_t, N^d), B_max), is applied by :class:`BatchPolicy` to the
+    reported batch size; the bound returned (and kept as b_{t-1}) is capped at B_max
+    only (see the module docstring for why the floor must not reach vLLM's gate).
 
     Units are KV blocks, as the paper suggests for vLLM ("our algorithm can be
     implemented using blocks rather than relying on the number of tokens"): n is
@@ -125,16 +140,9 @@ class MemoryBound:
         else:
             reason = "hold_no_queue"
             b = self.prev
-        b, reason = _floor_running(b, reason, obs.num_running, self.b_max)
+        b = min(b, self.b_max)
         self.prev = b
         return b, reason
-
-
-def _floor_running(b: int, reason: str, running: int, b_max: int) -> tuple[int, str]:
-    """Algorithm 1 line 6 / Algorithm 2 line 15: b = min(max(b, N^d), B_max)."""
-    if running > b:
-        b, reason = running, "floor_running"
-    return min(b, b_max), reason
 
 
 class SlaBound:
@@ -145,8 +153,10 @@ class SlaBound:
       T > D_SLA + eps_D:  b_high <- max(b-bar, b_low + alpha); b_low <- max(b_low - delta, B_min)
       T < D_SLA - eps_D:  b_low <- min(b-bar, b_high - alpha); b_high <- min(b_high + delta, B_max)
       otherwise:          b_high <- min(b-bar + ceil(alpha/2), B_max); b_low <- max(b-bar - floor(alpha/2), B_min)
-      b_t = floor((b_low + b_high) / 2); b_t = min(max(b_t, N^d), B_max)
-    b-bar is rounded to the nearest integer (the paper treats it as one). The paper
+      b_t = floor((b_low + b_high) / 2)
+    Line 15's b_t = min(max(b_t, N^d), B_max) is applied by :class:`BatchPolicy` to
+    the reported batch size, not to the admission gate (module docstring). b-bar is
+    rounded to the nearest integer (the paper treats it as one). The paper
     leaves implicit that the interval stays inside [B_min, B_max] and ordered; we
     clamp both ends so, which changes nothing when the paper's updates already hold.
     With no decode step in the window (idle engine) the interval is kept.
@@ -188,23 +198,24 @@ class SlaBound:
                 reason = "sla_hold"
         self.low = min(max(self.low, self.b_min), self.b_max)
         self.high = min(max(self.high, self.low), self.b_max)
-        return _floor_running((self.low + self.high) // 2, reason, obs.num_running, self.b_max)
+        return (self.low + self.high) // 2, reason
 
 
 class StepTimeModel(Protocol):
     def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int) -> int: ...
 
 
-def token_budget(cap: int, max_num_batched_tokens: int, min_chunk_tokens: int,
+def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
                  sla_s: float = 0.0, step_model: StepTimeModel | None = None) -> int:
     """Tokens the scheduler may put in one step (vLLM's ``max_num_scheduled_tokens``).
 
     Seed 000's PD-fusion variant picks the chunk size so a mixed step still meets
     the TBT SLA: with a step-time model T(b, c) the chunk is the largest c with
-    T(cap, c) <= D_SLA, and the budget is cap decode tokens plus that chunk. Always
-    clamped to [cap + min_chunk_tokens, max_num_batched_tokens] so running decodes
-    plus at least one prefill chunk fit (a smaller budget would starve them).
+    T(b, c) <= D_SLA at the decode batch b, and the budget is b decode tokens plus
+    that chunk. Always clamped to [b + min_chunk_tokens, max_num_batched_tokens] so
+    running decodes plus at least one prefill chunk fit (less would starve them).
     """
+    cap = batch
     lo = cap + min_chunk_tokens
     hi = max_num_batched_tokens
     if lo >= hi:
@@ -240,13 +251,18 @@ class BatchPolicy:
             target, reason = b_sla, sla_reason
         else:
             target, reason = b_mem, mem_reason
-        cap = min(max(target, self.b_min, obs.num_running), self.ceiling)
+        cap = min(max(target, self.b_min), self.ceiling)
+        # Alg. 1 line 6 / Alg. 2 line 15: the batch never drops below the running
+        # decodes; they drain to the gate (cap) as they finish.
+        batch = min(max(cap, obs.num_running), self.ceiling)
         lower = min(lower, upper)
-        budget = token_budget(cap, self.max_num_batched_tokens, self.min_chunk_tokens,
+        budget = token_budget(batch, self.max_num_batched_tokens, self.min_chunk_tokens,
                               self.sla.sla_s if self.sla else 0.0, self.step_model)
-        return Decision(target=target, lower=lower, upper=upper, cap=cap,
+        inputs = _inputs(obs, self)
+        inputs["draining"] = obs.num_running > cap
+        return Decision(target=target, lower=lower, upper=upper, cap=cap, batch=batch,
                         token_budget=budget, reason=reason, b_mem=b_mem, b_sla=b_sla,
-                        inputs=_inputs(obs, self))
+                        inputs=inputs)
 
 
 def _inputs(obs: Observation, pol: BatchPolicy) -> dict:

@@ -1,0 +1,397 @@
+"""`tuned check-config` and `tuned status`, run as real subprocesses where it matters."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tuned import config as config_mod
+from tuned import opscli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "data" / "configs"
+EXAMPLE = ROOT / "systemd" / "tuned.toml.example"
+
+# The real entry point once tuned/cli.py exists (it calls opscli.register); until then
+# opscli's own stand-alone main, which builds the same subcommands.
+if (ROOT / "tuned" / "cli.py").exists():
+    CLI = [sys.executable, "-m", "tuned"]
+else:
+    CLI = [sys.executable, "-m", "tuned.opscli"]
+
+
+def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=timeout)
+
+
+# ------------------------------------------------------------------ check-config
+
+BROKEN = {
+    "wrong_types.toml": ["max_num_seqs", "interval_s", "vllm_args", "queue_policy", "tbt_sla_s"],
+    "out_of_range.toml": ["eps_m", "metrics_port", "interval_s", "b_min", "queue_policy"],
+    "bmin_above_bmax.toml": ["b_min"],
+    "bmax_above_ceiling.toml": ["b_max", "fallback_cap"],
+    "contradictions.toml": ["eps_d_s", "stale_after_s", "max_num_batched_tokens", "metrics_port"],
+    "missing_profile.toml": ["profile"],
+    "unknown_key.toml": ["max_batch_size", "engine"],
+    "invalid_toml.toml": [],  # no field to name: the line number instead
+}
+
+
+def test_every_broken_config_file_has_an_expectation():
+    files = {p.name for p in CONFIGS.glob("*.toml")}
+    assert files == set(BROKEN) | {"good.toml"}
+
+
+def check(*paths: str, explain: bool = False) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = opscli.check_config(list(paths), explain=explain, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def problem_lines(path: str, stderr: str) -> list[str]:
+    # Only tuned's own lines: an engine import may add its own warnings to stderr.
+    return [ln for ln in stderr.splitlines() if ln.startswith(path + ": ")]
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_check_config_names_each_bad_field(name):
+    path = str(CONFIGS / name)
+    code, out, err = check(path)
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    # one line per problem, each naming the file and then the field
+    assert lines == problem_lines(path, err)
+    assert len(lines) == max(1, len(BROKEN[name]))
+    named = [line[len(path) + 2:].split(":", 1)[0] for line in lines]
+    if BROKEN[name]:
+        assert sorted(named) == sorted(BROKEN[name])
+    else:
+        assert "not valid TOML" in err and "line 3" in err
+
+
+def test_check_config_cli_subprocess_on_all_files():
+    """The real command, once: every broken file refused with its fields named, the good
+    one accepted, exit 2, and no traceback."""
+    paths = [str(CONFIGS / n) for n in sorted(BROKEN)] + [str(CONFIGS / "good.toml")]
+    r = run_cli("check-config", *paths)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    for name, fields in BROKEN.items():
+        lines = problem_lines(str(CONFIGS / name), r.stderr)
+        assert len(lines) == max(1, len(fields)), (name, r.stderr)
+        for field in fields:
+            assert any(f": {field}: " in ln for ln in lines), (name, field, lines)
+    assert r.stdout == f"{CONFIGS / 'good.toml'}: ok\n"
+
+
+def test_check_config_cli_subprocess_good_file():
+    path = str(CONFIGS / "good.toml")
+    r = run_cli("check-config", path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{path}: ok\n"
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "not_utf8", "empty_name"])
+def test_check_config_unreadable_inputs_never_traceback(tmp_path, case):
+    if case == "missing":
+        path, expect = tmp_path / "nope.toml", "cannot read config file: No such file or directory"
+    elif case == "directory":
+        path, expect = tmp_path, "cannot read config file: Is a directory"
+    elif case == "not_utf8":
+        path = tmp_path / "latin1.toml"
+        path.write_bytes('model = "caf\xe9"\n'.encode("latin-1"))
+        expect = "not UTF-8 text"
+    else:
+        path, expect = "", "cannot read config file"
+    code, out, err = check(str(path))
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"{path}: {expect}")
+
+
+def test_check_config_explain_lists_every_key():
+    code, out, err = check(explain=True)
+    assert code == 0 and err == ""
+    keys = [line.split(" ", 1)[0] for line in out.splitlines()]
+    assert keys == list(config_mod.FIELDS)
+    assert "max_num_seqs (int, default 32" in out
+    restart_lines = [ln for ln in out.splitlines() if "[restart]" in ln]
+    assert [ln.split(" ", 1)[0] for ln in restart_lines] == list(config_mod.RESTART_FIELDS)
+
+
+def test_check_config_with_file_and_explain():
+    code, out, err = check(str(CONFIGS / "bmin_above_bmax.toml"), explain=True)
+    assert code == 2
+    assert "b_min: must be <= b_max (10), got 20" in err
+    assert out.startswith("model (str")
+
+
+def test_check_config_without_file_is_a_usage_error():
+    code, out, err = check()
+    assert code == 2 and out == ""
+    assert err == "tuned check-config: give a FILE to validate, or --explain to list the keys\n"
+
+
+def test_explain_survives_a_closed_pipe():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = f"{sys.executable} -m tuned.opscli check-config --explain | head -n 1"
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("model (str")
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
+
+
+def test_shipped_example_config_is_valid_and_complete(tmp_path):
+    """systemd/tuned.toml.example validates, names every key, and stays valid with all
+    its commented defaults switched on (so the defaults it shows are real)."""
+    assert check(str(EXAMPLE))[0] == 0
+    text = EXAMPLE.read_text()
+    for key in config_mod.FIELDS:
+        if key != "source_path":
+            assert re.search(rf"^#? ?{key} = ", text, re.M), f"{key} missing from the example"
+    # profile is left out: its example path is a placeholder for the operator's file.
+    uncommented = re.sub(r"^# ((?!profile\b)\w+ = )", r"\1", text, flags=re.M)
+    assert uncommented != text
+    cfg_file = tmp_path / "all.toml"
+    cfg_file.write_text(uncommented)
+    cfg = config_mod.load(cfg_file)
+    for key, f in config_mod.FIELDS.items():
+        if key not in ("profile", "model"):
+            assert getattr(cfg, key) == f.metadata["default"], key
+
+
+# ------------------------------------------------------------------ status
+
+NOW = 1_763_800_000.0
+
+DOC = {
+    "current": {"t": NOW - 0.4, "seq": 57, "target": 12, "lower": 8, "upper": 16, "cap": 12,
+                "token_budget": 544, "reason": "sla_over", "b_mem": 24, "b_sla": 12,
+                "inputs": {"running": 12, "waiting": 3}},
+    "recent": [
+        {"t": NOW - 1.4, "seq": 55, "target": 14, "lower": 10, "upper": 18, "cap": 14,
+         "token_budget": 560, "reason": "sla_hold", "b_mem": 24, "b_sla": 14, "inputs": {}},
+        {"t": NOW - 0.9, "seq": 56, "target": 14, "lower": 10, "upper": 18, "cap": 14,
+         "token_budget": 560, "reason": "sla_hold", "b_mem": 24, "b_sla": 14, "inputs": {}},
+        {"t": NOW - 0.4, "seq": 57, "target": 12, "lower": 8, "upper": 16, "cap": 12,
+         "token_budget": 544, "reason": "sla_over", "b_mem": 24, "b_sla": 12, "inputs": {}},
+    ],
+    "applied": {"cap": 12, "token_budget": 544, "fallback": False, "fallback_cause": None},
+    "config": {"queue_policy": "mcsf", "profile": "/var/lib/tuned/profiles/demo.json",
+               "tbt_sla_s": 0.05, "source_path": "/etc/tuned/tuned.toml", "interval_s": 0.5},
+    "last_reload": {"t": NOW - 30.0, "outcome": "refused",
+                    "problems": ["b_min: must be <= b_max (10), got 20"],
+                    "restart_needed": []},
+    "telemetry": {"tbt_mean_s": 0.0523, "decode_batch_mean": 11.8, "kv_usage": 0.625,
+                  "kv_capacity_tokens": 65536,
+                  "gpu": [{"index": 0, "name": "NVIDIA L4", "used_bytes": 18 * 2**30,
+                           "total_bytes": 24 * 2**30}],
+                  "running": 12, "waiting": 3},
+    "engine": {"ceiling": 32, "max_num_batched_tokens": 2048, "dp_rank": 0},
+}
+
+
+class FakeTuned:
+    """tuned's endpoint as far as `tuned status` sees it: /decisions and /healthz."""
+
+    def __init__(self, doc, healthy=True, decisions_status=200, body=None):
+        self.doc, self.healthy = doc, healthy
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path.startswith("/decisions"):
+                    code = decisions_status
+                    data = body if body is not None else json.dumps(outer.doc).encode()
+                elif self.path == "/healthz":
+                    code = 200 if outer.healthy else 503
+                    data = json.dumps({"healthy": outer.healthy}).encode()
+                else:
+                    code, data = 404, b"{}"
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def status_lines(url, **kw):
+    out, err = io.StringIO(), io.StringIO()
+    code = opscli.status(url, out=out, err=err, now=NOW, **kw)
+    return code, out.getvalue().splitlines(), err.getvalue()
+
+
+def test_status_summary_lines():
+    with FakeTuned(DOC) as srv:
+        code, lines, err = status_lines(srv.url)
+    assert code == 0 and err == ""
+    assert lines[0] == (f"tuned at {srv.url} (dp rank 0): engine ceiling 32 seqs, "
+                        "max_num_batched_tokens 2048")
+    assert lines[1] == ("decision:    #57 (0.4 s ago): target 12 seqs in [8, 16] -> cap 12, "
+                        "token budget 544 (b_mem 24, b_sla 12)")
+    assert lines[2] == "reason:      sla_over: TBT above SLA + eps_d_s: the SLA search moves down"
+    assert lines[3] == "applied:     cap 12 seqs, token budget 544 tokens, fallback no"
+    assert lines[4] == ("TBT:         mean 52.3 ms vs SLA 50.0 ms: over by 5%; "
+                        "decode batch mean 11.8")
+    assert lines[5] == "requests:    running 12, waiting 3"
+    assert lines[6] == "KV cache:    62.5% used of 65,536 tokens"
+    assert lines[7] == "GPU 0:       NVIDIA L4: 18.0 GiB / 24.0 GiB used (75%)"
+    assert lines[8] == ("config:      queue policy mcsf, profile /var/lib/tuned/profiles/demo.json, "
+                        "interval 0.5 s, file /etc/tuned/tuned.toml")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(NOW - 30))
+    assert lines[9] == (f"last reload: REFUSED at {stamp} (30.0 s ago); "
+                        "the previous config keeps running")
+    assert lines[10] == "  problem: b_min: must be <= b_max (10), got 20"
+    assert lines[11] == "recent:      3 decisions: sla_hold 2, sla_over 1; cap 12..14"
+    assert len(lines) == 12
+
+
+def test_status_without_decision_gpu_or_reload_and_in_fallback():
+    doc = copy.deepcopy(DOC)
+    doc.update(current=None, recent=[])
+    doc["applied"].update(cap=4, fallback=True, fallback_cause="stale")
+    doc["config"].update(tbt_sla_s=0.0, profile="", source_path="")
+    doc["telemetry"].update(gpu=None, tbt_mean_s=None, decode_batch_mean=None)
+    doc["last_reload"] = {"t": None, "outcome": "none", "problems": [], "restart_needed": []}
+    with FakeTuned(doc, healthy=False) as srv:
+        code, lines, _ = status_lines(srv.url)
+    assert code == 0
+    text = "\n".join(lines)
+    assert "controller:  STALLED (/healthz 503)" in text
+    assert "decision:    none yet (the controller has not completed a tick)" in lines
+    assert ("applied:     cap 4 seqs, token budget 544 tokens, FALLBACK (stale: the last "
+            "decision is older than stale_after_s (controller stalled))") in lines
+    assert ("TBT:         mean n/a (no decode steps in the window) "
+            "(no SLA: tbt_sla_s = 0, memory bound only)") in lines
+    assert "GPU:         no GPU (engine-only telemetry)" in lines
+    assert ("config:      queue policy mcsf, profile none, interval 0.5 s, "
+            "file embedded default") in lines
+    assert "last reload: none since start" in lines
+    assert not any(ln.startswith("recent:") for ln in lines)
+
+
+def test_status_shows_draining_when_the_batch_is_above_the_cap():
+    doc = copy.deepcopy(DOC)
+    doc["current"].update(cap=10, batch=14)
+    with FakeTuned(doc) as srv:
+        _, lines, _ = status_lines(srv.url)
+    assert lines[3] == ("draining:    batch 14 running above cap 10: no admissions until "
+                        "they finish (none is preempted)")
+    doc["current"].update(batch=10)
+    with FakeTuned(doc) as srv:
+        _, lines, _ = status_lines(srv.url)
+    assert not any(ln.startswith("draining:") for ln in lines)
+
+
+def test_status_reload_ok_with_restart_needed():
+    doc = copy.deepcopy(DOC)
+    doc["last_reload"] = {"t": NOW - 5, "outcome": "ok", "problems": [],
+                          "restart_needed": ["max_num_seqs"], "changed": ["tbt_sla_s"]}
+    with FakeTuned(doc) as srv:
+        _, lines, _ = status_lines(srv.url)
+    reload_at = next(i for i, ln in enumerate(lines) if ln.startswith("last reload:"))
+    assert lines[reload_at].startswith("last reload: ok at ")
+    assert lines[reload_at].endswith("(5.0 s ago); changed tbt_sla_s")
+    assert lines[reload_at + 1] == ("  restart needed (running values kept until "
+                                    "`systemctl restart`): max_num_seqs")
+
+
+def test_status_json_prints_the_document_via_the_cli():
+    with FakeTuned(DOC) as srv:
+        r = run_cli("status", "--url", srv.url, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == DOC
+
+
+def test_status_summary_via_the_cli_accepts_host_port_and_path():
+    with FakeTuned(DOC) as srv:
+        r = run_cli("status", "--url", srv.url.removeprefix("http://") + "/decisions")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(f"tuned at {srv.url} (dp rank 0)")
+    assert "applied:     cap 12 seqs" in r.stdout
+
+
+def test_status_when_nothing_listens():
+    # A bound socket that never listens: connections to it are refused, and no other
+    # process can take the port while the test runs.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        r = run_cli("status", "--url", url)
+    assert r.returncode == 3
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("tuned status:")]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"tuned status: nothing answers at {url}/decisions "
+                               "(connection refused)")
+
+
+def test_status_default_url_is_tunes_metrics_port():
+    assert opscli.DEFAULT_URL == f"http://127.0.0.1:{config_mod.Config().metrics_port}"
+
+
+@pytest.mark.parametrize("kind", ["http_404", "not_json", "not_tuned_json"])
+def test_status_when_something_else_answers(kind):
+    kw = {"http_404": dict(decisions_status=404),
+          "not_json": dict(body=b"<html>hello</html>"),
+          "not_tuned_json": dict(body=b'{"status": "success"}')}[kind]
+    with FakeTuned(DOC, **kw) as srv:
+        code, lines, err = status_lines(srv.url)
+    assert code == 4 and lines == []
+    assert err.startswith(f"tuned status: {srv.url}/decisions ")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_status_unexpected_shape_is_one_line_not_a_traceback():
+    doc = copy.deepcopy(DOC)
+    doc["current"] = {"seq": 1}  # no target/lower/upper
+    with FakeTuned(doc) as srv:
+        code, lines, err = status_lines(srv.url)
+    assert code == 4
+    assert "cannot read the answer" in err and "try --json" in err
+
+
+def test_status_rejects_a_non_http_url():
+    code, lines, err = status_lines("ftp://example.invalid")
+    assert code == 2 and "bad URL" in err
+
+
+def test_every_reason_the_policies_emit_is_explained():
+    reasons = {"initial", "profile_initial", "memory", "sla_over", "sla_under", "sla_hold",
+               "hold_no_queue", "floor_running", "memory_no_data"}
+    assert set(opscli.REASONS) == reasons
+    assert set(opscli.FALLBACK_CAUSES) == {"stale", "controller_error"}

@@ -1,0 +1,151 @@
+"""SABER (seed 002, Algorithm 1): required speed, two-tier queue, admission, demotion."""
+
+import random
+
+import pytest
+
+from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.policies.saber import SaberPolicy
+
+
+def R(rid, max_tokens, deadline, t=0.0, out=0):
+    return ReqInfo(request_id=rid, arrival_s=t, prompt_tokens=10, max_tokens=max_tokens,
+                   predicted_output=max_tokens, output_tokens=out, deadline_s=deadline)
+
+
+def speed(n):
+    """Per-request speed: 100 tok/s alone, 100/n with n running."""
+    return 100.0 / n
+
+
+def ctx(now, fn=speed):
+    return AdmitContext(now_s=now, kv_capacity_tokens=10**6, kv_free_tokens=10**6, cap=64,
+                        speed_tok_s=fn)
+
+
+def test_required_speed_grows_while_waiting():
+    # the paper's example: 500 tokens within 10 s -> 50 tok/s; after 5 s -> 100 tok/s
+    p = SaberPolicy()
+    r = R("a", 500, 10.0)
+    assert p.required_speed(r, 0.0) == pytest.approx(50.0)
+    assert p.required_speed(r, 5.0) == pytest.approx(100.0)
+    assert p.required_speed(R("b", 500, None), 5.0) == 0.0
+    assert p.required_speed(r, 10.0) == float("inf")
+
+
+def test_demote_when_infeasible_even_alone():
+    # the paper's example: 100 tok/s alone, request needs 120 tok/s -> low priority
+    p = SaberPolicy()
+    ok, bad, late = R("ok", 500, 10.0, t=0.0), R("bad", 1200, 10.0, t=0.5), R("late", 5, 0.0, t=1)
+    out = p.order([bad, ok, late], 0.0, ctx(0.0))
+    assert [r.request_id for r in out] == ["ok", "bad", "late"]   # LPQ in demotion order
+    assert p.is_low("bad") and p.is_low("late") and not p.is_low("ok")
+    assert p.stats.demoted == 2
+    p.order([bad, ok, late], 0.0, ctx(0.0))                      # demoted once only
+    assert p.stats.demoted == 2
+
+
+def test_demotion_boundary_and_refresh_time():
+    # 500 tokens by t=10, v(1)=100: infeasible once 500/(10-t) > 100, i.e. t > 5
+    p = SaberPolicy()
+    r = R("a", 500, 10.0)
+    p.order([r], 0.0, ctx(0.0))
+    assert not p.refresh([r], ctx(4.9))
+    assert p.refresh([r], ctx(5.0))
+    p.order([r], 5.0, ctx(5.0))          # 500/5 = 100, not < v(1): stays
+    assert not p.is_low("a")
+    p.order([r], 5.1, ctx(5.1))          # 500/4.9 = 102.04 > 100: demoted
+    assert p.is_low("a")
+
+
+def test_admission_checks_own_and_running_required_speeds():
+    # r1 admitted at t=0 needing 300 tokens by t=10 -> recorded 30 tok/s
+    p = SaberPolicy(window=1)
+    r1 = R("r1", 300, 10.0)
+    p.on_admitted(r1, 0.0)
+    r2 = R("r2", 100, 10.0)
+    p.on_admitted(r2, 0.0)                                  # recorded 10 tok/s
+    c = R("c", 200, 10.0)                                   # needs 20 tok/s at t=0
+    # 1 running: v(2) = 50 >= 20 and >= 30
+    assert p.admit(c, [r1], [], ctx(0.0)).admit
+    # 2 running: v(3) = 33.3 >= 30
+    assert p.admit(c, [r1, r2], [], ctx(0.0)).admit
+    # 3 running: v(4) = 25 < r1's 30
+    v = p.admit(c, [r1, r2, R("r3", 1, None)], [], ctx(0.0))
+    assert not v.admit and "would break running r1 (needs 30.0 tok/s)" in v.reason
+    # own requirement: 400 tokens by t=10 = 40 tok/s; v(3) = 33.3 < 40
+    v = p.admit(R("d", 400, 10.0), [r1, r2], [], ctx(0.0))
+    assert not v.admit and "v(3) = 33.3 tok/s < required 40.0 tok/s" in v.reason
+
+
+def test_recorded_speed_not_current_speed_protects_running():
+    # r1 recorded 30 tok/s at admission; at t=5 it would need 60 tok/s, but SABER
+    # compares against the recorded value: v(3) = 33.3 >= 30 -> admit
+    p = SaberPolicy()
+    r1 = R("r1", 300, 10.0)
+    p.on_admitted(r1, 0.0)
+    assert p.admit(R("c", 50, 10.0), [r1, R("r2", 1, None)], [], ctx(5.0)).admit
+
+
+def test_random_window_of_hpq_head():
+    # a needs 60 tok/s (feasible alone, v(1)=100) but v(2)=50 < 60; b needs 10
+    a, b, c = R("a", 600, 10.0, t=0), R("b", 100, 10.0, t=1), R("c", 100, 10.0, t=2)
+    running = [R("run", 1, None)]
+    for seed in range(5):
+        p = SaberPolicy(window=2, rng=random.Random(seed))
+        ordered = p.order([a, b, c], 0.0, ctx(0.0))
+        sel = p.select(ordered, running, [], ctx(0.0))
+        assert sel.chosen is b                     # whatever the draw, b is admitted
+    p = SaberPolicy(window=1)
+    ordered = p.order([a, b, c], 0.0, ctx(0.0))
+    sel = p.select(ordered, running, [], ctx(0.0))
+    assert sel.chosen is None and sel.refused == (a,)   # window of 1: a blocks
+
+
+def test_window_draw_is_seeded():
+    reqs = [R(f"r{i}", 10, 100.0, t=float(i)) for i in range(6)]
+
+    def draws(seed):
+        p = SaberPolicy(window=4, rng=random.Random(seed))
+        ordered = p.order(reqs, 0.0, ctx(0.0))
+        return [p.select(ordered, [], [], ctx(0.0)).chosen.request_id for _ in range(5)]
+
+    assert draws(3) == draws(3)
+    assert set(draws(3)) <= {"r0", "r1", "r2", "r3"}
+
+
+def test_low_priority_served_only_when_high_is_empty():
+    p = SaberPolicy(window=1)
+    hi = R("hi", 600, 10.0)                      # refused with 1 running (v(2)=50 < 60)
+    lo = R("lo", 5, 0.0)                         # expired -> LPQ
+    running = [R("run", 1, None)]
+    ordered = p.order([hi, lo], 0.0, ctx(0.0))
+    assert p.select(ordered, running, [], ctx(0.0)).chosen is None
+    sel = p.select([lo], running, [], ctx(0.0))
+    assert sel.chosen is lo and "best effort" in sel.verdict.reason
+
+
+def test_without_profile_fcfs_but_expired_still_demoted():
+    p = SaberPolicy(window=4)
+    a, late, b = R("a", 10_000, 1.0, t=0), R("late", 5, 0.0, t=1), R("b", 5, 50.0, t=2)
+    ordered = p.order([b, late, a], 0.0, ctx(0.0, fn=None))
+    assert [r.request_id for r in ordered] == ["a", "b", "late"]
+    assert p.stats.demoted == 1
+    sel = p.select(ordered, [R("run", 1, None)], [], ctx(0.0, fn=None))
+    assert sel.chosen is a and "no speed profile" in sel.verdict.reason
+
+
+def test_default_deadline_option():
+    p = SaberPolicy(default_deadline_s=4.0)
+    r = R("a", 200, None, t=1.0)                  # deadline 1 + 4 = 5
+    assert p.required_speed(r, 3.0) == pytest.approx(100.0)
+
+
+def test_unrecorded_running_request_uses_current_speed_and_expired_is_ignored():
+    p = SaberPolicy()
+    c = R("c", 100, 10.0)                         # needs 10 tok/s at t=0
+    # running u was admitted under another policy: current need 600/10 = 60 > v(2) = 50
+    v = p.admit(c, [R("u", 600, 10.0)], [], ctx(0.0))
+    assert not v.admit and "would break running u (needs 60.0 tok/s)" in v.reason
+    # u already missed its deadline: no SLA left to protect
+    assert p.admit(c, [R("u", 600, -1.0)], [], ctx(0.0)).admit

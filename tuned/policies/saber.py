@@ -1,0 +1,217 @@
+"""SABER admission control (seed 002, Chang et al., Algorithm 1 and Section IV-C).
+
+Two-tier queue. Every request enters the high-priority queue (HPQ) with a deadline
+and a number of tokens to generate; its required speed is
+
+    required speed = remaining tokens / (deadline − now)      [tokens/s]
+
+which grows while it waits. A request that cannot make its deadline even alone —
+the deadline passed, or the profile's single-request speed v(1) is below its
+required speed — is demoted to the low-priority queue (LPQ), served only when the
+HPQ is empty, without speed checks (best effort).
+
+Admission (Algorithm 1): draw a random window of ``window`` requests from the HPQ
+head and try them in random order; a candidate is admitted if the profile's
+per-request speed with one more running request, v(L + 1), is at least its own
+required speed and at least every running request's recorded required speed (the
+speed it needed when it was admitted). Otherwise it stays in the HPQ. ``v`` is the
+profile's ``speed_tok_s`` (a USL fit, seed 002's offline phase).
+
+Mapping onto vLLM:
+
+* The paper's loop admits one request per iteration and sleeps δ; here one
+  ``schedule()`` step makes as many admission attempts as vLLM's cap and token
+  budget allow, each drawing a fresh window, and L counts requests admitted earlier
+  in the same step.
+* "Remaining tokens" is max_tokens minus tokens already generated, as in the paper
+  (max tokens); ``use_predicted`` plans with the predicted output instead.
+* Requests without a deadline have required speed 0: never demoted, admitted
+  whenever running requests' SLAs allow (``default_deadline_s`` gives them one).
+* Without a profile (``speed_tok_s`` is None) nothing can be predicted: requests are
+  admitted in arrival order like FCFS, but expired deadlines are still demoted.
+* A running request admitted before this policy was active (or this step) has no
+  recorded speed; its current required speed is used instead, and ignored once
+  its deadline passed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo, Verdict
+
+
+class SaberPolicy(QueuePolicy):
+    """Two-tier queue with speed-based admission; see the module doc.
+
+    Options: ``window`` (head requests sampled per attempt), ``default_deadline_s``
+    (relative deadline for requests without one; 0 = none), ``use_predicted``.
+    """
+
+    name = "saber"
+
+    def __init__(self, *, window: int = 4, default_deadline_s: float = 0.0,
+                 use_predicted: bool = False, rng=None) -> None:
+        super().__init__(rng=rng)
+        if window < 1 or default_deadline_s < 0:
+            raise ValueError(f"saber: need window >= 1 and default_deadline_s >= 0, "
+                             f"got window={window!r}, default_deadline_s={default_deadline_s!r}")
+        self.window = int(window)
+        self.default_deadline_s = float(default_deadline_s)
+        self.use_predicted = bool(use_predicted)
+        self._low: dict[str, int] = {}          # demoted request id -> demotion sequence
+        self._demote_seq = 0
+        self._recorded: dict[str, float] = {}   # running request id -> required tok/s
+        self._t_demote: dict[str, float] = {}  # waiting request id -> demotion time
+        self._next_demote_s = math.inf
+        self._speed_fn = None
+
+    # ------------------------------------------------------------ speeds
+    def deadline_of(self, r: ReqInfo) -> float | None:
+        if r.deadline_s is not None:
+            return r.deadline_s
+        if self.default_deadline_s:
+            return r.arrival_s + self.default_deadline_s
+        return None
+
+    def remaining_tokens(self, r: ReqInfo) -> int:
+        total = r.predicted_output if self.use_predicted else r.max_tokens
+        return max(total - r.output_tokens, 0)
+
+    def required_speed(self, r: ReqInfo, now_s: float) -> float:
+        """remaining tokens / (deadline − now); 0 without a deadline, inf once it passed."""
+        dl = self.deadline_of(r)
+        if dl is None:
+            return 0.0
+        if dl <= now_s:
+            return math.inf
+        return self.remaining_tokens(r) / (dl - now_s)
+
+    def is_low(self, request_id: str) -> bool:
+        return request_id in self._low
+
+    def _demotion_time(self, r: ReqInfo, v1: float | None) -> float:
+        """When r becomes infeasible alone: the deadline, or with a profile the time
+        deadline − remaining / v(1) after which v(1) < required speed."""
+        dl = self.deadline_of(r)
+        if dl is None:
+            return math.inf
+        if v1 is None or v1 <= 0:
+            return dl
+        return min(dl, dl - self.remaining_tokens(r) / v1)
+
+    def _demote_reason(self, r: ReqInfo, now_s: float, v1: float | None) -> str | None:
+        dl = self.deadline_of(r)
+        if dl is None:
+            return None
+        if dl <= now_s:
+            return "deadline passed"
+        need = self.required_speed(r, now_s)
+        if v1 is not None and v1 < need:
+            return f"needs {need:.1f} tok/s > {v1:.1f} tok/s alone"
+        return None
+
+    # ------------------------------------------------------------ order
+    def _v1(self) -> float | None:
+        return self._speed_fn(1) if self._speed_fn is not None else None
+
+    def _demote_at(self, r: ReqInfo) -> float:
+        t = self._t_demote.get(r.request_id)
+        if t is None:
+            # constant while r waits: its remaining tokens do not change
+            t = self._t_demote[r.request_id] = self._demotion_time(r, self._v1())
+        return t
+
+    def order_key(self, info: ReqInfo) -> tuple[int, float]:
+        """HPQ (tier 0) in arrival order, then LPQ (tier 1) in demotion order."""
+        seq = self._low.get(info.request_id)
+        return (0, info.arrival_s) if seq is None else (1, float(seq))
+
+    def observe_arrival(self, info: ReqInfo) -> None:
+        # a newcomer may already be infeasible: make the next refresh reorder
+        self._next_demote_s = min(self._next_demote_s, self._demote_at(info))
+
+    def order(self, waiting: Sequence[ReqInfo], now_s: float,
+              ctx: AdmitContext | None = None) -> list[ReqInfo]:
+        """HPQ in arrival order, then LPQ in demotion order; demotes infeasible requests
+        (each request's demotion time is computed once, then compared)."""
+        if ctx is not None and ctx.speed_tok_s != self._speed_fn:
+            self._speed_fn = ctx.speed_tok_s
+            self._t_demote.clear()
+        v1 = self._v1()
+        next_demote = math.inf
+        for r in sorted(waiting, key=lambda r: r.arrival_s):
+            if r.request_id in self._low:
+                continue
+            t = self._demote_at(r)
+            if now_s >= t and self._demote_reason(r, now_s, v1) is not None:
+                self._demote_seq += 1
+                self._low[r.request_id] = self._demote_seq
+                self.stats.demoted += 1
+                continue
+            next_demote = min(next_demote, t if t > now_s else now_s)
+        self._next_demote_s = next_demote
+        return sorted(waiting, key=self.order_key)
+
+    def refresh(self, waiting: Collection[ReqInfo], ctx: AdmitContext) -> bool:
+        # != rather than `is not`: a bound method is a new object at every access
+        if ctx.speed_tok_s != self._speed_fn:
+            self._speed_fn = ctx.speed_tok_s
+            self._t_demote.clear()
+            return True
+        return ctx.now_s >= self._next_demote_s
+
+    def candidates(self, ordered: Sequence[ReqInfo], ctx: AdmitContext) -> Sequence[ReqInfo]:
+        """A random order of the first ``window`` HPQ requests; the LPQ head once the
+        HPQ is empty."""
+        high = [r for r in ordered[: self.window] if r.request_id not in self._low]
+        if not high:
+            return ordered[:1]
+        if ctx.speed_tok_s is None:
+            return high[:1]          # no profile: FCFS
+        self.rng.shuffle(high)
+        return high
+
+    # ------------------------------------------------------------ admit
+    def admit(self, candidate: ReqInfo, running: Sequence[ReqInfo],
+              admitted_this_step: Sequence[ReqInfo], ctx: AdmitContext) -> Verdict:
+        if candidate.request_id in self._low:
+            return Verdict(True, "saber: low-priority queue, best effort")
+        if ctx.speed_tok_s is None:
+            return Verdict(True, "saber: no speed profile, fcfs admission")
+        load = len(running) + len(admitted_this_step)
+        pred = ctx.speed_tok_s(load + 1)
+        need = self.required_speed(candidate, ctx.now_s)
+        if pred < need:
+            return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s < required "
+                                  f"{need:.1f} tok/s")
+        worst_id, worst = None, 0.0
+        for r in (*running, *admitted_this_step):
+            s = self._recorded.get(r.request_id)
+            if s is None:
+                s = self.required_speed(r, ctx.now_s)
+            # a running request past its deadline has no SLA left to protect
+            if s > worst and math.isfinite(s):
+                worst_id, worst = r.request_id, s
+        if pred < worst:
+            return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s would break running "
+                                  f"{worst_id} (needs {worst:.1f} tok/s)")
+        return Verdict(True, f"saber: v({load + 1}) = {pred:.1f} tok/s >= required "
+                             f"{need:.1f} tok/s")
+
+    # ------------------------------------------------------------ events
+    def on_admitted(self, info: ReqInfo, now_s: float) -> None:
+        super().on_admitted(info, now_s)
+        self._t_demote.pop(info.request_id, None)
+        if info.request_id in self._low:
+            del self._low[info.request_id]
+            self._recorded[info.request_id] = 0.0   # best effort: protects no SLA
+        else:
+            need = self.required_speed(info, now_s)
+            self._recorded[info.request_id] = need if math.isfinite(need) else 0.0
+
+    def forget(self, request_id: str) -> None:
+        self._low.pop(request_id, None)
+        self._recorded.pop(request_id, None)
+        self._t_demote.pop(request_id, None)

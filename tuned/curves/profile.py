@@ -1,0 +1,701 @@
+"""Profile files: the samples of a `tuned profile` sweep, their per-level aggregates and
+the fitted curves, and the :class:`Profile` object the controller asks for predictions.
+
+File format (JSON, ``schema_version`` 2)::
+
+    {
+      "schema_version": 2,
+      "meta": {"model": {"path": str, "config": {...}}, "hardware": {...},
+               "created_at": ISO-8601 str, "workload": {"spec": str, ...},
+               "vllm_version": str|null, "tuned_version": str|null,
+               "engine": {...}, "sweep": {...}},
+      "samples": {
+        "requests": {"concurrency": [...], "prompt_tokens": [...], "output_tokens": [...],
+                     "duration_s": [...], "speed_tok_s": [...],
+                     optional "start_s": [...], "load": [...]},
+        "steps": {"num_decode": [...], "prefill_tokens": [...], "step_s": [...],
+                  "kv_tokens_resident": [...], "kv_used_blocks": [...],
+                  optional "concurrency": [...]}
+      },
+      "levels": [{"concurrency": int, "num_requests": int, "throughput_tok_s": float,
+                  "speed_tok_s_mean": float, ...}, ...],
+      "fits": {"usl": FitResult|null, "speed": {"usl": FitResult, "linear": ...,
+               "logistic": ..., "best": str}|null, "step_time": FitResult|null,
+               "kv_demand": {"mean": float, "var": float, "n": int}|null, "notes": [str]}
+    }
+
+Samples are stored column-wise (one list per field, equal lengths) to keep files of
+tens of thousands of engine steps small. Schema 1 (``"version": 1``: per-level
+throughput rows and USL parameters as ``[lam, sigma, kappa]``, no samples) is
+migrated on load; :func:`load_profile` rejects anything else with a
+:class:`ProfileError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuned.curves.fit import (FitError, FitResult, KvDemand, fit_speed_models, fit_step_time,
+                              fit_usl, kv_demand, r_squared)
+from tuned.curves.models import usl_peak_concurrency, usl_speed
+
+SCHEMA_VERSION = 2
+
+REQUEST_COLUMNS = ("concurrency", "prompt_tokens", "output_tokens", "duration_s", "speed_tok_s")
+REQUEST_OPTIONAL = ("start_s", "load")
+STEP_COLUMNS = ("num_decode", "prefill_tokens", "step_s", "kv_tokens_resident",
+                "kv_used_blocks")
+STEP_OPTIONAL = ("concurrency",)
+LEVEL_KEYS = ("concurrency", "num_requests", "throughput_tok_s", "speed_tok_s_mean")
+SPEED_NAMES = {"usl": "usl_speed", "linear": "linear_speed", "logistic": "logistic_speed"}
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, source: str, problem: str):
+        self.source = source
+        self.problem = problem
+        super().__init__(f"{source}: {problem}" if source else problem)
+
+
+class _Bad(Exception):
+    """Internal: one validation problem, wrapped into ProfileError with the file name."""
+
+
+def empty_columns(names) -> dict[str, list]:
+    return {n: [] for n in names}
+
+
+@dataclass
+class Profile:
+    """A measured load-speed profile with its fitted curves.
+
+    Built by :func:`build_profile` from sweep samples or read by :func:`load_profile`.
+    The prediction helpers are pure functions of the fits and cheap enough to call
+    on every controller tick.
+    """
+
+    meta: dict[str, Any]
+    requests: dict[str, list]
+    steps: dict[str, list]
+    levels: list[dict[str, Any]]
+    usl: FitResult | None = None
+    speed: dict[str, FitResult] = field(default_factory=dict)
+    best_speed: str | None = None
+    step_time: FitResult | None = None
+    kv: KvDemand | None = None
+    kv_n: int = 0
+    notes: list[str] = field(default_factory=list)
+    source: str = ""
+    migrated_from: int | None = None
+
+    # --- predictions used by the controller -----------------------------------------
+
+    def predict_step_s(self, b: int, c: int = 0, kv_tokens: int = 0) -> float:
+        """Predicted engine step time (s) with ``b`` decodes and ``c`` prefill tokens.
+
+        Uses the fitted step-time model; ``kv_tokens`` matters only if the KV term was
+        kept. A profile without step samples (plain vLLM endpoint, schema 1) falls
+        back to the time per token of one request at load ``b``, 1 / v(b), which
+        ignores ``c`` and ``kv_tokens``.
+        """
+        if self.step_time is not None:
+            if self.step_time.name == "step_time_kv":
+                return float(self.step_time.predict(b, c, kv_tokens))
+            return float(self.step_time.predict(b, c))
+        v = self.speed_tok_s(max(int(b), 1))
+        return 1.0 / v if v > 0 else math.inf
+
+    def speed_tok_s(self, n: int) -> float:
+        """Predicted decode speed of one request (tokens/s) with ``n`` requests running,
+        v(N) from the best speed fit (the USL throughput fit divided by N if there is
+        none). ``n`` below 1 is read as 1 and negative predictions as 0."""
+        n = max(int(n), 1)
+        if self.best_speed is not None:
+            v = float(self.speed[self.best_speed].predict(n))
+        elif self.usl is not None:
+            v = float(usl_speed(n, **self.usl.params))
+        else:
+            raise ProfileError(self.source, "no speed curve: the profile has neither a speed "
+                               "fit nor a USL fit (re-fit it with `tuned fit`)")
+        return max(v, 0.0)
+
+    def largest_batch_within(self, tbt_s: float, b_max: int) -> int:
+        """Largest b in [1, b_max] with ``predict_step_s(b, 0) <= tbt_s``; 1 if none."""
+        if b_max < 1:
+            return 1
+        if self.step_time is not None:
+            bs = np.arange(1, int(b_max) + 1)
+            names = (bs, 0, 0) if self.step_time.name == "step_time_kv" else (bs, 0)
+            t = np.asarray(self.step_time.predict(*names), dtype=float)
+        else:
+            t = np.array([self.predict_step_s(b) for b in range(1, int(b_max) + 1)])
+        fit = np.nonzero(t <= tbt_s)[0]
+        return int(fit[-1] + 1) if fit.size else 1
+
+    def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int) -> int:
+        """Largest prefill chunk c in [lo, hi] with ``predict_step_s(b, c) <= tbt_s``;
+        ``lo`` if none fits (the step model is monotone in c, so this is a bisection)."""
+        lo, hi = int(lo), int(hi)
+        if hi < lo:
+            raise ValueError(f"largest_chunk_within: lo ({lo}) > hi ({hi})")
+
+        def ok(c: int) -> bool:
+            return self.predict_step_s(b, c) <= tbt_s
+
+        if self.predict_step_s(b, hi) <= self.predict_step_s(b, lo):
+            # Step time does not grow with c (gamma <= 0, or no step model).
+            return hi if ok(hi) else lo
+        if not ok(lo):
+            return lo
+        if ok(hi):
+            return hi
+        good, bad = lo, hi  # invariant: ok(good), not ok(bad)
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if ok(mid):
+                good = mid
+            else:
+                bad = mid
+        return good
+
+    # --- text ------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """Readable description: where it came from, the levels and the fits."""
+        m = self.meta
+        model = m.get("model", {})
+        cfg = model.get("config") or {}
+        hw = m.get("hardware", {})
+        lines = [f"profile: {self.source or '(in memory)'} (schema {SCHEMA_VERSION}"
+                 + (f", migrated from schema {self.migrated_from}" if self.migrated_from
+                    else "") + ")"]
+        desc = model.get("path", "?")
+        if cfg:
+            bits = [str(cfg[k]) for k in ("architecture",) if cfg.get(k)]
+            if cfg.get("num_layers"):
+                bits.append(f"{cfg['num_layers']} layers")
+            if cfg.get("num_kv_heads") and cfg.get("head_dim"):
+                bits.append(f"{cfg['num_kv_heads']} KV heads x {cfg['head_dim']}")
+            if cfg.get("dtype"):
+                bits.append(str(cfg["dtype"]))
+            if cfg.get("kv_bytes_per_token"):
+                bits.append(f"{cfg['kv_bytes_per_token']} B KV/token")
+            desc += f" ({', '.join(bits)})" if bits else ""
+        lines.append(f"model: {desc}")
+        if hw:
+            gpu = hw.get("gpu") or "no GPU"
+            lines.append(f"hardware: {hw.get('cpu_model', '?')} ({hw.get('cpu_cores', '?')} "
+                         f"cores), {gpu}")
+        lines.append(f"software: vLLM {m.get('vllm_version') or '?'}, tuned "
+                     f"{m.get('tuned_version') or '?'}; created {m.get('created_at', '?')}")
+        wl = m.get("workload", {})
+        if wl.get("spec"):
+            lines.append(f"workload: {wl['spec']}")
+        eng = m.get("engine") or {}
+        if eng:
+            lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in eng.items()
+                                                if v is not None))
+        sweep = m.get("sweep") or {}
+        if sweep.get("interrupted"):
+            lines.append("sweep: INTERRUPTED, only the levels below were measured")
+        n_req = len(self.requests.get("concurrency", []))
+        n_step = len(self.steps.get("step_s", []))
+        lines.append(f"samples: {n_req} requests, {n_step} engine steps")
+        if self.levels:
+            lines.append("")
+            lines.append(f"{'N':>5} {'requests':>9} {'throughput tok/s':>17} "
+                         f"{'speed tok/s':>12} {'step ms':>8}")
+            for lv in self.levels:
+                step = lv.get("step_s_mean")
+                step_ms = f"{step * 1e3:.2f}" if step is not None else "-"
+                lines.append(f"{lv['concurrency']:>5} {lv['num_requests']:>9} "
+                             f"{lv['throughput_tok_s']:>17.1f} {lv['speed_tok_s_mean']:>12.2f} "
+                             f"{step_ms:>8}")
+        lines.append("")
+        lines.append("fits:")
+        if self.usl is not None:
+            p = self.usl.params
+            peak = usl_peak_concurrency(p["sigma"], p["kappa"])
+            lines.append(f"  throughput (USL): {_params_text(self.usl)}; R²={self.usl.r2:.4f} "
+                         f"(n={self.usl.n_samples}); peak at N*={peak:.1f}")
+        else:
+            lines.append("  throughput (USL): none")
+        if self.speed:
+            parts = [f"{k} R²={f.r2:.4f}" for k, f in self.speed.items()]
+            lines.append(f"  speed v(N): {' | '.join(parts)} -> best {self.best_speed}")
+            best = self.speed[self.best_speed]
+            lines.append(f"    {self.best_speed}: {_params_text(best)} (n={best.n_samples})")
+        else:
+            lines.append("  speed v(N): none")
+        if self.step_time is not None:
+            f = self.step_time
+            lines.append(f"  step time ({f.name}): {_params_text(f)}; R²={f.r2:.4f} "
+                         f"(n={f.n_samples})")
+            if f.note:
+                lines.append(f"    {f.note}")
+        else:
+            lines.append("  step time: none (predictions use 1 / v(b))")
+        if self.kv is not None:
+            lines.append(f"  KV demand per request: mean {self.kv.mean:.1f} tokens, "
+                         f"std {math.sqrt(self.kv.var):.1f} (n={self.kv_n})")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines)
+
+    # --- (de)serialisation -----------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        speed = None
+        if self.speed:
+            speed = {k: f.to_dict() for k, f in self.speed.items()}
+            speed["best"] = self.best_speed
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "meta": self.meta,
+            "samples": {"requests": self.requests, "steps": self.steps},
+            "levels": self.levels,
+            "fits": {
+                "usl": self.usl.to_dict() if self.usl else None,
+                "speed": speed,
+                "step_time": self.step_time.to_dict() if self.step_time else None,
+                "kv_demand": ({"mean": self.kv.mean, "var": self.kv.var, "n": self.kv_n}
+                              if self.kv is not None else None),
+                "notes": list(self.notes),
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "") -> "Profile":
+        """Validate and build (migrating older schemas); raises :class:`ProfileError`."""
+        try:
+            return _from_dict(d, source)
+        except _Bad as e:
+            raise ProfileError(source, str(e)) from None
+
+    def refit(self) -> "Profile":
+        """A copy with levels re-aggregated from the request samples (if any) and every
+        fit recomputed; fits that the data cannot support are dropped with a note."""
+        levels = aggregate_levels(self.requests, self.steps) if _ncols(self.requests) else \
+            [dict(lv) for lv in self.levels]
+        return replace(self, levels=levels, **fit_all(self.requests, self.steps, levels),
+                       migrated_from=self.migrated_from)
+
+
+def _params_text(f: FitResult) -> str:
+    parts = []
+    for k, v in f.params.items():
+        e = f.stderr.get(k)
+        parts.append(f"{k}={v:.4g}" + (f"±{e:.2g}" if e is not None else ""))
+    return ", ".join(parts)
+
+
+def _ncols(cols: dict[str, list]) -> int:
+    return len(next(iter(cols.values()))) if cols else 0
+
+
+# --- building from samples ---------------------------------------------------------------
+
+def aggregate_levels(requests: dict[str, list], steps: dict[str, list]) -> list[dict[str, Any]]:
+    """Per-concurrency aggregates of the request (and step) samples.
+
+    ``throughput_tok_s`` is the closed-loop steady-state estimate N · Σ output / Σ duration
+    (each of the N slots is busy the whole level, so X = N · tokens per busy second);
+    ``wall_throughput_tok_s`` divides by the level's wall time instead when start times
+    were recorded (it includes the drain at the end of the level).
+    """
+    conc = np.asarray(requests.get("concurrency", []), dtype=int)
+    out_tok = np.asarray(requests.get("output_tokens", []), dtype=float)
+    dur = np.asarray(requests.get("duration_s", []), dtype=float)
+    speed = np.asarray(requests.get("speed_tok_s", []), dtype=float)
+    start = requests.get("start_s")
+    start = np.asarray(start, dtype=float) if start is not None else None
+    s_conc = steps.get("concurrency")
+    s_conc = np.asarray(s_conc, dtype=int) if s_conc is not None else None
+    levels = []
+    for n in sorted(set(conc.tolist())):
+        sel = conc == n
+        row: dict[str, Any] = {
+            "concurrency": int(n),
+            "num_requests": int(sel.sum()),
+            "output_tokens": int(out_tok[sel].sum()),
+            "throughput_tok_s": float(n * out_tok[sel].sum() / dur[sel].sum())
+            if dur[sel].sum() > 0 else 0.0,
+            "speed_tok_s_mean": float(speed[sel].mean()),
+            "speed_tok_s_p50": float(np.median(speed[sel])),
+            "duration_s_mean": float(dur[sel].mean()),
+        }
+        if start is not None:
+            wall = float((start[sel] + dur[sel]).max() - start[sel].min())
+            row["wall_s"] = wall
+            row["wall_throughput_tok_s"] = float(out_tok[sel].sum() / wall) if wall > 0 else 0.0
+        if s_conc is not None and len(s_conc):
+            ssel = (s_conc == n) & (np.asarray(steps["prefill_tokens"]) == 0) & \
+                   (np.asarray(steps["num_decode"]) > 0)
+            if ssel.any():
+                row["step_s_mean"] = float(np.asarray(steps["step_s"], dtype=float)[ssel].mean())
+                row["num_decode_mean"] = float(np.asarray(steps["num_decode"])[ssel].mean())
+        levels.append(row)
+    return levels
+
+
+def fit_all(requests: dict[str, list], steps: dict[str, list],
+            levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every fit a profile carries, as keyword values for :class:`Profile`.
+
+    Speed models are fitted on the request samples against their time-weighted load L
+    (``load``, falling back to the level N), as SABER fits v = f(L) on per-request
+    load-speed pairs; without samples (schema 1) on the per-level means. The USL
+    throughput is fitted on the per-level aggregates, the step time on busy steps.
+    """
+    notes: list[str] = []
+    out: dict[str, Any] = {"usl": None, "speed": {}, "best_speed": None, "step_time": None,
+                           "kv": None, "kv_n": 0}
+    if levels:
+        try:
+            out["usl"] = fit_usl([lv["concurrency"] for lv in levels],
+                                 [lv["throughput_tok_s"] for lv in levels])
+        except FitError as e:
+            notes.append(f"no USL throughput fit: {e}")
+    if _ncols(requests):
+        x = requests.get("load") or requests["concurrency"]
+        y = requests["speed_tok_s"]
+    else:
+        x = [lv["concurrency"] for lv in levels]
+        y = [lv["speed_tok_s_mean"] for lv in levels]
+    if len(x):
+        try:
+            fits = fit_speed_models(x, y)
+            for short, reason in fits.pop("failed", {}).items():
+                notes.append(f"no {short} speed fit: {reason}")
+            out["best_speed"] = fits.pop("best")
+            out["speed"] = fits
+        except FitError as e:
+            notes.append(f"no speed fit: {e}")
+    if _ncols(steps):
+        b = np.asarray(steps["num_decode"], dtype=float)
+        c = np.asarray(steps["prefill_tokens"], dtype=float)
+        busy = (b + c) > 0
+        try:
+            out["step_time"] = fit_step_time(
+                b[busy], c[busy], np.asarray(steps["step_s"], dtype=float)[busy],
+                np.asarray(steps["kv_tokens_resident"], dtype=float)[busy])
+        except FitError as e:
+            notes.append(f"no step-time fit: {e}")
+    else:
+        notes.append("no engine step samples: step time is predicted as 1 / v(b)")
+    if _ncols(requests):
+        tokens = np.asarray(requests["prompt_tokens"], dtype=float) + \
+            np.asarray(requests["output_tokens"], dtype=float)
+        out["kv"] = kv_demand(tokens)
+        out["kv_n"] = int(tokens.size)
+    out["notes"] = notes
+    return out
+
+
+def build_profile(meta: dict[str, Any], requests: dict[str, list],
+                  steps: dict[str, list] | None = None) -> Profile:
+    """A profile from sweep samples: aggregates per level, then every fit."""
+    steps = steps if steps is not None else empty_columns(STEP_COLUMNS)
+    levels = aggregate_levels(requests, steps)
+    return Profile(meta=meta, requests=requests, steps=steps, levels=levels,
+                   **fit_all(requests, steps, levels))
+
+
+# --- validation --------------------------------------------------------------------------
+
+def _type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _want(d: dict, key: str, kind: str, where: str, required: bool = True) -> Any:
+    path = f"{where}.{key}" if where else key
+    if key not in d:
+        if required:
+            raise _Bad(f"missing key '{path}'")
+        return None
+    v = d[key]
+    ok = {
+        "object": isinstance(v, dict),
+        "list": isinstance(v, list),
+        "string": isinstance(v, str),
+        "integer": isinstance(v, int) and not isinstance(v, bool),
+        "number": isinstance(v, (int, float)) and not isinstance(v, bool)
+        and math.isfinite(v),
+        "object or null": v is None or isinstance(v, dict),
+        "string or null": v is None or isinstance(v, str),
+    }[kind]
+    if not ok:
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise _Bad(f"'{path}' must be {article} {kind}, got {_type_name(v)} {_short(v)}")
+    return v
+
+
+def _short(v: Any) -> str:
+    s = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _columns(d: dict, where: str, required: tuple, optional: tuple) -> dict[str, list]:
+    cols: dict[str, list] = {}
+    for key in required + optional:
+        v = _want(d, key, "list", where, required=key in required)
+        if v is None:
+            continue
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise _Bad(f"'{where}.{key}[{i}]' must be a number, got {_type_name(x)} "
+                           f"{_short(x)}")
+        cols[key] = v
+    lengths = {k: len(v) for k, v in cols.items()}
+    if len(set(lengths.values())) > 1:
+        raise _Bad(f"'{where}' columns differ in length: "
+                   + ", ".join(f"{k}={n}" for k, n in lengths.items()))
+    return cols
+
+
+def _fit(d: Any, where: str, expect: str | tuple) -> FitResult:
+    try:
+        f = FitResult.from_dict(d)
+    except ValueError as e:
+        raise _Bad(f"'{where}': {e}") from None
+    names = (expect,) if isinstance(expect, str) else expect
+    if f.name not in names:
+        raise _Bad(f"'{where}.name' must be {' or '.join(names)}, got {f.name!r}")
+    return f
+
+
+def _from_dict(d: Any, source: str) -> Profile:
+    if not isinstance(d, dict):
+        raise _Bad(f"not a profile: the top level must be a JSON object, got {_type_name(d)}")
+    if "schema_version" in d:
+        version = d["schema_version"]
+        key = "schema_version"
+    elif "version" in d:
+        version = d["version"]
+        key = "version"
+    else:
+        raise _Bad("missing key 'schema_version' (not a tuned profile?)")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise _Bad(f"'{key}' must be an integer, got {_type_name(version)} {_short(version)}")
+    if version > SCHEMA_VERSION:
+        raise _Bad(f"schema_version {version} is newer than this tuned can read (up to "
+                   f"{SCHEMA_VERSION}); upgrade tuned to use this profile")
+    if version == 1:
+        return _from_v1(d, source)
+    if version != SCHEMA_VERSION:
+        raise _Bad(f"unknown schema_version {version} (known: 1, {SCHEMA_VERSION})")
+
+    meta = _want(d, "meta", "object", "")
+    model = _want(meta, "model", "object", "meta")
+    _want(model, "path", "string", "meta.model")
+    _want(model, "config", "object or null", "meta.model", required=False)
+    _want(meta, "hardware", "object", "meta")
+    _want(meta, "created_at", "string", "meta")
+    wl = _want(meta, "workload", "object", "meta")
+    _want(wl, "spec", "string", "meta.workload")
+    for k in ("vllm_version", "tuned_version"):
+        _want(meta, k, "string or null", "meta", required=False)
+
+    samples = _want(d, "samples", "object", "")
+    req = _columns(_want(samples, "requests", "object", "samples"), "samples.requests",
+                   REQUEST_COLUMNS, REQUEST_OPTIONAL)
+    steps = _columns(_want(samples, "steps", "object", "samples"), "samples.steps",
+                     STEP_COLUMNS, STEP_OPTIONAL)
+
+    levels = _levels(_want(d, "levels", "list", ""), LEVEL_KEYS)
+
+    fits = _want(d, "fits", "object", "")
+    usl = fits.get("usl")
+    usl = _fit(usl, "fits.usl", "usl_throughput") if usl is not None else None
+    speed: dict[str, FitResult] = {}
+    best = None
+    sp = _want(fits, "speed", "object or null", "fits", required=False)
+    if sp:
+        best = _want(sp, "best", "string", "fits.speed")
+        for short, name in SPEED_NAMES.items():
+            if sp.get(short) is not None:
+                speed[short] = _fit(sp[short], f"fits.speed.{short}", name)
+        unknown = set(sp) - set(SPEED_NAMES) - {"best"}
+        if unknown:
+            raise _Bad(f"'fits.speed' has unknown model {sorted(unknown)[0]!r} "
+                       f"(known: {', '.join(SPEED_NAMES)})")
+        if best not in speed:
+            raise _Bad(f"'fits.speed.best' names {best!r}, which is not among the fitted "
+                       f"models ({', '.join(speed) or 'none'})")
+    st = fits.get("step_time")
+    st = _fit(st, "fits.step_time", ("step_time", "step_time_kv")) if st is not None else None
+    kvd = _want(fits, "kv_demand", "object or null", "fits", required=False)
+    kv, kv_n = None, 0
+    if kvd:
+        kv = KvDemand(float(_want(kvd, "mean", "number", "fits.kv_demand")),
+                      float(_want(kvd, "var", "number", "fits.kv_demand")))
+        kv_n = _want(kvd, "n", "integer", "fits.kv_demand")
+    notes = _want(fits, "notes", "list", "fits", required=False) or []
+    return Profile(meta=meta, requests=req, steps=steps, levels=levels, usl=usl, speed=speed,
+                   best_speed=best, step_time=st, kv=kv, kv_n=kv_n,
+                   notes=[str(n) for n in notes], source=source)
+
+
+def _levels(rows: list, required: tuple) -> list[dict[str, Any]]:
+    out = []
+    for i, row in enumerate(rows):
+        where = f"levels[{i}]"
+        if not isinstance(row, dict):
+            raise _Bad(f"'{where}' must be an object, got {_type_name(row)}")
+        for k in required:
+            _want(row, k, "integer" if k in ("concurrency", "num_requests") else "number", where)
+        if row["concurrency"] < 1:
+            raise _Bad(f"'{where}.concurrency' must be >= 1, got {row['concurrency']}")
+        out.append(row)
+    return out
+
+
+def _from_v1(d: dict, source: str) -> Profile:
+    """Schema 1: ``{"version": 1, "model": str, "created": str, "workload": str?,
+    "levels": [{"concurrency": int, "throughput_tok_s": number}], "usl": [lam, sigma,
+    kappa], "r2": number}``. Migrated to schema 2 with the same USL parameters, which
+    also give the speed curve v(N) = X(N) / N; there are no samples and no step fit."""
+    model = _want(d, "model", "string", "")
+    created = _want(d, "created", "string", "")
+    workload = _want(d, "workload", "string", "", required=False) or ""
+    rows = _want(d, "levels", "list", "")
+    levels = []
+    for i, row in enumerate(rows):
+        where = f"levels[{i}]"
+        if not isinstance(row, dict):
+            raise _Bad(f"'{where}' must be an object, got {_type_name(row)}")
+        n = _want(row, "concurrency", "integer", where)
+        x = _want(row, "throughput_tok_s", "number", where)
+        if n < 1:
+            raise _Bad(f"'{where}.concurrency' must be >= 1, got {n}")
+        levels.append({"concurrency": n, "num_requests": 0, "throughput_tok_s": float(x),
+                       "speed_tok_s_mean": float(x) / n})
+    usl_list = _want(d, "usl", "list", "")
+    if len(usl_list) != 3 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in usl_list):
+        raise _Bad(f"'usl' must be a list of 3 numbers [lam, sigma, kappa], got "
+                   f"{_short(usl_list)}")
+    r2 = _want(d, "r2", "number", "")
+    params = dict(zip(("lam", "sigma", "kappa"), map(float, usl_list)))
+    none = {k: None for k in params}
+    usl = FitResult("usl_throughput", params, dict(none), float(r2), len(levels),
+                    note="migrated from schema 1")
+    speed: dict[str, FitResult] = {}
+    best = None
+    if levels:
+        n = np.array([lv["concurrency"] for lv in levels], dtype=float)
+        v = np.array([lv["speed_tok_s_mean"] for lv in levels])
+        speed["usl"] = FitResult("usl_speed", dict(params), dict(none),
+                                 r_squared(v, usl_speed(n, **params)), len(levels),
+                                 note="migrated from schema 1: v(N) = X(N) / N")
+        best = "usl"
+    meta = {"model": {"path": model, "config": None}, "hardware": {}, "created_at": created,
+            "workload": {"spec": workload}, "vllm_version": None, "tuned_version": None}
+    return Profile(meta=meta, requests=empty_columns(REQUEST_COLUMNS),
+                   steps=empty_columns(STEP_COLUMNS), levels=levels, usl=usl, speed=speed,
+                   best_speed=best, notes=["migrated from schema 1: no samples, no step-time "
+                                           "fit (step time is predicted as 1 / v(b))"],
+                   source=source, migrated_from=1)
+
+
+# --- file I/O ----------------------------------------------------------------------------
+
+def load_profile(path: str | Path) -> Profile:
+    """Read, validate and (for schema 1) migrate a profile file.
+
+    Raises :class:`ProfileError` whose message starts with the file name and says what
+    is wrong: unreadable, empty, truncated or malformed JSON, not an object, a missing
+    key, a wrong type, an unknown or newer ``schema_version``.
+    """
+    p = Path(path)
+    source = str(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(source, "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(source, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if not text.strip():
+        raise ProfileError(source, "empty file")
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        kind = "truncated JSON" if _unclosed(text) else "malformed JSON"
+        raise ProfileError(source, f"{kind}: {e.msg} at line {e.lineno} column {e.colno}") \
+            from None
+    return Profile.from_dict(d, source)
+
+
+def _unclosed(text: str) -> bool:
+    """True if the text ends inside a string or with brackets still open: a file cut
+    short (disk full, copy interrupted), as opposed to one that is wrong in the middle."""
+    depth, in_str, esc = 0, False, False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+    return in_str or depth > 0
+
+
+def dumps_profile(profile: Profile) -> str:
+    """The profile as JSON text: indented, with each sample column on one line."""
+    d = profile.to_dict()
+    compact: dict[str, str] = {}
+    samples = d["samples"]
+    for group in ("requests", "steps"):
+        cols = {}
+        for k, v in samples[group].items():
+            token = f"@@{group}.{k}@@"
+            compact[json.dumps(token)] = json.dumps(list(v), separators=(",", ":"))
+            cols[k] = token
+        samples[group] = cols
+    text = json.dumps(d, indent=1, ensure_ascii=False, allow_nan=False)
+    for token, value in compact.items():
+        text = text.replace(token, value, 1)
+    return text + "\n"
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write the profile atomically (temporary file in the same folder, fsync, rename),
+    so a reader never sees half a file; returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    text = dumps_profile(profile)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p

@@ -238,16 +238,10 @@ def cmd_serve(args) -> int:
     except FileNotFoundError as e:
         print(f"model: {e}", file=sys.stderr)
         return 2
-    from tuned.engines.vllm import UnsupportedVllmError, check_vllm_version
+    from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version, installed_vllm
 
     try:
-        import vllm
-
-        check_vllm_version(vllm.__version__)
-    except ImportError:
-        print("vLLM is not installed: pip install 'tuned-llm[gpu]' (GPU hosts) or "
-              "'tuned-llm[cpu]' (CPU hosts)", file=sys.stderr)
-        return 2
+        check_vllm_version(installed_vllm())
     except UnsupportedVllmError as e:
         print(str(e), file=sys.stderr)
         return 2

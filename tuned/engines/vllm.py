@@ -40,32 +40,12 @@ from tuned.policies.batch import Decision
 from tuned.serve import additional_config as tuned_additional_config
 from tuned.telemetry.nvml import NvmlSampler
 from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
+from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
-SUPPORTED_VLLM = ((0, 32),)
 STEP_RING = 8192
 FINISHED_RING = 4096
 
 log = structlog.get_logger("tuned.engine")
-
-
-class UnsupportedVllmError(RuntimeError):
-    pass
-
-
-def check_vllm_version(version: str) -> tuple[int, int]:
-    """Raise unless ``version`` is a vLLM release this adapter was written against."""
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        raise UnsupportedVllmError(f"cannot parse vLLM version {version!r}") from None
-    if (major, minor) not in SUPPORTED_VLLM:
-        supported = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM)
-        raise UnsupportedVllmError(
-            f"tuned's scheduler adapter supports vLLM {supported}; found {version}. "
-            f"Install a supported vLLM (extras: tuned-llm[gpu] or tuned-llm[cpu]).")
-    return major, minor
-
-
 
 
 def _config_from_vllm(vllm_config) -> tuple[Config, str | None]:

@@ -265,9 +265,10 @@ class Controller:
     def _export_queue(self, snap: dict | None) -> None:
         """Queue-policy counters as Prometheus counters (a policy switch restarts the
         policy's own counts; the exported totals keep growing)."""
-        if not snap:
-            return
         m = self.metrics
+        if not snap:
+            m.queue_policy.info({"policy": "fcfs", "queue": "vllm"})  # vLLM's own queue
+            return
         pol = snap["policy"]
         last = self._queue_last if self._queue_last.get("policy") == pol else {}
         for key, counter in (("admitted", m.q_admitted), ("deferred", m.q_deferred),
@@ -280,8 +281,16 @@ class Controller:
         m.pred_mae.set(snap["prediction_mae_tokens"])
         m.pred_bias.set(snap["prediction_mean_error_tokens"])
         m.pred_count.set(snap["prediction_count"])
-        m.queue_policy.info({"policy": pol})
+        m.queue_policy.info({"policy": pol, "queue": "tuned"})
         self._queue_last = dict(snap)
+
+    def queue_switched(self, final: dict | None) -> None:
+        """Called by the scheduler thread just before it installs another queue
+        policy: export the outgoing policy's counts up to now, then start over."""
+        with self._lock:
+            if final:
+                self._export_queue(final)
+            self._queue_last = {}
 
     def decide(self, obs: Observation) -> Decision:
         dec = self.policy.decide(obs)

@@ -149,14 +149,18 @@ class _TunedMixin:
         name, cfg = self._pending_queue
         self._pending_queue = None
         before = len(self.waiting)
+        # export the outgoing policy's last counts; the new one counts from zero
+        self.controller.queue_switched(self.queue_snapshot())
         vllm_queue.install(self, name, cfg, on_warning=self._hint_warning)
         log.info("queue_policy", old=self.queue_policy, new=name, waiting_kept=len(self.waiting),
                  waiting_before=before)
         self.queue_policy = name
 
-    def _hint_warning(self, field: str, message: str) -> None:
+    def _hint_warning(self, request_id: str, message: str) -> None:
+        # messages read "<field>: must be ..., got ...; ignored"
+        field = message.split(":", 1)[0]
         self.metrics.hint_warnings.labels(field).inc()
-        log.warning("request_hint_ignored", field=field, problem=message)
+        log.warning("request_hint_ignored", field=field, request_id=request_id, problem=message)
 
     def queue_snapshot(self) -> dict | None:
         snap = getattr(self.waiting, "snapshot", None)

@@ -106,7 +106,13 @@ class Load:
                  max_tokens=(16, 48), xargs=None, seed: int = 0):
         from openai import OpenAI
 
-        self.client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=300)
+        import httpx2  # the HTTP client of this openai release
+
+        # no keep-alive: uvicorn closes idle connections after 5 s, the client keeps
+        # them 5 s too, and a request on a connection closing under it fails
+        self.client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=300,
+                             http_client=httpx2.Client(timeout=300, limits=httpx2.Limits(
+                                 max_keepalive_connections=0)))
         self.model = srv.model_id()
         self.concurrency = concurrency
         self.prompt_tokens = prompt_tokens

@@ -330,7 +330,10 @@ class Controller:
             return
         now = self.clock()
         interval = n.watchdog_interval_s
-        if interval is not None and now - self._last_watchdog >= interval:
+        # pings ride on ticks: allow half a tick of slack so a tick that lands a hair
+        # early does not skip its ping (gaps would reach WATCHDOG_USEC otherwise)
+        if (interval is not None and now - self._last_watchdog
+                >= interval - min(self.cfg.interval_s, interval) / 2):
             n.watchdog()
             self._last_watchdog = now
         if not self.ready_sent and self.current is not None:

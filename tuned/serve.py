@@ -159,6 +159,9 @@ class Supervisor:
         if self.proc is not None and self.proc.poll() is None and not self._stopping:
             self._stopping = True
             self._stop_began = time.monotonic()
+            from tuned import sdnotify
+
+            sdnotify.from_environ(self.env).stopping()
             log.info("stopping", signal=signal.Signals(signum).name)
             self._signal_group(signal.SIGTERM)
 

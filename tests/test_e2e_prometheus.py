@@ -1,0 +1,126 @@
+"""A real Prometheus scrapes tuned's endpoint inside a real vLLM CPU engine under load.
+
+Prometheus (Debian's package, run by prom_harness with a 1 s scrape interval on
+127.0.0.1) scrapes ``tuned serve``'s endpoint while a closed-loop client keeps the
+engine busy. Through Prometheus's HTTP API, PromQL returns the cap tuned applied
+(the value ``/decisions`` reports) and the TBT histogram (a count above zero and a
+finite median over a 10 s rate); the target is "up"; and ``promtool check metrics``
+finds nothing to say about the endpoint's raw exposition text.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from prom_harness import prometheus, promtool  # noqa: F401  (fixtures)
+from serve_harness import Load, tuned_serve
+
+pytestmark = pytest.mark.slow
+
+CEILING = 16
+B_MAX = 6     # the cap tuned settles on: memory is ample, so b_mem = B_max
+FALLBACK = 4  # the cap before the first decision (differs from B_MAX on purpose)
+
+
+def config(model) -> str:
+    return (f'model = "{model}"\nmax_num_seqs = {CEILING}\nmax_num_batched_tokens = 512\n'
+            f"max_model_len = 512\nnum_gpu_blocks = 64\ninterval_s = 0.25\n"
+            f"stale_after_s = 5.0\nfallback_cap = {FALLBACK}\nb_max = {B_MAX}\n"
+            f"tbt_sla_s = 0.0\ntbt_window_s = 1.0\nmin_demand_samples = 4\n"
+            f'vllm_args = ["--enforce-eager"]\n')
+
+
+def fresh_connections(load: Load, srv) -> Load:
+    """One TCP connection per request. With keep-alive, uvicorn's 5 s idle timeout
+    can close a pooled connection just as the client reuses it (more likely on a
+    starved CPU): the request never reaches the server and surfaces as
+    APIConnectionError("Server disconnected without sending a response"), which
+    says nothing about tuned. Without reuse, any error is a real one."""
+    import httpx2
+    from openai import OpenAI
+
+    load.client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=300,
+                         http_client=httpx2.Client(
+                             timeout=300, limits=httpx2.Limits(max_keepalive_connections=0)))
+    return load
+
+
+def scalar(result: list) -> float:
+    """The value of a one-element instant vector."""
+    assert len(result) == 1, result
+    return float(result[0]["value"][1])
+
+
+def wait_stable_cap(srv, hold_s: float, timeout_s: float = 60.0) -> dict:
+    """/decisions once the applied cap has not changed for ``hold_s`` seconds (by the
+    decisions' own wall-clock stamps), so every scrape in that span saw it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        d = srv.decisions(200)
+        cap = d["applied"]["cap"]
+        recent = d["recent"]
+        if (recent and not d["applied"]["fallback"]
+                and recent[-1]["t"] - recent[0]["t"] >= hold_s
+                and all(e["cap"] == cap for e in recent
+                        if e["t"] >= recent[-1]["t"] - hold_s)):
+            return d
+        assert time.monotonic() < deadline, (cap, [e["cap"] for e in recent[-20:]])
+        time.sleep(0.25)
+
+
+@pytest.mark.timeout(600)
+def test_prometheus_scrapes_tuned_under_load(tmp_path, tiny_model, prometheus,  # noqa: F811
+                                             promtool):  # noqa: F811
+    with tuned_serve(tmp_path, config(tiny_model)) as srv:
+        target = srv.endpoint.removeprefix("http://")
+        load = fresh_connections(Load(srv, concurrency=8, prompt_tokens=(16, 64),
+                                      max_tokens=(16, 48)), srv).start()
+        try:
+            prom = prometheus([target], scrape_interval_s=1.0)
+            assert prom.url.startswith("http://127.0.0.1:")
+            prom.wait_for_series("tuned_applied_cap_seqs", timeout_s=60)
+
+            # ---- the applied cap: PromQL agrees with /decisions
+            d = wait_stable_cap(srv, hold_s=3.0)
+            cap = d["applied"]["cap"]
+            q_cap = scalar(prom.query("tuned_applied_cap_seqs"))
+            d_after = srv.decisions(0)
+            assert d_after["applied"]["cap"] == cap  # it did not move while we asked
+            assert q_cap == cap
+            assert cap == B_MAX and d["current"]["cap"] == B_MAX
+            # the whole last 3 s of scrapes saw that one value
+            assert scalar(prom.query("min_over_time(tuned_applied_cap_seqs[3s])")) == cap
+            assert scalar(prom.query("max_over_time(tuned_applied_cap_seqs[3s])")) == cap
+
+            # ---- TBT: the histogram's count and a finite median from a 10 s rate
+            q_count = scalar(prom.wait_for_series("tuned_tbt_seconds_count > 0", 30))
+            assert q_count > 0
+            median_q = "histogram_quantile(0.5, rate(tuned_tbt_seconds_bucket[10s]))"
+            deadline = time.monotonic() + 30
+            while True:
+                res = prom.query(median_q)
+                median = scalar(res) if res else math.nan
+                if math.isfinite(median) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert math.isfinite(median), (median_q, res)
+            assert 0 < median <= 5.0, median   # inside the histogram's buckets
+
+            # ---- the target is healthy
+            health = prom.targets_health()
+            assert health == [{"scrapeUrl": f"{srv.endpoint}/metrics", "health": "up",
+                               "lastError": ""}], health
+            assert scalar(prom.query(f'up{{job="tuned", instance="{target}"}}')) == 1.0
+
+            # ---- promtool lints the raw exposition text clean
+            text = srv.metrics()
+            assert "tuned_tbt_seconds_bucket" in text and "tuned_applied_cap_seqs" in text
+            rc, out = promtool(text)
+            assert (rc, out) == (0, ""), out
+        finally:
+            load.stop()
+        assert load.errors == [], load.errors[:5]
+        assert load.sent == load.completed and load.completed > 0

@@ -282,3 +282,22 @@ def test_profile_gives_first_cap_before_any_telemetry(tmp_path):
     ctrl = Controller(cfg, FakeEngine(), Metrics(), profile_loader=lambda p: FakeProfile())
     d = ctrl.run_once()
     assert (d.cap, d.reason, d.token_budget) == (12, "profile_initial", 112)
+
+
+def test_shipped_profile_gives_the_first_cap_before_telemetry():
+    """With the profile measured on this kind of machine and an SLA, the first
+    decision (no step sample, no finished request yet) is the profile's prediction."""
+    from tuned.curves.profile import load_profile
+
+    path = Path(__file__).resolve().parents[1] / "profiles" / "demo-small-cpu.json"
+    prof = load_profile(path)
+    cfg = config.validate({"profile": str(path), "tbt_sla_s": 0.025, "max_num_seqs": 32})
+    eng = FakeEngine(ceiling=32)
+    ctrl = Controller(cfg, eng, Metrics())
+    d = ctrl.run_once()
+    want = prof.largest_batch_within(0.025, 32)
+    assert 1 < want < 32
+    assert (d.cap, d.reason) == (want, "profile_initial")
+    # the token budget is the step-time model's largest chunk within the SLA
+    assert d.token_budget == min(max(want + prof.largest_chunk_within(want, 0.025, 32, 2048 - want),
+                                     want + 32), 2048)

@@ -46,21 +46,6 @@ def config(model) -> str:
             f'vllm_args = ["--enforce-eager"]\n')
 
 
-def fresh_connections(load: Load, srv) -> Load:
-    """One TCP connection per request. With keep-alive, uvicorn's 5 s idle timeout
-    can close a pooled connection just as the client reuses it (more likely on a
-    starved CPU): the request never reaches the server and surfaces as
-    APIConnectionError("Server disconnected without sending a response"), which
-    says nothing about tuned. Without reuse, any error is a real one."""
-    import httpx2
-    from openai import OpenAI
-
-    load.client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=300,
-                         http_client=httpx2.Client(
-                             timeout=300, limits=httpx2.Limits(max_keepalive_connections=0)))
-    return load
-
-
 def parse(msg: bytes) -> dict[str, str]:
     return dict(line.split("=", 1) for line in msg.decode().splitlines())
 
@@ -169,8 +154,8 @@ def test_sd_notify_ready_watchdog_reload_and_clean_exit(tmp_path, tiny_model):
     try:
         env = {"NOTIFY_SOCKET": systemd.path, "WATCHDOG_USEC": str(WATCHDOG_USEC)}
         with tuned_serve(tmp_path, config(tiny_model), env_extra=env) as srv:
-            load = fresh_connections(Load(srv, concurrency=8, prompt_tokens=(8, 24),
-                                          max_tokens=(64, 100)), srv).start()
+            load = Load(srv, concurrency=8, prompt_tokens=(8, 24),
+                                          max_tokens=(64, 100)).start()
             try:
                 # ---- READY=1: once, and only when the server really serves
                 systemd.wait_for(lambda m: readies(m) and systemd.ready_check, 30, "READY=1")

@@ -33,21 +33,6 @@ def config(model) -> str:
             f'vllm_args = ["--enforce-eager"]\n')
 
 
-def fresh_connections(load: Load, srv) -> Load:
-    """One TCP connection per request. With keep-alive, uvicorn's 5 s idle timeout
-    can close a pooled connection just as the client reuses it (more likely on a
-    starved CPU): the request never reaches the server and surfaces as
-    APIConnectionError("Server disconnected without sending a response"), which
-    says nothing about tuned. Without reuse, any error is a real one."""
-    import httpx2
-    from openai import OpenAI
-
-    load.client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=300,
-                         http_client=httpx2.Client(
-                             timeout=300, limits=httpx2.Limits(max_keepalive_connections=0)))
-    return load
-
-
 def scalar(result: list) -> float:
     """The value of a one-element instant vector."""
     assert len(result) == 1, result
@@ -76,8 +61,8 @@ def test_prometheus_scrapes_tuned_under_load(tmp_path, tiny_model, prometheus,  
                                              promtool):  # noqa: F811
     with tuned_serve(tmp_path, config(tiny_model)) as srv:
         target = srv.endpoint.removeprefix("http://")
-        load = fresh_connections(Load(srv, concurrency=8, prompt_tokens=(16, 64),
-                                      max_tokens=(16, 48)), srv).start()
+        load = Load(srv, concurrency=8, prompt_tokens=(16, 64),
+                                      max_tokens=(16, 48)).start()
         try:
             prom = prometheus([target], scrape_interval_s=1.0)
             assert prom.url.startswith("http://127.0.0.1:")

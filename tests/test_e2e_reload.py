@@ -42,21 +42,6 @@ def config(model) -> str:
             f'vllm_args = ["--enforce-eager"]\n')
 
 
-def fresh_connections(load: Load, srv) -> Load:
-    """One TCP connection per request. With keep-alive, uvicorn's 5 s idle timeout
-    can close a pooled connection just as the client reuses it (more likely on a
-    starved CPU): the request never reaches the server and surfaces as
-    APIConnectionError("Server disconnected without sending a response"), which
-    says nothing about tuned. Without reuse, any error is a real one."""
-    import httpx2
-    from openai import OpenAI
-
-    load.client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=300,
-                         http_client=httpx2.Client(
-                             timeout=300, limits=httpx2.Limits(max_keepalive_connections=0)))
-    return load
-
-
 def metric_values(srv) -> dict:
     fams = text_string_to_metric_families(srv.metrics())
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -107,8 +92,8 @@ def test_reload_under_load(tmp_path, tiny_model):
         base = srv.config_path.read_text()
         # prompt + output <= 124 tokens: one 128-token block per request (b_mem = 10);
         # long outputs keep the engine itself busy, not only the API server
-        load = fresh_connections(Load(srv, concurrency=12, prompt_tokens=(8, 24),
-                                      max_tokens=(64, 100)), srv).start()
+        load = Load(srv, concurrency=12, prompt_tokens=(8, 24),
+                                      max_tokens=(64, 100)).start()
         try:
             # ---- before: no SLA, memory alone decides
             d0 = srv.decisions(1)

@@ -372,8 +372,15 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
     assert d["config"]["queue_policy"] == "mcsf"
     assert d["last_reload"]["outcome"] == "ok" and "queue_policy" in d["last_reload"]["changed"]
     # the engine's own account of the switch: every waiting request moved over
-    events = [json.loads(line) for line in srv.log_path.read_text().splitlines()
-              if line.startswith("{") and '"event": "queue_policy"' in line]
+    # the engine's log reaches the file through its own stderr: poll for the line
+    deadline = time.monotonic() + 15
+    while True:
+        events = [json.loads(line) for line in srv.log_path.read_text().splitlines()
+                  if line.startswith("{") and '"event": "queue_policy"' in line]
+        if events or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert events, srv.log_tail()
     ev = events[-1]
     assert (ev["old"], ev["new"]) == ("fcfs", "mcsf"), ev
     kept = ev["waiting_kept"]

@@ -219,7 +219,7 @@ class Controller:
         tbt_sum = b_sum = 0.0
         n = 0
         kv_usage = None
-        for s in reversed(eng.steps.last(eng.steps.size)):
+        for s in eng.steps.newest_first():
             if kv_usage is None:
                 kv_usage = s.kv_usage
             if now - s.t > cfg.tbt_window_s:

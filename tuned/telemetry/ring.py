@@ -78,5 +78,15 @@ class Ring:
                 out.append(item)
         return out
 
+    def newest_first(self):
+        """Items from the newest back, lazily: a reader that needs only a recent
+        window stops early instead of copying the whole ring."""
+        end = self._next
+        for seq in range(end - 1, max(end - self._size, 0) - 1, -1):
+            item = self._slots[seq % self._size]
+            if item is None or item[0] != seq:
+                return  # overwritten by the writer since we started: older data is gone
+            yield item
+
     def last(self, n: int) -> list:
         return self.since(self._next - n)

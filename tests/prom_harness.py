@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -31,6 +30,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tuned.netutil import free_port
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 PROMTOOL_BIN = "/usr/bin/promtool"
@@ -80,11 +81,6 @@ def ensure_prometheus(binary: str = PROMETHEUS_BIN, promtool: str = PROMTOOL_BIN
             return _install_errors[binary]
     return None
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:

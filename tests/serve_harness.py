@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,13 +14,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from tuned.netutil import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str, timeout: float = 5.0):
@@ -61,42 +56,71 @@ def tuned_serve(tmp_path: Path, config_text: str, env_extra: dict | None = None,
                 ready_timeout_s: float = 300.0):
     """Start ``python -m tuned serve --config`` with ``config_text`` (ports are added),
     wait until the API answers and the controller has decided, yield a Server, then
-    stop it with SIGTERM and check it exits."""
-    port, mport = free_port(), free_port()
-    cfg = tmp_path / "tuned.toml"
-    cfg.write_text(f"port = {port}\nmetrics_port = {mport}\n" + config_text)
-    log_path = tmp_path / "serve.log"
+    stop it with SIGTERM and check it exits.
+
+    If another process took the metrics port between picking and binding it (the
+    engine logs ``endpoint_failed`` and keeps serving without metrics), the server
+    is stopped and started once more on fresh ports."""
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.update(env_extra or {})
+    for attempt in (1, 2):
+        srv = _start(tmp_path, config_text, env)
+        try:
+            if _wait_ready(srv, ready_timeout_s, last_try=attempt == 2):
+                break
+        except BaseException:
+            _stop(srv.proc)
+            raise
+        _stop(srv.proc)
+    try:
+        yield srv
+    finally:
+        _stop(srv.proc)
+
+
+def _start(tmp_path: Path, config_text: str, env: dict) -> Server:
+    port = free_port()
+    mport = free_port(avoid=(port,))
+    cfg = tmp_path / "tuned.toml"
+    cfg.write_text(f"port = {port}\nmetrics_port = {mport}\n" + config_text)
+    log_path = tmp_path / "serve.log"
     with open(log_path, "w") as logf:
         proc = subprocess.Popen([sys.executable, "-m", "tuned", "serve", "--config", str(cfg)],
                                 stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    srv = Server(proc, port, mport, log_path, cfg)
-    try:
-        t0 = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"tuned serve exited with {proc.returncode}:\n"
-                                     + srv.log_tail())
-            try:
-                urllib.request.urlopen(srv.base + "/health", timeout=1).close()
-                if srv.decisions(0)["current"]:
-                    break
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() - t0 > ready_timeout_s:
-                raise AssertionError("tuned serve not ready in time:\n" + srv.log_tail())
-            time.sleep(0.5)
-        yield srv
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    return Server(proc, port, mport, log_path, cfg)
+
+
+def _wait_ready(srv: Server, timeout_s: float, last_try: bool) -> bool:
+    """True once serving with a decision; False if the metrics port was taken."""
+    t0 = time.monotonic()
+    while True:
+        if srv.proc.poll() is not None:
+            raise AssertionError(f"tuned serve exited with {srv.proc.returncode}:\n"
+                                 + srv.log_tail())
+        try:
+            urllib.request.urlopen(srv.base + "/health", timeout=1).close()
+            if srv.decisions(0)["current"]:
+                return True
+        except (OSError, ValueError):
+            pass
+        if '"event": "endpoint_failed"' in Path(srv.log_path).read_text(errors="replace"):
+            if last_try:
+                raise AssertionError("tuned's endpoint could not bind:\n" + srv.log_tail())
+            return False
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError("tuned serve not ready in time:\n" + srv.log_tail())
+        time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Load:

@@ -32,7 +32,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ import numpy as np
 import requests as _requests
 
 from tuned.curves.fit import kv_bytes_per_token
+from tuned.netutil import free_port
 from tuned.curves.profile import (REQUEST_COLUMNS, STEP_COLUMNS, ProfileError,
                                   build_profile, empty_columns, load_profile, save_profile)
 
@@ -605,11 +605,6 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def serve_config_toml(settings: dict[str, Any]) -> str:
     """The fixed-cap ``tuned serve`` config for profiling: b_min = b_max = max_num_seqs
@@ -656,9 +651,8 @@ def start_engine(model: str, max_num_seqs: int, max_num_batched_tokens: int,
         if engine == "vllm":
             _say("`tuned serve` is not available here: starting a plain vLLM server "
                  "(no per-step samples)")
-    port, metrics_port = free_port(), free_port()
-    while metrics_port == port:
-        metrics_port = free_port()
+    port = free_port()
+    metrics_port = free_port(avoid=(port,))
     tmp = Path(tempfile.mkdtemp(prefix="tuned-profile-"))
     log_path = tmp / "engine.log"
     settings = profiling_settings(model, max_num_seqs, max_num_batched_tokens, max_model_len,

@@ -82,7 +82,6 @@ def ensure_prometheus(binary: str = PROMETHEUS_BIN, promtool: str = PROMTOOL_BIN
     return None
 
 
-
 def _http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
     try:
         with _OPENER.open(url, timeout=timeout_s) as r:

@@ -45,9 +45,9 @@ import numpy as np
 import requests as _requests
 
 from tuned.curves.fit import kv_bytes_per_token
-from tuned.netutil import free_port
 from tuned.curves.profile import (REQUEST_COLUMNS, STEP_COLUMNS, ProfileError,
                                   build_profile, empty_columns, load_profile, save_profile)
+from tuned.netutil import free_port
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 QUICK_LEVELS = (1, 2, 4)

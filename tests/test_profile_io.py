@@ -323,6 +323,9 @@ def test_summary_lists_levels_and_fits(profile):
     s = profile.summary()
     assert "model: /models/demo-tiny (LlamaForCausalLM, 2 layers)" in s
     assert "throughput (USL): lam=" in s
+    # samples drawn with sigma 0.05, kappa 0.002: N* = sqrt(0.95 / 0.002) = 21.8
+    peak = float(s.split("peak at N*=")[1].split()[0])
+    assert peak == pytest.approx(21.8, rel=0.15)
     assert "-> best usl" in s
     assert "step time (step_time" in s
     lines = s.splitlines()
@@ -336,3 +339,11 @@ def test_refit_reproduces_fits(profile):
     assert q.usl.params == pytest.approx(profile.usl.params)
     assert q.step_time.params == pytest.approx(profile.step_time.params)
     assert math.isclose(q.speed["usl"].r2, profile.speed["usl"].r2)
+
+
+def test_summary_says_no_peak_when_kappa_is_nil():
+    """The shipped CPU profile fits kappa ~ 0 (N* in the millions): the summary says
+    there is no peak in range instead of printing that concurrency."""
+    p = load_profile(Path(__file__).parents[1] / "profiles" / "demo-small-cpu.json")
+    assert p.usl.params["kappa"] < 1e-6
+    assert "no peak within 10x the measured levels" in p.summary()

@@ -226,8 +226,13 @@ class Profile:
         if self.usl is not None:
             p = self.usl.params
             peak = usl_peak_concurrency(p["sigma"], p["kappa"])
+            # kappa within noise of 0 puts N* far past anything measured: say so
+            # rather than print an eight-digit concurrency
+            top = max((lv["concurrency"] for lv in self.levels), default=0)
+            peak_text = (f"peak at N*={peak:.1f}" if peak <= 10 * max(top, 1)
+                         else "no peak within 10x the measured levels")
             lines.append(f"  throughput (USL): {_params_text(self.usl)}; R²={self.usl.r2:.4f} "
-                         f"(n={self.usl.n_samples}); peak at N*={peak:.1f}")
+                         f"(n={self.usl.n_samples}); {peak_text}")
         else:
             lines.append("  throughput (USL): none")
         if self.speed:

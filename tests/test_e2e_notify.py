@@ -171,9 +171,18 @@ def test_sd_notify_ready_watchdog_reload_and_clean_exit(tmp_path, tiny_model):
                 t0 = time.time()
                 time.sleep(3.0)
                 t1 = time.time()
+                # count only once a ping stamped after the window has been read: the
+                # reader thread shares this busy 2-core host with the engine and may
+                # lag behind the kernel's arrival stamps
+                systemd.wait_for(lambda m: any(kv == {"WATCHDOG": "1"} and t >= t1
+                                               for t, _, kv in m), 10, "a ping after t1")
                 pings = [t for t, _, kv in systemd.snapshot() if kv == {"WATCHDOG": "1"}]
                 in_window = [t for t in pings if t0 <= t < t1]
-                assert 5 <= len(in_window) <= 7, (len(in_window), t1 - t0)  # 2/s: 6 in 3 s
+                # 2/s, over the window as it really was (this process's sleep can
+                # overrun by seconds when the engine has both cores)
+                expected = (t1 - t0) * 2e6 / WATCHDOG_USEC
+                assert abs(len(in_window) - expected) <= 1.5, (
+                    len(in_window), t1 - t0, [round(t - t0, 3) for t in pings])
                 # systemd kills the unit once a gap reaches WATCHDOG_USEC; every ping
                 # since READY=1 must come well within it
                 gaps = [b - a for a, b in zip(pings, pings[1:]) if a >= chk["t"]]

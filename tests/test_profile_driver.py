@@ -183,14 +183,29 @@ def test_failing_engine_stops_the_level_with_its_error():
                                     "ConnectionError: refused")
 
 
-def test_ctrl_c_keeps_measured_levels():
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handling, unblocked, whatever earlier tests in this process
+    left behind (a CI run once saw this test's Ctrl-C ignored for 60 s)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_keeps_measured_levels(default_sigint):
     eng = FakeEngine()
     fired = threading.Event()
+    main = threading.main_thread().ident
 
     def send(prompt, max_tokens):
         if eng.level == 4 and not fired.is_set():
             fired.set()
-            os.kill(os.getpid(), signal.SIGINT)  # the operator presses Ctrl-C
+            # the operator presses Ctrl-C: the terminal signals the process, and
+            # Python raises KeyboardInterrupt in the main thread. Aimed at that
+            # thread here, so that the kernel cannot hand it to a worker thread
+            signal.pthread_kill(main, signal.SIGINT)
         return eng.send(prompt, max_tokens)
 
     sweep = P.Sweep(send, P.parse_workload("synthetic:prompt=8,output=4"),

@@ -3,7 +3,6 @@ Ctrl-C, the CLI layout, `tuned fit` and `tuned profile show`."""
 
 import argparse
 import json
-import os
 import signal
 import threading
 import time

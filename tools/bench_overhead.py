@@ -8,9 +8,16 @@ same steps and only tuned's own cost differs. Rounds alternate which engine goes
 first; every round times one ``generate`` of the same batch on each.
 
     .venv/bin/python tools/bench_overhead.py [--model demo:small] [--rounds 6]
+        [--first vllm|tuned] [--control]
 
 Prints each round, the mean step time of each engine, and tuned's overhead in
 percent (the median of the per-round ratios, and the ratio of the totals).
+
+Two engines on two cores are not interchangeable: which one is built first
+changes its step time by a few percent on its own. ``--first`` picks the build
+order, and ``--control`` replaces tuned's engine with a second plain vLLM engine
+(an A/A run) to measure that bias; compare runs with both orders, or read
+``tools/bench_hook.py``, which times the scheduler alone.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16, help="requests per generate (= max_num_seqs)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--first", choices=["vllm", "tuned"], default="vllm",
+                    help="which engine to build first")
+    ap.add_argument("--control", action="store_true",
+                    help="A/A run: the 'tuned' engine is a second plain vLLM engine")
     args = ap.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -51,11 +62,16 @@ def main() -> int:
         "b_min": n, "b_max": n, "fallback_cap": n, "metrics_port": 0, "interval_s": 0.5})
     common = dict(max_num_seqs=n, max_num_batched_tokens=2048, max_model_len=1024,
                   enforce_eager=True, seed=0)
-    print("starting engine: vLLM Scheduler", flush=True)
-    base = LLM(model=model, **common)
-    print("starting engine: tuned TunedScheduler", flush=True)
-    tuned = LLM(model=model, **common, scheduler_cls="tuned.engines.vllm.TunedScheduler",
-                additional_config=additional_config(cfg))
+    tuned_kw = ({} if args.control else
+                dict(scheduler_cls="tuned.engines.vllm.TunedScheduler",
+                     additional_config=additional_config(cfg)))
+    engines = {}
+    for name in (("vllm", "tuned") if args.first == "vllm" else ("tuned", "vllm")):
+        print(f"starting engine: {name}"
+              + (" (control: plain vLLM)" if name == "tuned" and args.control else ""),
+              flush=True)
+        engines[name] = LLM(model=model, **common, **(tuned_kw if name == "tuned" else {}))
+    base, tuned = engines["vllm"], engines["tuned"]
 
     rng = random.Random(0)
     prompts = [{"prompt_token_ids": [rng.randrange(10, 1000) for _ in range(args.prompt_tokens)]}
@@ -69,7 +85,8 @@ def main() -> int:
 
     walls = {"vllm": [], "tuned": []}
     print(f"\n{n} requests x ({args.prompt_tokens} prompt + {args.output_tokens} output) "
-          f"tokens per round, {args.rounds} rounds")
+          f"tokens per round, {args.rounds} rounds; built first: {args.first}"
+          + ("; CONTROL (A/A): both engines are plain vLLM" if args.control else ""))
     print(f"{'round':>5s} {'vLLM s':>8s} {'tuned s':>8s} {'ratio':>7s}")
     for r in range(args.rounds):
         order = [("vllm", base), ("tuned", tuned)]

@@ -7,7 +7,7 @@ pinned at the ceiling (b_min = b_max = max_num_seqs) so both engines schedule th
 same steps and only tuned's own cost differs. Rounds alternate which engine goes
 first; every round times one ``generate`` of the same batch on each.
 
-    .venv/bin/python tools/bench_overhead.py [--model demo:small] [--rounds 6]
+    .venv/bin/python tools/bench_overhead.py [--model demo:small] [--rounds 16]
         [--first vllm|tuned] [--control]
 
 Prints each round, the mean step time of each engine, and tuned's overhead in
@@ -37,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="demo:small")
     ap.add_argument("--model-cache", default=str(Path.home() / ".cache" / "tuned" / "models"))
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--batch", type=int, default=16, help="requests per generate (= max_num_seqs)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--output-tokens", type=int, default=128)

@@ -12,23 +12,25 @@ is kept.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-QUEUE_POLICIES = ("fcfs", "mcsf", "multibin", "bucket", "saber")
+QUEUE_POLICIES = ("fcfs", "mcsf", "multibin", "bucket", "saber", "sglang")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
-       choices: tuple | None = None, restart: bool = False, optional: bool = False):
+       choices: tuple | None = None, restart: bool = False, optional: bool = False,
+       secret: bool = False):
     meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "restart": restart,
-            "optional": optional, "default": default}
+            "optional": optional, "default": default, "secret": secret}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=meta)
-    return field(default=default, metadata=meta)
+    return field(default=default, metadata=meta, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ class Config:
     metrics_host: str = _f("127.0.0.1", "address of tuned's /metrics endpoint", restart=True)
     metrics_port: int = _f(9464, "port of tuned's endpoint (plus the data-parallel rank; "
                            "0 = any free port)", lo=0, hi=65535, restart=True)
+    reload_token: str = _f("", "shared secret: POST /reload from a non-loopback peer must "
+                           "send 'Authorization: Bearer <token>' ('' = loopback peers only)",
+                           restart=True, secret=True)
     vllm_args: tuple[str, ...] = _f((), "extra arguments passed to vLLM's server", restart=True)
 
     # --- controller loop ---
@@ -170,6 +175,14 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
+def _check_secret(name: str, value: Any) -> tuple[Any, str | None]:
+    # Problems end up in logs and in /decisions (last_reload): never echo a secret.
+    checked, err = _check_field(name, value)
+    if err:
+        err = f"{name}: must be {_type_name(str(FIELDS[name].type))} (value not shown)"
+    return checked, err
+
+
 def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
     """Build a :class:`Config` from a parsed mapping, or raise :class:`ConfigError`
     listing every problem (unknown keys, types, ranges, cross-field rules)."""
@@ -179,7 +192,8 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
         if key not in FIELDS:
             problems.append(f"{key}: unknown key (known keys: see `tuned check-config --explain`)")
             continue
-        checked, err = _check_field(key, value)
+        check = _check_secret if FIELDS[key].metadata.get("secret") else _check_field
+        checked, err = check(key, value)
         if err:
             problems.append(err)
         else:
@@ -258,6 +272,34 @@ EMBEDDED_DEFAULT = {"model": "demo:small", "max_num_seqs": 32, "max_num_batched_
 def default() -> Config:
     """The embedded default: the small demo model on CPU with a TBT SLA (see above)."""
     return validate(dict(EMBEDDED_DEFAULT))
+
+
+def engine_handoff(cfg: Config, serving_url: str | None = None) -> dict:
+    """vLLM's ``additional_config`` entry that carries a validated config into the
+    EngineCore process (`tuned serve` -> engine); :func:`from_engine_handoff` reads it."""
+    d = cfg.to_dict()
+    d.pop("source_path", None)
+    # vLLM logs its non-default arguments: the reload secret travels as a digest
+    # (the engine compares digests), never in clear.
+    token = d.pop("reload_token", "")
+    digest = hashlib.sha256(token.encode()).hexdigest() if token else ""
+    return {"tuned": {"config": d, "config_path": cfg.source_path,
+                      "serving_url": serving_url, "reload_token_sha256": digest}}
+
+
+def from_engine_handoff(additional: dict | None) -> tuple[Config, str | None]:
+    """The config the supervisor validated and shipped (never a re-read of the file,
+    which may have changed since), and the URL that says the server answers.
+    ``config_path`` is kept as the source that a reload re-reads."""
+    extra = (additional or {}).get("tuned") or {}
+    cfg = validate(dict(extra.get("config") or {}), source=extra.get("config_path") or "")
+    return cfg, extra.get("serving_url")
+
+
+def reload_token_digest(additional: dict | None) -> str:
+    """The sha256 hex digest of the reload token shipped by :func:`engine_handoff`
+    ('' when none is set)."""
+    return str(((additional or {}).get("tuned") or {}).get("reload_token_sha256") or "")
 
 
 def restart_changes(old: Config, new: Config) -> list[str]:

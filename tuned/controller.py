@@ -17,44 +17,23 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import structlog
 
 from tuned import config as config_mod
 from tuned.config import Config, ConfigError
 from tuned.metrics import Metrics
+from tuned.core.contract import EngineView
+from tuned.core.knobs import Fallback, KnobSlot, valid_cap
+from tuned.core.window import demand_moments, step_window
 from tuned.policies.batch import BatchPolicy, Decision, MemoryBound, Observation, SlaBound
 from tuned.telemetry.nvml import NvmlSampler
 from tuned.telemetry.ring import Ring
 
+__all__ = ["Controller", "EngineView", "Fallback"]
+
 log = structlog.get_logger("tuned.controller")
-
-
-class EngineView(Protocol):
-    """What the controller may read from (and ask of) the engine adapter."""
-
-    steps: Ring
-    finished: Ring
-    ceiling: int
-    max_num_batched_tokens: int
-    kv_capacity_tokens: int
-    block_size: int
-    dp_rank: int
-
-    def counts(self) -> tuple[int, int]: ...          # (running, waiting)
-    def applied(self) -> dict: ...                    # cap, token_budget, fallback, cause
-    def set_queue_policy(self, name: str, cfg: Config) -> None: ...
-    def queue_snapshot(self) -> dict | None: ...
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """Handed to the scheduler instead of a Decision when a tick fails."""
-
-    cause: str
-    cap: int
 
 
 def load_profile(path: str):
@@ -70,7 +49,8 @@ class Controller:
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  profile_loader: Callable[[str], Any] = load_profile,
-                 reload_source: Callable[[], Config] | None = None):
+                 reload_source: Callable[[], Config] | None = None,
+                 on_decision: Callable[[dict], None] | None = None):
         self.engine = engine
         self.metrics = metrics
         self.nvml = nvml
@@ -80,12 +60,15 @@ class Controller:
         self.wall = wall
         self.profile_loader = profile_loader
         self.reload_source = reload_source or self._read_config_file
+        self.on_decision = on_decision
         self._lock = threading.RLock()
-        self.pending: Decision | Fallback | None = None  # the slot the scheduler takes
+        # the slot the engine takes its knobs from, on this controller's clock
+        self.slot = KnobSlot(engine.ceiling, engine.max_num_batched_tokens,
+                             stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap,
+                             clock=clock, metrics=metrics)
         self.current: Decision | None = None
         self.recent: list[dict] = []
         self.seq = 0
-        self.last_ok = clock()  # monotonic time of the last good tick
         self.ready_sent = False
         self._last_watchdog = -math.inf
         self._step_seq = 0
@@ -100,6 +83,24 @@ class Controller:
         self._build(cfg)
         metrics.ceiling.set(engine.ceiling)
         metrics.kv_capacity.set(engine.kv_capacity_tokens)
+
+    # the slot's two fields, kept as attributes of the controller for callers and tests
+    @property
+    def pending(self) -> Decision | Fallback | None:
+        return self.slot.pending
+
+    @pending.setter
+    def pending(self, item: Decision | Fallback | None) -> None:
+        self.slot.offer(item)
+
+    @property
+    def last_ok(self) -> float:
+        """Controller-clock time of the last good tick."""
+        return self.slot.last_ok
+
+    @last_ok.setter
+    def last_ok(self, t: float) -> None:
+        self.slot.mark_ok(t)
 
     # ------------------------------------------------------------------ config
     def _build(self, cfg: Config) -> None:
@@ -125,6 +126,7 @@ class Controller:
         self.speed_fn = profile.speed_tok_s if profile is not None else None
         self._first_reason = first_reason
         self.cfg = cfg
+        self.slot.configure(stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap)
         self.metrics.tbt_sla.set(cfg.tbt_sla_s)
 
     def _read_config_file(self) -> Config:
@@ -175,7 +177,13 @@ class Controller:
 
     # ------------------------------------------------------------------ loop
     def run_once(self) -> Decision | None:
-        """One tick. Never raises: a failure becomes a counted fallback."""
+        """One tick. Never raises: a failure becomes a counted fallback.
+
+        Besides an exception, two outcomes are faults: a decision whose cap is not
+        an integer in [1, ceiling] (``invalid_decision``), and a decide phase that
+        took longer than ``interval_s`` (``slow_decision``: by the time it lands it
+        answers a question one tick old). Either hands the engine the fallback cap.
+        """
         m = self.metrics
         try:
             with self._lock:
@@ -184,21 +192,40 @@ class Controller:
                 t1 = self.clock()
                 dec = self.decide(obs)
                 t2 = self.clock()
-                self.act(dec)
+                fault = self._fault(dec, t2 - t1)
+                if fault is None:
+                    self.act(dec)
                 t3 = self.clock()
             m.tick.labels("observe").observe(t1 - t0)
             m.tick.labels("decide").observe(t2 - t1)
             m.tick.labels("act").observe(t3 - t2)
             m.tick.labels("total").observe(t3 - t0)
-            self.last_ok = t3
+            if fault is not None:
+                self._fail(fault[0], fault[1])
+                return None
+            self.slot.mark_ok(t3)
         except Exception as e:
             dec = None
-            m.errors.inc()
-            self.pending = Fallback("controller_error", self.cfg.fallback_cap)
-            log.error("controller_error", error=f"{type(e).__name__}: {e}",
-                      fallback_cap=self.cfg.fallback_cap, exc_info=True)
+            self._fail("controller_error", f"{type(e).__name__}: {e}", exc_info=True)
         self._notify()
         return dec
+
+    def _fault(self, dec: object, decide_s: float) -> tuple[str, str] | None:
+        if not isinstance(dec, Decision) or not valid_cap(dec.cap, self.engine.ceiling) \
+                or not valid_cap(dec.token_budget, self.engine.max_num_batched_tokens):
+            cap = getattr(dec, "cap", dec)
+            return "invalid_decision", (f"cap must be an integer in [1, {self.engine.ceiling}], "
+                                        f"got {cap!r}")
+        if decide_s > self.cfg.interval_s:
+            return "slow_decision", (f"decide took {decide_s:.3f}s, longer than interval_s "
+                                     f"({self.cfg.interval_s:g}s)")
+        return None
+
+    def _fail(self, cause: str, error: str, exc_info: bool = False) -> None:
+        self.metrics.errors.inc()
+        self.slot.offer(Fallback(cause, self.cfg.fallback_cap))
+        log.error("controller_error", cause=cause, error=error,
+                  fallback_cap=self.cfg.fallback_cap, exc_info=exc_info)
 
     def observe(self) -> Observation:
         eng, m, cfg = self.engine, self.metrics, self.cfg
@@ -215,34 +242,15 @@ class Controller:
         m.steps.inc(len(new_steps))
         m.generated.inc(gen)
         m.preemptions.inc(pre)
-        # window for T and b-bar: the most recent steps within tbt_window_s
-        tbt_sum = b_sum = 0.0
-        n = 0
-        kv_usage = None
-        for s in eng.steps.newest_first():
-            if kv_usage is None:
-                kv_usage = s.kv_usage
-            if now - s.t > cfg.tbt_window_s:
-                break
-            if s.num_decode:
-                tbt_sum += s.step_s
-                b_sum += s.num_decode
-                n += 1
+        win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s)
         fin = eng.finished.last(cfg.demand_window)
         new_fin = [f for f in fin if f.seq >= self._fin_seq]
         if fin:
             self._fin_seq = fin[-1].seq + 1
         m.finished.inc(len(new_fin))
-        demand_mean = demand_std = None
-        if fin:
-            # A request's KV demand in blocks: what the paged allocator gives it.
-            bs = eng.block_size
-            blocks = [-(-(f.prompt_tokens + f.output_tokens) // bs) for f in fin]
-            demand_mean = _mean(blocks)
-            # seed 000 eqs. (8)-(9) take Var(l_in) + Var(l_out), i.e. input and output
-            # lengths independent; the variance of the per-request sum measures the
-            # same spread without that assumption and in the allocator's units.
-            demand_std = math.sqrt(_var(blocks))
+        # A request's KV demand in blocks: what the paged allocator gives it.
+        demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
+                                eng.block_size)
         running, waiting = eng.counts()
         self._export_queue(eng.queue_snapshot())
         if self.nvml is not None:
@@ -252,14 +260,13 @@ class Controller:
                 m.gpu_total.labels(str(g.index)).set(g.total_bytes)
         m.running.set(running)
         m.waiting.set(waiting)
-        m.kv_usage.set(kv_usage or 0.0)
+        m.kv_usage.set(win.kv_usage)
         self._obs = Observation(
             num_running=running, num_waiting=waiting,
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
-            demand_mean=demand_mean,
-            demand_std=demand_std, demand_samples=len(fin),
-            tbt_mean_s=tbt_sum / n if n else None,
-            decode_batch_mean=b_sum / n if n else None, kv_usage=kv_usage or 0.0)
+            demand_mean=demand.mean, demand_std=demand.std, demand_samples=demand.n,
+            tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
+            kv_usage=win.kv_usage)
         return self._obs
 
     def _export_queue(self, snap: dict | None) -> None:
@@ -303,7 +310,7 @@ class Controller:
         old = self.current
         self.seq += 1
         self.current = dec
-        self.pending = dec
+        self.slot.offer(dec)
         m.target.set(dec.target)
         m.batch.set(dec.batch)
         m.lower.set(dec.lower)
@@ -316,6 +323,8 @@ class Controller:
         entry = {"t": self.wall(), "seq": self.seq, **dec.to_dict()}
         self.recent.append(entry)
         del self.recent[:-200]
+        if self.on_decision is not None:
+            self.on_decision(entry)
         if old is None or (old.cap, old.token_budget) != (dec.cap, dec.token_budget):
             m.decision_changes.inc()
             log.info("decision", old_cap=old.cap if old else None, new_cap=dec.cap,
@@ -347,7 +356,7 @@ class Controller:
 
     # ------------------------------------------------------------------ state
     def healthy(self) -> bool:
-        return self.clock() - self.last_ok <= self.cfg.stale_after_s
+        return self.clock() - self.slot.last_ok <= self.cfg.stale_after_s
 
     def decisions_json(self, limit: int = 50) -> dict:
         obs = self._obs
@@ -357,7 +366,7 @@ class Controller:
         return {
             "current": self.recent[-1] if self.recent else None,
             "recent": self.recent[-limit:] if limit else [],
-            "applied": self.engine.applied(),
+            "applied": self.slot.state(),
             "config": {"queue_policy": self.cfg.queue_policy, "profile": self.cfg.profile,
                        "tbt_sla_s": self.cfg.tbt_sla_s, "source_path": self.cfg.source_path,
                        "interval_s": self.cfg.interval_s},
@@ -400,15 +409,3 @@ def _replace(obj, changes: dict):
     import dataclasses
 
     return dataclasses.replace(obj, **changes)
-
-
-def _mean(xs: list[int]) -> float:
-    return sum(xs) / len(xs)
-
-
-def _var(xs: list[int]) -> float:
-    """Population variance (the window is the population the bound is about)."""
-    if len(xs) < 2:
-        return 0.0
-    mu = _mean(xs)
-    return sum((x - mu) ** 2 for x in xs) / len(xs)

@@ -9,10 +9,18 @@ Names follow ``tuned_<what>_<unit>``; counters end in ``_total``. The endpoint
 * ``GET /steps?since=SEQ`` raw step samples (``tuned profile`` reads them);
 * ``POST /reload``   re-read and apply the config file (what SIGHUP triggers);
 * ``GET /healthz``   200 while the controller ticks, 503 once it has stalled.
+
+Only ``POST /reload`` changes state, so only it is guarded: it is accepted from a
+loopback peer (127.0.0.0/8, ::1), or from anywhere with ``Authorization: Bearer
+<reload_token>`` when the config sets ``reload_token``; anything else gets 403 and
+a JSON error saying why (:func:`reload_refusal`). The read-only paths carry numbers,
+request ids and reasons, never prompt or output text: tuned never sees the text.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +32,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 TBT_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
                  0.3, 0.5, 1.0, 2.0, 5.0)
+#: why the engine applies the fallback cap (tuned.core.knobs, tuned.controller)
+FALLBACK_CAUSES = ("stale", "controller_error", "invalid_decision", "slow_decision")
 TICK_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -86,9 +96,9 @@ class Metrics:
         self.pred_count = g("tuned_predictor_observations", "Finished requests the "
                             "output-length predictor has been scored on")
         self.queue_policy = Info("tuned_queue_policy", "Active queue policy", registry=r)
-        for reason in ("ok", "refused"):
+        for reason in ("ok", "refused", "forbidden"):
             self.reloads.labels(reason)
-        for cause in ("stale", "controller_error"):
+        for cause in FALLBACK_CAUSES:
             self.fallbacks.labels(cause)
 
     def exposition(self) -> bytes:
@@ -100,9 +110,10 @@ class Endpoint:
 
     def __init__(self, host: str, port: int, metrics: Metrics,
                  decisions: Callable[[int], dict], steps: Callable[[int], dict],
-                 reload: Callable[[], dict], healthy: Callable[[], bool]):
+                 reload: Callable[[], dict], healthy: Callable[[], bool],
+                 reload_token: str = ""):
         self.metrics = metrics
-        handler = _make_handler(metrics, decisions, steps, reload, healthy)
+        handler = _make_handler(metrics, decisions, steps, reload, healthy, reload_token)
         self.server = ThreadingHTTPServer((host, port), handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever,
@@ -121,22 +132,57 @@ class Endpoint:
         self.server.server_close()
 
 
-def _make_handler(metrics, decisions, steps, reload, healthy):
+def is_loopback_peer(client_address) -> bool:
+    """True when the peer (a socket address tuple, or an address string) is on
+    127.0.0.0/8 or ::1, IPv4-mapped IPv6 (``::ffff:127.0.0.1``) included."""
+    host = client_address[0] if isinstance(client_address, tuple) else client_address
+    try:
+        ip = ipaddress.ip_address(str(host).split("%", 1)[0])  # drop an IPv6 zone id
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def reload_refusal(client_address, authorization: str | None, token: str) -> str | None:
+    """Why ``POST /reload`` from this peer must be refused, or None to accept it.
+
+    Accepted: a loopback peer, or (when ``token`` is set) any peer whose
+    ``Authorization`` header is ``Bearer <token>``, compared in constant time.
+    """
+    if is_loopback_peer(client_address):
+        return None
+    peer = client_address[0] if isinstance(client_address, tuple) else client_address
+    if not token:
+        return (f"reload is accepted from loopback only (peer {peer}); set reload_token "
+                "in the config to allow other peers with 'Authorization: Bearer <token>'")
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return f"reload from a non-loopback peer ({peer}) needs 'Authorization: Bearer <token>'"
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return f"reload token does not match (peer {peer})"
+    return None
+
+
+def _make_handler(metrics, decisions, steps, reload, healthy, reload_token=""):
     class Handler(BaseHTTPRequestHandler):
         server_version = "tuned"
 
         def log_message(self, *args):  # keep the engine's stderr for the engine
             pass
 
-        def _send(self, code: int, body: bytes, ctype: str):
+        def _send(self, code: int, body: bytes, ctype: str, headers: dict | None = None):
             self.send_response(code)
             self.send_header("Content-Type", ctype)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        def _json(self, code: int, obj) -> None:
-            self._send(code, json.dumps(obj).encode(), "application/json")
+        def _json(self, code: int, obj, headers: dict | None = None) -> None:
+            self._send(code, json.dumps(obj).encode(), "application/json", headers)
 
         def do_GET(self):
             url = urlparse(self.path)
@@ -151,6 +197,8 @@ def _make_handler(metrics, decisions, steps, reload, healthy):
                 elif url.path == "/healthz":
                     ok = healthy()
                     self._json(200 if ok else 503, {"healthy": ok})
+                elif url.path == "/reload":
+                    self._json(405, {"error": "/reload accepts POST only"}, {"Allow": "POST"})
                 else:
                     self._json(404, {"error": f"no such path: {url.path}",
                                      "paths": ["/metrics", "/decisions", "/steps",
@@ -161,6 +209,12 @@ def _make_handler(metrics, decisions, steps, reload, healthy):
         def do_POST(self):
             if urlparse(self.path).path != "/reload":
                 self._json(404, {"error": f"no such path: {self.path}"})
+                return
+            why = reload_refusal(self.client_address, self.headers.get("Authorization"),
+                                 reload_token)
+            if why is not None:
+                metrics.reloads.labels("forbidden").inc()
+                self._json(403, {"outcome": "forbidden", "error": why})
                 return
             result = reload()
             self._json(200 if result.get("outcome") == "ok" else 422, result)

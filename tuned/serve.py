@@ -78,12 +78,8 @@ def server_command(cfg: Config, model_path: str, extra: list[str] | None = None)
     return cmd + list(cfg.vllm_args) + list(extra or [])
 
 
-def additional_config(cfg: Config, serving_url: str | None = None) -> dict:
-    """vLLM's ``additional_config`` entry that carries tuned's config into EngineCore."""
-    d = cfg.to_dict()
-    d.pop("source_path", None)
-    return {"tuned": {"config": d, "config_path": cfg.source_path,
-                      "serving_url": serving_url}}
+#: vLLM's ``additional_config`` entry carrying tuned's config (see tuned.config)
+additional_config = config_mod.engine_handoff
 
 
 def _connect_host(host: str) -> str:
@@ -103,12 +99,13 @@ def _dp_size(args: list[str]) -> int:
     return 1
 
 
-def post_reload(url: str, timeout: float = 10.0) -> dict:
-    req = urllib.request.Request(url + "/reload", data=b"", method="POST")
+def post_reload(url: str, timeout: float = 10.0, token: str = "") -> dict:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url + "/reload", data=b"", method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
-    except urllib.error.HTTPError as e:  # 422: refused, with the problems in the body
+    except urllib.error.HTTPError as e:  # 422 refused / 403 forbidden, with the reason
         return json.loads(e.read() or b"{}")
 
 
@@ -138,7 +135,7 @@ class Supervisor:
         for rank in range(self.dp):
             url = endpoint_url(self.cfg, rank)
             try:
-                res = post_reload(url)
+                res = post_reload(url, token=self.cfg.reload_token)
             except (OSError, ValueError) as e:
                 res = {"outcome": "unreachable", "error": str(e)}
             res["rank"] = rank

@@ -34,28 +34,18 @@ import structlog
 from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.config import Config
-from tuned.controller import Controller, Fallback
-from tuned.metrics import Endpoint, Metrics
-from tuned.policies.batch import Decision
-from tuned.serve import additional_config as tuned_additional_config
-from tuned.telemetry.nvml import NvmlSampler
+from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
+from tuned.core.runtime import production_runtime
 from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
 from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
 STEP_RING = 8192
 FINISHED_RING = 4096
 
+#: vLLM's ``additional_config`` entry carrying tuned's config (kept under this name)
+tuned_additional_config = config_mod.engine_handoff
+
 log = structlog.get_logger("tuned.engine")
-
-
-def _config_from_vllm(vllm_config) -> tuple[Config, str | None]:
-    extra = (vllm_config.additional_config or {}).get("tuned") or {}
-    path = extra.get("config_path") or ""
-    if path:
-        cfg = config_mod.load(path)
-    else:
-        cfg = config_mod.validate(extra.get("config") or {})
-    return cfg, extra.get("serving_url")
 
 
 def _http_ok(url: str) -> bool:
@@ -67,14 +57,16 @@ def _http_ok(url: str) -> bool:
 
 
 class _TunedMixin:
-    """The parts shared by the sync and async variants."""
+    """The parts shared by the sync and async variants: a mapping of vLLM's objects
+    onto the control core's contract (:mod:`tuned.core.contract`)."""
 
     # -------------------------------------------------------------- set-up
     def _tuned_setup(self) -> None:
         import vllm
 
         check_vllm_version(vllm.__version__)
-        cfg, serving_url = _config_from_vllm(self.vllm_config)
+        # the config `tuned serve` validated and shipped; never a re-read of the file
+        cfg, serving_url = config_mod.from_engine_handoff(self.vllm_config.additional_config)
         log_mod.configure(cfg.log_level)
         self.steps = Ring(STEP_RING)
         self.finished = Ring(FINISHED_RING)
@@ -87,19 +79,19 @@ class _TunedMixin:
         self.dp_rank = int(getattr(self.parallel_config, "data_parallel_rank", 0) or 0)
         self._sched_times: deque[float] = deque()
         self._last_update_t = 0.0
-        self._applied_obj: Any = None
-        self._fallback_cause: str | None = None
         self._tuned_errors = 0
-        self.metrics = Metrics()
-        nvml = NvmlSampler()
-        nvml.start()
-        from tuned import sdnotify
-
-        # EngineCore inherits NOTIFY_SOCKET / WATCHDOG_USEC from `tuned serve`.
-        notifier = sdnotify.from_environ(os.environ)
+        # one clock for the whole control core: vLLM's arrival stamps are wall time
+        # and are moved onto it by the queue (tuned.engines.vllm_queue.wall_offset_s)
+        self._clock = time.monotonic
+        self._wall_offset_s = time.time() - time.monotonic()
         serving = (lambda: _http_ok(serving_url)) if serving_url else (lambda: True)
-        self.controller = Controller(cfg, self, self.metrics, nvml=nvml, notifier=notifier,
-                                     serving=serving)
+        self.tuned = production_runtime(
+            cfg, self, environ=os.environ, serving=serving, steps_json=self.steps_json,
+            reload_token_sha256=config_mod.reload_token_digest(
+                self.vllm_config.additional_config))
+        self.controller = self.tuned.controller
+        self.metrics = self.tuned.metrics
+        self.endpoint = self.tuned.endpoint
         # fcfs keeps vLLM's own queue (nothing added on the step path); any other
         # policy, or a later switch, installs tuned's PolicyQueue at the top of
         # schedule(), on this thread.
@@ -108,18 +100,7 @@ class _TunedMixin:
         if cfg.queue_policy != "fcfs":
             self.set_queue_policy(cfg.queue_policy, cfg)
             self._apply_queue_policy()
-        self._stale_after_s = cfg.stale_after_s
-        self._set_knobs(min(cfg.fallback_cap, self.ceiling), self.max_num_batched_tokens)
-        self.endpoint = None
-        port = cfg.metrics_port + self.dp_rank if cfg.metrics_port else 0
-        try:
-            self.endpoint = Endpoint(cfg.metrics_host, port, self.metrics,
-                                     decisions=self.controller.decisions_json,
-                                     steps=self.steps_json, reload=self.controller.reload,
-                                     healthy=self.controller.healthy).start()
-        except OSError as e:
-            log.error("endpoint_failed", host=cfg.metrics_host, port=port, error=str(e),
-                      note="engine keeps serving; metrics unavailable")
+        self._write_knobs(self.controller.slot.applied)
         log.info("tuned_started", ceiling=self.ceiling, kv_capacity_tokens=self.kv_capacity_tokens,
                  block_size=self.block_size, scheduler=type(self).__mro__[2].__name__,
                  metrics=(f"http://{cfg.metrics_host}:{self.endpoint.port}/metrics"
@@ -132,9 +113,7 @@ class _TunedMixin:
         return self.get_request_counts()
 
     def applied(self) -> dict:
-        return {"cap": self.max_num_active_reqs, "token_budget": self.max_num_scheduled_tokens,
-                "fallback": self._fallback_cause is not None,
-                "fallback_cause": self._fallback_cause}
+        return self.controller.slot.state()
 
     def set_queue_policy(self, name: str, cfg: Config) -> None:
         """Ask for a queue policy; the scheduler thread installs it next step."""
@@ -172,45 +151,20 @@ class _TunedMixin:
                 "samples": [s._asdict() for s in self.steps.since(since)]}
 
     # -------------------------------------------------------------- hot path
-    def _set_knobs(self, cap: int, budget: int) -> None:
-        cap = min(max(cap, 1), self.ceiling)
-        self.max_num_active_reqs = cap
-        self.max_num_scheduled_tokens = min(max(budget, cap + 1), self.max_num_batched_tokens)
-        self.metrics.applied_cap.set(cap)
-        self.metrics.token_budget.set(self.max_num_scheduled_tokens)
+    def _write_knobs(self, knobs) -> None:
+        self.max_num_active_reqs = knobs.cap
+        self.max_num_scheduled_tokens = knobs.token_budget
 
     def _tuned_apply(self) -> None:
-        ctrl = self.controller
-        p = ctrl.pending
-        if p is not self._applied_obj:
-            self._applied_obj = p
-            if isinstance(p, Decision):
-                self._set_knobs(p.cap, p.token_budget)
-                if self._fallback_cause is not None:
-                    log.info("fallback_cleared", cause=self._fallback_cause, cap=p.cap)
-                    self._fallback_cause = None
-                    self.metrics.in_fallback.set(0)
-            elif isinstance(p, Fallback):
-                self._enter_fallback(p.cause, p.cap)
-        if (self._fallback_cause is None
-                and time.monotonic() - ctrl.last_ok > self._stale_after_s):
-            self._enter_fallback("stale", ctrl.cfg.fallback_cap)
+        knobs = self.controller.slot.take()
+        if knobs is not None:
+            self._write_knobs(knobs)
 
     def _queue_installed(self) -> bool:
         return hasattr(self.waiting, "begin_step")
 
-    def _enter_fallback(self, cause: str, cap: int) -> None:
-        if self._fallback_cause == cause:
-            return
-        self._fallback_cause = cause
-        self._set_knobs(cap, self.max_num_batched_tokens)
-        self.metrics.fallbacks.labels(cause).inc()
-        self.metrics.in_fallback.set(1)
-        log.warning("fallback", cause=cause, cap=self.max_num_active_reqs,
-                    last_good_tick_age_s=round(time.monotonic() - self.controller.last_ok, 3))
-
     def _tuned_record(self, so, mro) -> None:
-        now = time.monotonic()
+        now = self._clock()
         start = self._sched_times.popleft() if self._sched_times else now
         step_s = now - max(start, self._last_update_t)
         self._last_update_t = now
@@ -255,7 +209,7 @@ class _TunedMixin:
         except Exception as e:
             self._tuned_guard("apply", e)
         out = super().schedule(*args, **kwargs)
-        self._sched_times.append(time.monotonic())
+        self._sched_times.append(self._clock())
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -269,9 +223,10 @@ class _TunedMixin:
     def _free_request(self, request, *args, **kwargs):
         try:
             self.finished.append(FinishedRequest(
-                self.finished.next_seq, time.monotonic(), request.request_id,
+                self.finished.next_seq, self._clock(), request.request_id,
                 request.num_prompt_tokens, request.num_output_tokens,
-                request.max_tokens or 0, request.arrival_time, request.num_preemptions))
+                request.max_tokens or 0, request.arrival_time - self._wall_offset_s,
+                request.num_preemptions))
             q = self.waiting
             if hasattr(q, "on_request_finished"):
                 q.on_request_finished(request)
@@ -281,9 +236,7 @@ class _TunedMixin:
 
     def shutdown(self) -> None:
         try:
-            self.controller.stop()
-            if self.endpoint is not None:
-                self.endpoint.stop()
+            self.tuned.stop()
         except Exception as e:
             self._tuned_guard("shutdown", e)
         super().shutdown()
@@ -330,7 +283,7 @@ def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) 
         model=model_path, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
         scheduler_cls="tuned.engines.vllm.TunedScheduler",
-        additional_config=tuned_additional_config(cfg, serving_url))
+        additional_config=config_mod.engine_handoff(cfg, serving_url))
     if cfg.num_gpu_blocks:
         kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks
     return kw

@@ -1,415 +1,42 @@
 """vLLM 0.32 waiting queue ordered and gated by a tuned queue policy.
 
 :class:`PolicyQueue` is a ``vllm.v1.core.sched.request_queue.RequestQueue`` that
-replaces the scheduler's ``self.waiting``. How vLLM 0.32's admission loop
-(``Scheduler.schedule``, "Next, schedule the WAITING requests") uses it:
-
-* ``if not request_queue: break`` — :meth:`__bool__` is the admission gate: True
-  only when the policy's next request may be admitted now. Returning False ends
-  admission for this step without touching vLLM's code; :meth:`__len__` still
-  counts every waiting request (vLLM's metrics and ``get_request_counts``).
-* ``peek_request()`` then ``pop_request()`` — both return the policy's chosen
-  request (the one the gate admitted). vLLM also pops a request it decides to skip
-  (blocked on a grammar, a KV transfer, LoRA limits) and hands the skipped ones back
-  with ``prepend_requests()`` at the end of the loop; they return to their place
-  in the policy order and do not count as admitted.
-* ``prepend_request()`` — a preempted request. It goes to the very front whatever
-  the policy, most recently preempted first (as vLLM's FCFS deque), and bypasses
-  the gate: it was admitted before.
-* ``remove_requests()`` — aborted / stopped waiting requests.
-
-Per step the scheduler calls :meth:`PolicyQueue.begin_step` (or the module-level
-:func:`begin_step`) at the top of ``schedule()`` with an :class:`AdmitContext` and
-its live ``self.running`` list: vLLM appends each admitted request to that list,
-so requests admitted earlier in the step count as running for later admissions.
-Per-step cost: the order is re-sorted only when the waiting set changed or the
-policy's ``refresh`` asks for it; one ``ReqInfo`` per request id is cached; the
-running requests' progress is read once per step, lazily, when the gate first
-needs it.
-
-All methods are for the scheduler's thread (EngineCore busy loop); ``stats`` and
-:meth:`PolicyQueue.snapshot` may be read from another thread.
+replaces the scheduler's ``self.waiting``. Everything it does is the engine-neutral
+:class:`tuned.core.queue.QueueCore` (its docstring says how vLLM's admission loop
+uses the queue); this module only maps vLLM's objects onto it: where a request's
+hints live (``sampling_params.extra_args``), which finished statuses are true
+samples of the output length, which requests of vLLM's own queue were preempted,
+and the scheduler's KV numbers for the :class:`AdmitContext`.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request, RequestStatus
 
-from tuned.policies.predictor import OutputLengthPredictor, parse_request_hints
-from tuned.policies.queues import (AdmitContext, PolicyStats, QueuePolicy, ReqInfo, Verdict,
-                                   make_policy)
+from tuned.core.queue import QueueCore
+from tuned.policies.predictor import OutputLengthPredictor
+from tuned.policies.queues import AdmitContext, make_policy
 
 # finished requests whose output length is a true sample of the model's behaviour
 _LEARN_FROM = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED,
                RequestStatus.FINISHED_REPETITION)
-_PRUNE_EVERY_STEPS = 4096
-_UNLIMITED = 1 << 62
 
 
-class _Popped(NamedTuple):
-    info: ReqInfo
-    now_s: float
-    pin_key: int | None     # set when a pinned (preempted) request was popped
+class PolicyQueue(QueueCore[Request], RequestQueue):
+    """The waiting queue of one vLLM scheduler (see :class:`QueueCore`)."""
 
-
-class PolicyQueue(RequestQueue):
-    """The waiting queue of one vLLM scheduler, ordered and gated by ``policy``.
-
-    ``predictor`` supplies output-length predictions and learns from
-    :meth:`on_request_finished`; ``class_deadlines_s`` is the SLA table for the
-    ``tuned_class`` hint; ``on_warning(request_id, text)`` receives each ignored
-    hint (also counted in ``hint_warnings``); ``clock`` is used only before the
-    first :meth:`begin_step`.
-    """
-
-    def __init__(self, policy: QueuePolicy, predictor: OutputLengthPredictor | None = None, *,
-                 class_deadlines_s: Mapping[str, float] | None = None,
-                 on_warning: Callable[[str, str], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.policy = policy
-        self.predictor = predictor if predictor is not None else OutputLengthPredictor()
-        self.class_deadlines_s = dict(class_deadlines_s or {})
-        self._on_warning = on_warning
-        self._clock = clock
-        self.hint_warnings = 0
-        self.last_verdict: Verdict | None = None
-        self._waiting: dict[str, Request] = {}       # every waiting request, by id
-        self._unpinned: dict[str, ReqInfo] = {}      # waiting requests the policy orders
-        self._infos: dict[str, ReqInfo] = {}         # waiting and running, until finished
-        self._pinned: dict[str, int] = {}            # preempted: id -> key (smaller = front)
-        self._pin_counter = 0
-        self._order: list[ReqInfo] | None = None     # cached policy order of _unpinned
-        self._ctx: AdmitContext | None = None
-        self._running: list[Request] = []
-        self._n_running_at_gate: int | None = None
-        self._running_infos: list[ReqInfo] | None = None
-        self._head: Request | None = None
-        self._head_valid = False
-        self._popped: dict[str, _Popped] = {}
-        self._deferred_ids: set[str] = set()
-        self._step = 0
-
-    # ------------------------------------------------------------ per step
-    def begin_step(self, ctx: AdmitContext, running_requests: list[Request]) -> None:
-        """Top of ``schedule()``: fix the context for this step.
-
-        ``running_requests`` must be the scheduler's live ``self.running`` list (not
-        a copy): admissions appended to it during the step are seen by the gate.
-        """
-        self._commit_pops()
-        self._ctx = ctx
-        self._running = running_requests
-        self._n_running_at_gate = None
-        self._running_infos = None
-        self._deferred_ids.clear()
-        self._head_valid = False
-        self._step += 1
-        if self.policy.refresh(self._unpinned.values(), ctx):
-            self._invalidate_order()
-        if self._step % _PRUNE_EVERY_STEPS == 0:
-            self._prune()
-
-    def switch_policy(self, new_policy: QueuePolicy) -> QueuePolicy:
-        """Order and gate by ``new_policy`` from now on, keeping every waiting request
-        (pinned ones stay in front). Returns the old policy. Predictions are redone
-        when the new policy plans with a different (over-)estimate. The new policy's
-        counters start from zero. Call from the scheduler's thread (a live reload on
-        the controller thread should hand the policy over through the pending slot
-        applied at the top of ``schedule()``)."""
-        self._commit_pops()
-        old, self.policy = self.policy, new_policy
-        if new_policy.overestimate != old.overestimate:
-            for rid, info in list(self._infos.items()):
-                pred = self.predictor.predict(info.prompt_tokens, info.max_tokens,
-                                              info.hint_output_tokens,
-                                              overestimate=new_policy.overestimate)
-                self._set_info(rid, dataclasses.replace(info, predicted_output=pred))
-        for info in sorted(self._unpinned.values(), key=lambda r: r.arrival_s):
-            new_policy.observe_arrival(info)
-        if self._ctx is not None:
-            new_policy.refresh(self._unpinned.values(), self._ctx)
-        self._invalidate_order()
-        return old
+    def extra_args(self, request: Request) -> Mapping[str, Any] | None:
+        sp = request.sampling_params
+        return sp.extra_args if sp is not None else None
 
     def on_request_finished(self, request: Request) -> None:
-        """A request left the engine (finished or aborted): learn its output length
-        and drop its state. Call once per request, from the scheduler's thread."""
-        self._commit_pops()
-        rid = request.request_id
-        if rid in self._waiting:
-            self._remove_ids({rid})
-        info = self._infos.pop(rid, None)
-        if request.status in _LEARN_FROM:
-            self.predictor.observe(request.num_prompt_tokens, request.num_output_tokens,
-                                   predicted=info.predicted_output if info else None)
-        if info is not None:
-            self.policy.on_finished(info)
-        else:
-            self.policy.forget(rid)
-
-    @property
-    def stats(self) -> PolicyStats:
-        """The active policy's counters and gauges (a new policy starts from zero)."""
-        return self.policy.stats
-
-    def snapshot(self) -> dict[str, Any]:
-        """Numbers for metrics: policy stats, queue sizes, hint warnings, prediction errors."""
-        errs = self.predictor.error_stats()
-        d = self.policy.stats.as_dict()
-        d.update(policy=self.policy.name, waiting=len(self._waiting), pinned=len(self._pinned),
-                 hint_warnings=self.hint_warnings, prediction_count=errs.count,
-                 prediction_mae_tokens=errs.mean_abs_error_tokens,
-                 prediction_mean_error_tokens=errs.mean_error_tokens)
-        return d
-
-    def info(self, request_id: str) -> ReqInfo | None:
-        """The cached view of a waiting or running request."""
-        return self._infos.get(request_id)
-
-    # ------------------------------------------------------------ RequestQueue
-    def add_request(self, request: Request) -> None:
-        rid = request.request_id
-        if rid in self._waiting:          # re-added (e.g. a resumed streaming session)
-            self._remove_ids({rid})
-        info = self._make_info(request)
-        self._set_info(rid, info)
-        self._waiting[rid] = request
-        self._unpinned[rid] = info
-        self._pinned.pop(rid, None)
-        self.policy.observe_arrival(info)
-        self._insert_ordered(info)
-
-    def pop_request(self) -> Request:
-        req = self._head_or_first()
-        if req is None:
-            raise IndexError("pop from an empty queue")
-        rid = req.request_id
-        now = self._context().now_s
-        pin_key = self._pinned.pop(rid, None)
-        if pin_key is None and self._order is not None:
-            for i, r in enumerate(self._order):
-                if r.request_id == rid:
-                    del self._order[i]
-                    break
-        info = self._unpinned.pop(rid, None) or self._infos.get(rid) or self._make_info(req)
-        del self._waiting[rid]
-        self._set_info(rid, dataclasses.replace(info, started_s=now))
-        self._popped[rid] = _Popped(info, now, pin_key)
-        self._head_valid = False
-        return req
-
-    def peek_request(self) -> Request:
-        req = self._head_or_first()
-        if req is None:
-            raise IndexError("peek from an empty queue")
-        return req
-
-    def prepend_request(self, request: Request) -> None:
-        """A preempted request: to the very front, whatever the policy."""
-        self._pin_counter -= 1
-        self._pin(request, self._pin_counter)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        """Requests vLLM popped and skipped this step go back where they were
-        (pinned ones to the front, others to their place in the policy order);
-        requests this queue never saw are pinned to the front like
-        :meth:`prepend_request`, each in turn."""
-        for req in requests:
-            rid = req.request_id
-            rec = self._popped.pop(rid, None)
-            if rec is None:
-                self.prepend_request(req)
-                continue
-            if rec.pin_key is not None:
-                self._pin(req, rec.pin_key)
-                continue
-            info = dataclasses.replace(self._infos.get(rid, rec.info), started_s=None)
-            self._set_info(rid, info)
-            self._waiting[rid] = req
-            self._unpinned[rid] = info
-            self._insert_ordered(info)
-        self._head_valid = False
-
-    def remove_request(self, request: Request) -> None:
-        if request.request_id not in self._waiting:
-            raise ValueError(f"request {request.request_id} is not in the waiting queue")
-        self._remove_ids({request.request_id})
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        self._remove_ids({r.request_id for r in requests})
-
-    def __bool__(self) -> bool:
-        """The admission gate: True only if the next request may be admitted now."""
-        return self._select_head() is not None
-
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    def __iter__(self) -> Iterator[Request]:
-        """Every waiting request: pinned first, then the policy order."""
-        for rid in sorted(self._pinned, key=self._pinned.__getitem__):
-            yield self._waiting[rid]
-        for info in list(self._ordered(self._context())):
-            req = self._waiting.get(info.request_id)
-            if req is not None:
-                yield req
-
-    def __contains__(self, request: object) -> bool:
-        return getattr(request, "request_id", None) in self._waiting
-
-    # ------------------------------------------------------------ internals
-    def _context(self) -> AdmitContext:
-        if self._ctx is not None:
-            return self._ctx
-        return AdmitContext(now_s=self._clock(), kv_capacity_tokens=_UNLIMITED,
-                            kv_free_tokens=_UNLIMITED, cap=_UNLIMITED)
-
-    def _make_info(self, request: Request) -> ReqInfo:
-        rid = request.request_id
-        sp = request.sampling_params
-        hints, warnings = parse_request_hints(sp.extra_args if sp is not None else None,
-                                              self.class_deadlines_s)
-        for w in warnings:
-            self.hint_warnings += 1
-            if self._on_warning is not None:
-                self._on_warning(rid, w)
-        max_tokens = max(int(request.max_tokens or 1), 1)
-        pred = self.predictor.predict(request.num_prompt_tokens, max_tokens,
-                                      hints.output_tokens,
-                                      overestimate=self.policy.overestimate)
-        deadline = (request.arrival_time + hints.deadline_s
-                    if hints.deadline_s is not None else None)
-        return ReqInfo(rid, request.arrival_time, request.num_prompt_tokens, max_tokens, pred,
-                       request.num_output_tokens, None, hints.output_tokens, deadline,
-                       request.priority)
-
-    def _set_info(self, rid: str, info: ReqInfo) -> None:
-        self._infos[rid] = info
-        if rid in self._unpinned:
-            self._unpinned[rid] = info
-
-    def _pin(self, request: Request, key: int) -> None:
-        rid = request.request_id
-        if rid not in self._infos:
-            self._set_info(rid, self._make_info(request))
-        if self._unpinned.pop(rid, None) is not None:
-            self._invalidate_order()
-        self._waiting[rid] = request
-        self._pinned[rid] = key
-        self._head_valid = False
-
-    def _insert_ordered(self, info: ReqInfo) -> None:
-        """Put an unpinned request into the cached order: by bisection when the
-        policy's order is a keyed sort (after equal keys, as a stable re-sort would
-        place it), else by recomputing the order when next needed."""
-        if self._order is not None and self.policy.order_key(info) is not None:
-            bisect.insort_right(self._order, info, key=self.policy.order_key)
-            self._head_valid = False
-        else:
-            self._invalidate_order()
-
-    def _invalidate_order(self) -> None:
-        self._order = None
-        self._head_valid = False
-
-    def _ordered(self, ctx: AdmitContext) -> list[ReqInfo]:
-        if self._order is None:
-            self._order = self.policy.order(list(self._unpinned.values()), ctx.now_s, ctx)
-        return self._order
-
-    def _view(self, req: Request, progress: bool) -> ReqInfo:
-        rid = req.request_id
-        info = self._infos.get(rid)
-        if info is None:
-            info = self._make_info(req)
-            self._infos[rid] = info
-        if progress and req.num_output_tokens != info.output_tokens:
-            info = dataclasses.replace(info, output_tokens=req.num_output_tokens)
-            self._infos[rid] = info
-        return info
-
-    def _running_views(self) -> tuple[list[ReqInfo], list[ReqInfo]]:
-        run = self._running
-        progress = self.policy.uses_running_progress
-        if self._running_infos is None:
-            self._running_infos = [self._view(r, progress)
-                                   for r in run[: self._n_running_at_gate]]
-        return self._running_infos, [self._view(r, progress)
-                                     for r in run[self._n_running_at_gate:]]
-
-    def _select_head(self) -> Request | None:
-        if self._head_valid:
-            return self._head
-        self._head_valid = True
-        self._head = None
-        if self._n_running_at_gate is None:
-            # first gate of the step: vLLM's preemptions are done, admissions follow
-            self._n_running_at_gate = len(self._running)
-        if not self._waiting:
-            return None
-        if self._pinned:
-            rid = min(self._pinned, key=self._pinned.__getitem__)
-            self._head = self._waiting[rid]
-            self.last_verdict = Verdict(True, "preempted request resumes first")
-            return self._head
-        ctx = self._context()
-        ordered = self._ordered(ctx)
-        running, admitted = self._running_views()
-        sel = self.policy.select(ordered, running, admitted, ctx)
-        for info in sel.refused:
-            if info.request_id not in self._deferred_ids:
-                self._deferred_ids.add(info.request_id)
-                self.policy.on_deferred(info, sel.verdict)
-        self.last_verdict = sel.verdict
-        if sel.chosen is not None:
-            self._head = self._waiting[sel.chosen.request_id]
-        return self._head
-
-    def _head_or_first(self) -> Request | None:
-        """The gate's choice, else the first waiting request in policy order."""
-        req = self._select_head()
-        if req is not None:
-            return req
-        return next(iter(self), None)
-
-    def _commit_pops(self) -> None:
-        """Popped requests that vLLM did not hand back were admitted."""
-        if not self._popped:
-            return
-        for rid, rec in self._popped.items():
-            if rec.pin_key is None:
-                self.policy.on_admitted(self._infos.get(rid, rec.info), rec.now_s)
-        self._popped.clear()
-
-    def _remove_ids(self, ids: set[str]) -> None:
-        """Drop waiting (or popped, not yet committed) requests; others are ignored,
-        as vLLM passes the same list to its own kv-holding queue."""
-        unordered: set[str] = set()
-        for rid in ids:
-            if rid not in self._waiting and rid not in self._popped:
-                continue
-            self._waiting.pop(rid, None)
-            self._pinned.pop(rid, None)
-            if self._unpinned.pop(rid, None) is not None:
-                unordered.add(rid)
-            self._popped.pop(rid, None)
-            self._infos.pop(rid, None)
-            self.policy.forget(rid)
-            self._head_valid = False
-        if unordered and self._order is not None:
-            self._order = [r for r in self._order if r.request_id not in unordered]
-
-    def _prune(self) -> None:
-        live = set(self._waiting) | {r.request_id for r in self._running}
-        for rid in [rid for rid in self._infos if rid not in live]:
-            del self._infos[rid]
+        """Called from the scheduler's ``_free_request`` once per request."""
+        self.request_finished(request, learn=request.status in _LEARN_FROM)
 
 
 # ---------------------------------------------------------------- factories
@@ -417,22 +44,31 @@ def make_policy_queue(name: str, options: Mapping[str, Any] | None,
                       predictor: OutputLengthPredictor | None, rng_seed: int = 0, *,
                       class_deadlines_s: Mapping[str, float] | None = None,
                       on_warning: Callable[[str, str], None] | None = None,
-                      clock: Callable[[], float] = time.time) -> PolicyQueue:
+                      clock: Callable[[], float] = time.monotonic,
+                      arrival_offset_s: float = 0.0) -> PolicyQueue:
     """A :class:`PolicyQueue` for the registered policy ``name`` built from ``options``
     (``ValueError`` on an unknown name or option)."""
     return PolicyQueue(make_policy(name, options, rng_seed), predictor,
-                       class_deadlines_s=class_deadlines_s, on_warning=on_warning, clock=clock)
+                       class_deadlines_s=class_deadlines_s, on_warning=on_warning, clock=clock,
+                       arrival_offset_s=arrival_offset_s)
+
+
+def wall_offset_s() -> float:
+    """wall clock − monotonic clock: vLLM stamps ``arrival_time`` with the wall clock,
+    tuned runs on the monotonic one; subtract this to convert."""
+    return time.time() - time.monotonic()
 
 
 def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,
                            now_s: float | None = None) -> AdmitContext:
-    """The :class:`AdmitContext` of a vLLM scheduler right now (one null block excluded)."""
+    """The :class:`AdmitContext` of a vLLM scheduler right now (one null block
+    excluded), on the monotonic clock."""
     pool = scheduler.kv_cache_manager.block_pool
     block = scheduler.block_size
     cap_tokens = getattr(scheduler, "kv_capacity_tokens", None)
     if cap_tokens is None:
         cap_tokens = (pool.num_gpu_blocks - 1) * block
-    return AdmitContext(now_s=time.time() if now_s is None else now_s,
+    return AdmitContext(now_s=time.monotonic() if now_s is None else now_s,
                         kv_capacity_tokens=int(cap_tokens),
                         kv_free_tokens=int(pool.get_num_free_blocks() * block),
                         cap=int(scheduler.max_num_active_reqs), speed_tok_s=speed_tok_s)
@@ -466,7 +102,7 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
         q.switch_policy(make_policy(name, options, seed))
         return q
     new = make_policy_queue(name, options, predictor, seed, class_deadlines_s=classes,
-                            on_warning=on_warning)
+                            on_warning=on_warning, arrival_offset_s=wall_offset_s())
     old = list(q)
     preempted = [r for r in old if r.status == RequestStatus.PREEMPTED]
     for r in old:

@@ -40,7 +40,7 @@ class FinishedRequest(NamedTuple):
     prompt_tokens: int
     output_tokens: int
     max_tokens: int
-    arrival_s: float         # unix time it arrived (vLLM's arrival_time)
+    arrival_s: float         # when it arrived, on the same clock as t
     preemptions: int
 
 

@@ -1,0 +1,88 @@
+"""Windowed aggregates of the telemetry rings: what the controller's observe step
+computes, as pure functions so the controller, the profile and the tests share them.
+
+* :func:`step_window`: over the engine steps that ended within ``window_s`` of
+  ``now``, the mean step time of steps that ran decodes (seed 000's T, the mean
+  time between tokens), their mean decode batch (b-bar) and the latest KV usage.
+* :func:`demand_moments`: the mean and standard deviation of per-request KV
+  demand, in units of ``block_size`` tokens (seed 000 eqs. (8)-(9); blocks are
+  what vLLM's paged allocator hands out, so ``block_size=1`` gives tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from tuned.telemetry.ring import StepSample
+
+
+class StepWindow(NamedTuple):
+    """Aggregates of the recent decode steps (None where no decode step ran)."""
+
+    tbt_mean_s: float | None
+    decode_batch_mean: float | None
+    decode_steps: int
+    kv_usage: float                 # of the newest step, 0.0 with no step at all
+    tbt_p90_s: float | None = None  # 90th percentile of decode step times in the window
+    steps: int = 0                  # all steps in the window (decode or not)
+    waiting_steps: int = 0          # steps that ended with requests waiting
+    prefill_steps: int = 0          # decode steps that also carried prefill tokens
+
+
+def step_window(newest_first: Iterable[StepSample], now: float, window_s: float) -> StepWindow:
+    """Aggregate the steps that ended in (now - window_s, now], newest first.
+
+    ``newest_first`` may be a lazy iterator (``Ring.newest_first()``); it is read
+    only as far back as the window reaches.
+    """
+    tbt_sum = b_sum = 0.0
+    n = steps = waiting = prefill = 0
+    kv_usage = None
+    times: list[float] = []
+    for s in newest_first:
+        if kv_usage is None:
+            kv_usage = s.kv_usage
+        if now - s.t > window_s:
+            break
+        steps += 1
+        if s.num_waiting:
+            waiting += 1
+        if s.num_decode:
+            tbt_sum += s.step_s
+            b_sum += s.num_decode
+            n += 1
+            times.append(s.step_s)
+            if s.prefill_tokens:
+                prefill += 1
+    p90 = None
+    if times:
+        times.sort()
+        p90 = times[min(math.ceil(0.9 * (len(times) - 1)), len(times) - 1)]
+    return StepWindow(tbt_sum / n if n else None, b_sum / n if n else None, n,
+                      kv_usage or 0.0, p90, steps, waiting, prefill)
+
+
+class DemandMoments(NamedTuple):
+    mean: float | None
+    std: float | None
+    n: int
+
+
+def demand_moments(tokens_per_request: Sequence[int], block_size: int = 1) -> DemandMoments:
+    """Mean and population standard deviation of ceil(tokens / block_size).
+
+    The window of recent requests is the population the memory bound is about,
+    hence the population variance. Seed 000 eqs. (8)-(9) take Var(l_in) + Var(l_out)
+    (input and output independent); the variance of the per-request sum measures
+    the same spread without that assumption.
+    """
+    n = len(tokens_per_request)
+    if n == 0:
+        return DemandMoments(None, None, 0)
+    bs = max(int(block_size), 1)
+    units = [-(-int(t) // bs) for t in tokens_per_request]
+    mean = sum(units) / n
+    var = sum((u - mean) ** 2 for u in units) / n if n > 1 else 0.0
+    return DemandMoments(mean, math.sqrt(var), n)

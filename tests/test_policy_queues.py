@@ -26,7 +26,7 @@ def test_registry_matches_config_and_builds_every_policy():
 
 def test_unknown_policy_and_option_errors():
     with pytest.raises(ValueError, match=r"unknown queue policy 'sjf' \(known: fcfs, mcsf, "
-                                         r"multibin, bucket, saber\)"):
+                                         r"multibin, bucket, saber, sglang\)"):
         make_policy("sjf")
     with pytest.raises(ValueError, match=r"saber: unknown option\(s\) size \(known: window, "
                                          r"default_deadline_s, use_predicted\)"):

@@ -253,6 +253,7 @@ POLICIES: dict[str, str] = {
     "multibin": "tuned.policies.multibin:MultiBinPolicy",
     "bucket": "tuned.policies.bucket:BucketPolicy",
     "saber": "tuned.policies.saber:SaberPolicy",
+    "sglang": "tuned.policies.sglang:SglangPolicy",
 }
 
 

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from tuned.core.window import demand_moments
+
 from tuned.curves import models as m
 from tuned.curves.fit import (FitError, FitResult, adjusted_r2, fit_speed_models,
                               fit_step_time, fit_usl, kv_bytes_per_token, kv_demand,
@@ -151,10 +153,14 @@ def test_fit_result_round_trip_and_predict():
         FitResult.from_dict({"name": "cubic", "params": {}, "r2": 1, "n_samples": 3})
 
 
-def test_kv_demand_mean_and_sample_variance():
+def test_kv_demand_is_the_controllers_moments_in_tokens():
+    # one definition of the demand moments (issue 8): population variance over the
+    # window, as the memory bound computes them, in tokens (block size 1)
     d = kv_demand([100, 200, 300, 400])
     assert d.mean == pytest.approx(250.0)
-    assert d.var == pytest.approx(np.var([100, 200, 300, 400], ddof=1))  # 16666.67
+    assert d.var == pytest.approx(12500.0)  # np.var(ddof=0)
+    m = demand_moments([100, 200, 300, 400], 1)
+    assert (m.mean, m.std ** 2) == (pytest.approx(d.mean), pytest.approx(d.var))
     assert kv_demand([7]).var == 0.0
     with pytest.raises(FitError):
         kv_demand([])

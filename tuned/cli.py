@@ -12,7 +12,8 @@ import sys
 
 from tuned import __version__
 
-SUBCOMMAND_MODULES = ("tuned.serve", "tuned.demo", "tuned.profiler", "tuned.opscli")
+SUBCOMMAND_MODULES = ("tuned.serve", "tuned.demo", "tuned.profiler", "tuned.opscli",
+                      "tuned.simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

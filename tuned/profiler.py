@@ -48,6 +48,8 @@ from tuned.curves.fit import kv_bytes_per_token
 from tuned.curves.profile import (REQUEST_COLUMNS, STEP_COLUMNS, ProfileError,
                                   build_profile, empty_columns, load_profile, save_profile)
 from tuned.netutil import free_port
+from tuned.workloads import Dist, WorkloadError
+from tuned.workloads import parse_dist as _parse_dist
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 QUICK_LEVELS = (1, 2, 4)
@@ -70,34 +72,14 @@ def _say(msg: str) -> None:
 
 # --- workloads ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Dist:
-    """An integer length distribution: fixed ``lo`` (lo == hi) or uniform on [lo, hi]."""
-
-    lo: int
-    hi: int
-
-    def sample(self, rng: random.Random) -> int:
-        return self.lo if self.lo == self.hi else rng.randint(self.lo, self.hi)
-
-    def __str__(self) -> str:
-        return str(self.lo) if self.lo == self.hi else f"U({self.lo},{self.hi})"
-
-
 def parse_dist(text: str, what: str) -> Dist:
-    """``64`` (fixed) or ``U(16,128)`` (uniform integers, both ends included)."""
-    t = text.strip()
-    m = re.fullmatch(r"U\(\s*(\d+)\s*,\s*(\d+)\s*\)", t, flags=re.IGNORECASE)
-    if m:
-        lo, hi = int(m.group(1)), int(m.group(2))
-    elif re.fullmatch(r"\d+", t):
-        lo = hi = int(t)
-    else:
-        raise UsageError(f"workload: {what}={text!r} is neither a token count (64) nor a "
-                         f"uniform range (U(16,128))")
-    if lo < 1 or hi < lo:
-        raise UsageError(f"workload: {what}={text!r} must have 1 <= low <= high")
-    return Dist(lo, hi)
+    """A length for ``synthetic:``: a count (``64``) or a distribution (``U(16,128)``,
+    ``N(mean,std)``, ``LN(mean,median)``, ``Exp(mean)``), parsed by
+    :func:`tuned.workloads.parse_dist`; its errors become :class:`UsageError`."""
+    try:
+        return _parse_dist(text, what)
+    except WorkloadError as e:
+        raise UsageError(str(e)) from None
 
 
 class Workload:
@@ -151,7 +133,9 @@ class Workload:
 def parse_workload(spec: str, seed: int = 0) -> Workload:
     """Parse ``--workload``:
 
-    - ``synthetic:prompt=64,output=64`` (fixed lengths) or with ``U(lo,hi)`` ranges,
+    - ``synthetic:prompt=64,output=64`` (fixed lengths) or with distributions
+      (``U(lo,hi)``, ``N(mean,std)``, ``LN(mean,median)``, ``Exp(mean)``; see
+      :func:`tuned.workloads.parse_dist`),
     - ``trace:PATH[:scale=0.1]``: a CSV with columns ``num_prefill_tokens`` and
       ``num_decode_tokens`` (e.g. the Azure conversation trace); rows are replayed
       in file order, cycling, with both lengths multiplied by ``scale`` (rounded,
@@ -163,7 +147,7 @@ def parse_workload(spec: str, seed: int = 0) -> Workload:
     if kind == "synthetic":
         fields: dict[str, str] = {}
         pos = 0
-        for m in re.finditer(r"\s*(\w+)\s*=\s*(U\([^)]*\)|[^,]*)\s*(,|$)", rest):
+        for m in re.finditer(r"\s*(\w+)\s*=\s*(\w+\([^)]*\)|[^,]*)\s*(,|$)", rest):
             if m.start() != pos:
                 break
             fields[m.group(1)] = m.group(2)

@@ -414,14 +414,18 @@ class KvDemand(NamedTuple):
 
 
 def kv_demand(tokens_per_request) -> KvDemand:
-    """Mean and sample variance (ddof = 1; 0 for a single request) of the per-request
-    KV token demand l_in + l_out, the mu and sigma² of seed 000, Algorithm 1."""
+    """Mean and variance of the per-request KV token demand l_in + l_out, the mu and
+    sigma² of seed 000, Algorithm 1, computed exactly as the controller's memory bound
+    computes them (:func:`tuned.core.window.demand_moments` in tokens: population
+    variance over the window)."""
+    from tuned.core.window import demand_moments
+
     x = np.asarray(tokens_per_request, dtype=float).ravel()
     x = x[np.isfinite(x)]
     if x.size == 0:
         raise FitError("kv_demand: no requests")
-    var = float(np.var(x, ddof=1)) if x.size > 1 else 0.0
-    return KvDemand(float(np.mean(x)), var)
+    m = demand_moments([int(round(v)) for v in x], 1)
+    return KvDemand(float(m.mean), float(m.std) ** 2)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,

@@ -129,30 +129,56 @@ class Profile:
                                "fit nor a USL fit (re-fit it with `tuned fit`)")
         return max(v, 0.0)
 
-    def largest_batch_within(self, tbt_s: float, b_max: int) -> int:
-        """Largest b in [1, b_max] with ``predict_step_s(b, 0) <= tbt_s``; 1 if none."""
+    @property
+    def mean_context_tokens(self) -> float:
+        """KV tokens a running request of the profiled workload holds on average over
+        its life, prompt + output / 2 (0 without request samples)."""
+        p = self.requests.get("prompt_tokens") or []
+        o = self.requests.get("output_tokens") or []
+        if not p:
+            return 0.0
+        return float(np.mean(np.asarray(p, dtype=float) + np.asarray(o, dtype=float) / 2))
+
+    def kv_demand_blocks(self, block_size: int):
+        """Mean and std of the profiled requests' KV demand in blocks, the very moments
+        the controller's memory bound uses (:func:`tuned.core.window.demand_moments`)."""
+        from tuned.core.window import demand_moments
+
+        p = self.requests.get("prompt_tokens") or []
+        o = self.requests.get("output_tokens") or []
+        return demand_moments([int(a) + int(b) for a, b in zip(p, o)], block_size)
+
+    def largest_batch_within(self, tbt_s: float, b_max: int,
+                             kv_tokens_per_seq: float | None = None) -> int:
+        """Largest b in [1, b_max] with ``predict_step_s(b, 0, b * kv_tokens_per_seq)
+        <= tbt_s``; 1 if none. ``kv_tokens_per_seq`` defaults to the profiled
+        workload's :attr:`mean_context_tokens` (it matters only when the step model
+        kept its KV term)."""
         if b_max < 1:
             return 1
+        kv_seq = self.mean_context_tokens if kv_tokens_per_seq is None else kv_tokens_per_seq
         if self.step_time is not None:
             bs = np.arange(1, int(b_max) + 1)
-            names = (bs, 0, 0) if self.step_time.name == "step_time_kv" else (bs, 0)
+            names = (bs, 0, bs * kv_seq) if self.step_time.name == "step_time_kv" else (bs, 0)
             t = np.asarray(self.step_time.predict(*names), dtype=float)
         else:
             t = np.array([self.predict_step_s(b) for b in range(1, int(b_max) + 1)])
         fit = np.nonzero(t <= tbt_s)[0]
         return int(fit[-1] + 1) if fit.size else 1
 
-    def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int) -> int:
-        """Largest prefill chunk c in [lo, hi] with ``predict_step_s(b, c) <= tbt_s``;
-        ``lo`` if none fits (the step model is monotone in c, so this is a bisection)."""
+    def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
+                             kv_tokens: float = 0.0) -> int:
+        """Largest prefill chunk c in [lo, hi] with ``predict_step_s(b, c, kv_tokens)
+        <= tbt_s``, ``kv_tokens`` the KV resident in the step; ``lo`` if none fits (the
+        step model is monotone in c, so this is a bisection)."""
         lo, hi = int(lo), int(hi)
         if hi < lo:
             raise ValueError(f"largest_chunk_within: lo ({lo}) > hi ({hi})")
 
         def ok(c: int) -> bool:
-            return self.predict_step_s(b, c) <= tbt_s
+            return self.predict_step_s(b, c, kv_tokens) <= tbt_s
 
-        if self.predict_step_s(b, hi) <= self.predict_step_s(b, lo):
+        if self.predict_step_s(b, hi, kv_tokens) <= self.predict_step_s(b, lo, kv_tokens):
             # Step time does not grow with c (gamma <= 0, or no step model).
             return hi if ok(hi) else lo
         if not ok(lo):

@@ -42,3 +42,52 @@ class StepTimeModel(Protocol):
     name: str
 
     def step_s(self, shape: StepShape) -> float: ...
+
+
+class ProfileStepModel:
+    """T(b, c, kv) from a `tuned profile` fit: ``a + beta*b + gamma*c + eta*kv``
+    (:meth:`tuned.curves.profile.Profile.predict_step_s`, its KV term included).
+
+    ``b`` is the step's decode count, ``c`` its prefill tokens and ``kv`` the KV
+    tokens resident after the step, the same quantities the profile's step samples
+    recorded. Predictions are floored at 0.1 ms: a linear fit can go below zero far
+    outside its data.
+    """
+
+    MIN_STEP_S = 1e-4
+
+    def __init__(self, profile) -> None:
+        self.profile = profile
+        self.name = f"profile:{profile.source or 'in-memory'}"
+        st = profile.step_time
+        if st is None:
+            raise ValueError(f"{profile.source or 'profile'}: no step-time fit (the profile "
+                             "has no engine step samples); re-run `tuned profile` against "
+                             "tuned serve")
+        p = st.params
+        self._a, self._beta, self._gamma = p["a"], p["beta"], p["gamma"]
+        self._eta = p.get("eta", 0.0) if st.name == "step_time_kv" else 0.0
+
+    def step_s(self, shape: StepShape) -> float:
+        t = (self._a + self._beta * shape.num_decode + self._gamma * shape.prefill_tokens
+             + self._eta * shape.kv_tokens)
+        return t if t > self.MIN_STEP_S else self.MIN_STEP_S
+
+    def describe(self) -> dict:
+        st = self.profile.step_time
+        return {"kind": "profile", "source": self.profile.source, "fit": st.to_dict()}
+
+
+class ConstantStepModel:
+    """Every step that decodes takes ``step_s`` and prefill is free: the time model of
+    seed 001 (a request's service time is its output length in steps)."""
+
+    def __init__(self, step_s: float = 1.0) -> None:
+        self.name = f"constant:{step_s:g}"
+        self._t = float(step_s)
+
+    def step_s(self, shape: StepShape) -> float:
+        return self._t if shape.num_decode else 0.0
+
+    def describe(self) -> dict:
+        return {"kind": "constant", "step_s": self._t}

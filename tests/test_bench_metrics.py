@@ -1,0 +1,164 @@
+"""Serving metrics on hand-built request timelines, SLO parsing, capacity search."""
+
+import json
+import math
+
+import pytest
+
+from tuned.bench.metrics import CapacityResult, RequestResult, Slo, capacity_search, summarize
+
+
+def timeline():
+    """Four requests worked out by hand (prompt 10/20/30/40 tokens):
+
+    r1 arrives 0, tokens at 0.5 1.0 1.5 2.0 2.5: TTFT 0.5, E2EL 2.5, TPOT 0.5, ITL 0.5 ×4
+    r2 arrives 1, one token at 1.2:                TTFT 0.2, E2EL 0.2, no TPOT, no ITL
+    r3 arrives 2, tokens at 4 5 6:                 TTFT 2.0, E2EL 4.0, TPOT 1.0, ITL 1 ×2
+    r4 arrives 3, fails at 3.5
+    """
+    return [
+        RequestResult("r1", 0.0, 10, 5, 0.5, 2.5, [0.5, 1.0, 1.5, 2.0, 2.5], preemptions=1,
+                      recomputed_tokens=12),
+        RequestResult("r2", 1.0, 20, 1, 1.2, 1.2, [1.2]),
+        RequestResult("r3", 2.0, 30, 3, 4.0, 6.0, [4.0, 5.0, 6.0], preemptions=2,
+                      recomputed_tokens=30),
+        RequestResult("r4", 3.0, 40, 0, None, 3.5, failed=True, error="HTTP 500"),
+    ]
+
+
+def test_request_properties():
+    r1, r2, r3, r4 = timeline()
+    assert (r1.ttft_s, r1.e2e_s, r1.tpot_s, r1.itls_s) == (0.5, 2.5, 0.5, [0.5] * 4)
+    assert (r2.ttft_s, r2.e2e_s, r2.tpot_s, r2.itls_s) == (pytest.approx(0.2),
+                                                           pytest.approx(0.2), None, [])
+    assert (r3.ttft_s, r3.e2e_s, r3.tpot_s, r3.itls_s) == (2.0, 4.0, 1.0, [1.0, 1.0])
+    assert (r4.ttft_s, r4.tpot_s, r4.completed, r3.completed) == (None, None, False, True)
+    assert RequestResult("x", 0, 1, 3, 1.0, 2.0).itls_s == []
+
+
+def test_summarize_by_hand():
+    s = summarize(timeline(), Slo(ttft_s=1.0, tpot_s=0.6))
+    exact = {"submitted": 4, "completed": 3, "failed": 1, "unfinished": 0, "good": 2,
+             "duration_s": 6.0, "total_input_tokens": 60, "total_output_tokens": 9,
+             "preemptions": 3, "recomputed_tokens": 42, "slo": "ttft=1,tpot=0.6"}
+    assert {k: s[k] for k in exact} == exact
+    approx = {
+        "goodput_rps": 2 / 6, "attainment": 0.5, "request_throughput_rps": 0.5,
+        "output_tok_s": 1.5, "total_tok_s": 11.5,
+        # ttft sorted [0.2, 0.5, 2.0]: p90 at index 1.8 = 0.5 + 0.8 × 1.5
+        "ttft_mean_s": 0.9, "ttft_p50_s": 0.5, "ttft_p90_s": 1.7, "ttft_p99_s": 1.97,
+        # tpot over output > 1 only: [0.5, 1.0]
+        "tpot_mean_s": 0.75, "tpot_p50_s": 0.75, "tpot_p90_s": 0.95, "tpot_p99_s": 0.995,
+        "tpot_std_s": 0.25,
+        # itl [0.5 ×4, 1, 1]: p50 at index 2.5, p90 at 4.5
+        "itl_mean_s": 4 / 6, "itl_p50_s": 0.5, "itl_p90_s": 1.0, "itl_p99_s": 1.0,
+        # e2el sorted [0.2, 2.5, 4.0]
+        "e2el_mean_s": 6.7 / 3, "e2el_p50_s": 2.5, "e2el_p90_s": 3.7, "e2el_p99_s": 3.97,
+    }
+    assert {k: s[k] for k in approx} == pytest.approx(approx)
+    json.dumps(s)
+
+
+@pytest.mark.parametrize("slo, good", [
+    (Slo(), 3),                                  # every completed request
+    (Slo(tpot_s=0.5), 2),                        # r1 exactly at the SLO counts; r2 has no TPOT
+    (Slo(tpot_s=0.49), 1),                       # only the one-token r2 passes
+    (Slo(ttft_s=0.2), 1),                        # r2
+    (Slo(e2el_s=2.5), 2),                        # r1, r2
+    (Slo(ttft_s=3, tpot_s=1, e2el_s=4), 3),
+    (Slo(ttft_s=3, tpot_s=1, e2el_s=3.9), 2),
+])
+def test_goodput_and_attainment(slo, good):
+    s = summarize(timeline(), slo)
+    assert s["good"] == good
+    assert s["goodput_rps"] == pytest.approx(good / 6)
+    assert s["attainment"] == good / 4          # the failed request counts against
+
+
+def test_failed_and_unfinished_requests_are_not_good():
+    rs = [RequestResult("a", 0.0, 5, 2, 0.1, 0.2),
+          RequestResult("b", 0.0, 5, 2, 0.1, 0.2, failed=True),
+          RequestResult("c", 1.0, 5, 1, 1.5, None)]          # cut off: unfinished
+    s = summarize(rs, Slo(ttft_s=10))
+    assert (s["completed"], s["failed"], s["unfinished"], s["good"]) == (1, 1, 1, 1)
+    assert s["duration_s"] == pytest.approx(0.2) and s["attainment"] == pytest.approx(1 / 3)
+    assert not Slo().is_good(rs[1]) and not Slo().is_good(rs[2]) and Slo().is_good(rs[0])
+    # a completed request without a first-token time cannot show that it met a TTFT SLO
+    assert not Slo(ttft_s=1).is_good(RequestResult("d", 0.0, 5, 2, None, 0.5))
+
+
+def test_duration_override_and_empty_runs():
+    s = summarize(timeline(), Slo(ttft_s=1.0), duration_s=10.0)
+    assert (s["duration_s"], s["request_throughput_rps"], s["goodput_rps"]) == (10.0, 0.3, 0.2)
+    e = summarize([], Slo())
+    assert (e["submitted"], e["duration_s"], e["goodput_rps"], e["attainment"],
+            e["ttft_p99_s"]) == (0, 0.0, None, None, None)
+    with pytest.raises(ValueError, match="duration_s must be a number > 0, got 0"):
+        summarize(timeline(), Slo(), duration_s=0)
+
+
+# --- Slo.parse ------------------------------------------------------------------------------
+
+def test_slo_parse():
+    assert Slo.parse("ttft=2,tpot=0.05") == Slo(ttft_s=2.0, tpot_s=0.05)
+    assert Slo.parse(" e2el = 10 , ttft=0.5") == Slo(ttft_s=0.5, e2el_s=10.0)
+    assert str(Slo.parse("tpot=0.05,ttft=2,e2el=10")) == "ttft=2,tpot=0.05,e2el=10"
+    assert str(Slo()) == "none"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "SLO '': expected KEY=SECONDS[,KEY=SECONDS...] with KEY one of ttft, tpot, e2el"),
+    ("ttft", "SLO 'ttft': expected KEY=SECONDS with KEY one of ttft, tpot, e2el"),
+    ("ttft:2000", "SLO 'ttft:2000': expected KEY=SECONDS with KEY one of ttft, tpot, e2el "
+                  "(seconds with '=', not vLLM's KEY:MS)"),
+    ("itl=0.1", "SLO key 'itl' is not one of ttft, tpot, e2el"),
+    ("ttft=1,ttft=2", "SLO key 'ttft' given twice"),
+    ("tpot=fast", "SLO tpot='fast': expected a number of seconds > 0"),
+    ("tpot=0", "SLO tpot='0': expected a number of seconds > 0"),
+    ("e2el=inf", "SLO e2el='inf': expected a number of seconds > 0"),
+    ("ttft=1,", "SLO '': expected KEY=SECONDS with KEY one of ttft, tpot, e2el"),
+])
+def test_slo_parse_errors(text, message):
+    with pytest.raises(ValueError) as e:
+        Slo.parse(text)
+    assert str(e.value) == message
+
+
+# --- capacity -------------------------------------------------------------------------------
+
+def test_capacity_on_a_step():
+    res = capacity_search(lambda r: 1.0 if r <= 3.7 else 0.0, 1.0, 2.0)
+    assert res.probes == [(1.0, 1.0), (2.0, 1.0), (4.0, 0.0), (3.0, 1.0), (3.5, 1.0),
+                          (3.75, 0.0), (3.625, 1.0)]
+    assert (res.capacity_rps, res.upper_rps, res.converged) == (3.625, 3.75, True)
+    assert 3.7 * 0.95 <= res.capacity_rps <= 3.7
+    json.dumps(res.as_dict())
+
+
+def test_capacity_on_a_smooth_curve():
+    def attainment(r):
+        return 1 / (1 + (r / 5) ** 4)
+
+    true = 5 * (1 / 9) ** 0.25                  # attainment(true) = 0.9
+    res = capacity_search(attainment, 0.5, 10.0, tol_rel=0.01)
+    assert res.converged and true * 0.99 <= res.capacity_rps <= true
+    assert all(a == attainment(r) for r, a in res.probes)
+    assert res.probes[:2] == [(0.5, attainment(0.5)), (10.0, attainment(10.0))]
+    assert len(res.probes) <= 2 + 12
+
+
+def test_capacity_edges():
+    res = capacity_search(lambda r: 0.5, 1.0, 2.0)
+    assert (res.capacity_rps, res.probes, res.converged) == (0.0, [(1.0, 0.5)], True)
+    assert res.reason == "attainment below 0.9 already at lo_rps=1"
+    res = capacity_search(lambda r: 1.0, 1.0, 2.0, max_doublings=3)
+    assert [r for r, _ in res.probes] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert (res.capacity_rps, res.upper_rps, res.converged) == (16.0, None, False)
+    assert res.reason == "attainment still >= 0.9 at 16 req/s after 3 doublings of hi_rps"
+    res = capacity_search(lambda r: 1.0 if r < 1.5 else math.nan, 1.0, 2.0, max_iter=2)
+    assert [r for r, _ in res.probes] == [1.0, 2.0, 1.5, 1.25]
+    assert (res.capacity_rps, res.upper_rps, res.converged) == (1.25, 1.5, False)
+    assert res.reason == "max_iter=2 bisection steps spent"
+    assert isinstance(res, CapacityResult)
+    with pytest.raises(ValueError, match="need 0 < lo_rps < hi_rps, got 2.0, 1.0"):
+        capacity_search(lambda r: 1.0, 2.0, 1.0)

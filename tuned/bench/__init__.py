@@ -1,0 +1,1 @@
+"""Benchmarks as users run them: serving metrics, goodput, SLO attainment and capacity."""

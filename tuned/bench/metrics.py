@@ -1,0 +1,291 @@
+"""Serving metrics as vLLM's benchmark defines them (``vllm bench serve``,
+``vllm/benchmarks/serve.py``: ``calculate_metrics``), SLO attainment, and the
+DistServe capacity search.
+
+Per request (times in seconds, all on one clock, latencies from ``arrival_s``):
+
+- TTFT = first_token_s − arrival_s; E2EL = finish_s − arrival_s;
+- TPOT = (E2EL − TTFT) / (output_tokens − 1), undefined for one output token;
+- ITL = differences of successive token times.
+
+Over a run of ``duration_s`` seconds: request goodput = good requests / duration,
+where a request is good when it completed and every given SLO holds (value ≤ SLO);
+throughputs count completed requests and their tokens only; attainment = good /
+submitted (failed and unfinished requests count as not good). Capacity (DistServe)
+is the highest arrival rate whose attainment is at least 90%.
+
+Where this matches vLLM: goodput counts a completed request as good when TTFT,
+TPOT and E2EL are all within their SLOs, inclusive (vLLM: ``slo >= value``); a
+one-token request's TPOT counts as 0 for goodput, so only TTFT and E2EL apply;
+mean/percentile TPOT are taken over requests with more than one output token;
+percentiles are ``np.percentile``'s default (linear interpolation); failed
+requests add no tokens to the throughputs.
+
+Where it differs:
+
+- vLLM's SLOs are milliseconds (``--goodput ttft:500 tpot:50``); :meth:`Slo.parse`
+  takes seconds (``ttft=0.5,tpot=0.05``).
+- vLLM's duration runs from just before its first inter-arrival sleep (its first
+  request waits one gap) to the last response, failed ones included; the default
+  here is the last finish time (failed requests with a finish time included)
+  minus the first arrival, our workloads' first request arriving at 0. Pass
+  ``duration_s`` to use another wall.
+- vLLM measures latency from the moment its client sends (after its
+  ``--max-concurrency`` semaphore); here from the open-loop arrival. They agree
+  without a concurrency limit.
+- vLLM's ITLs are gaps between streamed chunks (one chunk may carry several
+  tokens); here they are per token, from ``token_times_s``.
+- vLLM reports 0 for a statistic with no samples (``np.mean([] or 0)``); here it
+  is None. Attainment, unfinished requests, preemptions and recomputed tokens are
+  not in vLLM's report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["RequestResult", "Slo", "summarize", "capacity_search", "CapacityResult",
+           "PERCENTILES"]
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestResult:
+    """What happened to one request. Times are absolute, on the clock of
+    ``arrival_s``; ``first_token_s`` and ``finish_s`` are None when the request
+    failed or did not finish."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int                 # tokens generated
+    first_token_s: float | None
+    finish_s: float | None
+    token_times_s: list[float] | None = None   # time of every output token (ITL)
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    failed: bool = False
+    error: str | None = None
+
+    @property
+    def completed(self) -> bool:
+        return not self.failed and self.finish_s is not None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finish_s is None else self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2EL − TTFT) / (output − 1); None for one output token or missing times."""
+        ttft, e2e = self.ttft_s, self.e2e_s
+        if ttft is None or e2e is None or self.output_tokens <= 1:
+            return None
+        return (e2e - ttft) / (self.output_tokens - 1)
+
+    @property
+    def itls_s(self) -> list[float]:
+        t = self.token_times_s or []
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+_SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency SLOs in seconds; None = not constrained."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2el_s: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Slo":
+        """``ttft=2,tpot=0.05[,e2el=10]`` (seconds, any subset, at least one).
+
+        Raises ValueError naming the bad key or value and the allowed keys."""
+        allowed = ", ".join(_SLO_KEYS)
+        items = [t.strip() for t in text.split(",")]
+        if not text.strip():
+            raise ValueError(f"SLO {text!r}: expected KEY=SECONDS[,KEY=SECONDS...] with KEY "
+                             f"one of {allowed}")
+        values: dict[str, float] = {}
+        for item in items:
+            key, eq, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not eq:
+                hint = " (seconds with '=', not vLLM's KEY:MS)" if ":" in item else ""
+                raise ValueError(f"SLO {item!r}: expected KEY=SECONDS with KEY one of "
+                                 f"{allowed}{hint}")
+            if key not in _SLO_KEYS:
+                raise ValueError(f"SLO key {key!r} is not one of {allowed}")
+            if key in values:
+                raise ValueError(f"SLO key {key!r} given twice")
+            try:
+                x = float(value)
+            except ValueError:
+                x = math.nan
+            if not (math.isfinite(x) and x > 0):
+                raise ValueError(f"SLO {key}={value!r}: expected a number of seconds > 0")
+            values[key] = x
+        return cls(**{f"{k}_s": v for k, v in values.items()})
+
+    def __str__(self) -> str:
+        parts = [f"{k}={getattr(self, k + '_s'):g}" for k in _SLO_KEYS
+                 if getattr(self, k + "_s") is not None]
+        return ",".join(parts) or "none"
+
+    def is_good(self, r: RequestResult) -> bool:
+        """Completed, and every given SLO holds (value ≤ SLO). A one-token request
+        has no TPOT: only TTFT and E2EL apply (vLLM counts its TPOT as 0)."""
+        if not r.completed:
+            return False
+        checks = ((self.ttft_s, r.ttft_s), (self.e2el_s, r.e2e_s))
+        for slo, value in checks:
+            if slo is not None and (value is None or value > slo):
+                return False
+        if self.tpot_s is not None and r.output_tokens > 1:
+            tpot = r.tpot_s
+            if tpot is None or tpot > self.tpot_s:
+                return False
+        return True
+
+
+def _stats(name: str, values: list[float]) -> dict[str, float | None]:
+    if not values:
+        d: dict[str, float | None] = {f"{name}_mean_s": None, f"{name}_std_s": None}
+        d.update({f"{name}_p{p}_s": None for p in PERCENTILES})
+        return d
+    a = np.asarray(values, dtype=float)
+    d = {f"{name}_mean_s": float(a.mean()), f"{name}_std_s": float(a.std())}
+    d.update({f"{name}_p{p}_s": float(v) for p, v in zip(PERCENTILES,
+                                                          np.percentile(a, PERCENTILES))})
+    return d
+
+
+def summarize(results: Sequence[RequestResult], slo: Slo, *,
+              duration_s: float | None = None) -> dict:
+    """A flat, JSON-serialisable summary of a run.
+
+    Keys: submitted, completed, failed, unfinished, good, duration_s, goodput_rps,
+    attainment, request_throughput_rps, output_tok_s, total_tok_s, total_input_tokens,
+    total_output_tokens, ``{ttft,tpot,itl,e2el}_{mean,std,p50,p90,p99}_s``,
+    preemptions, recomputed_tokens, slo. Rates are None when the duration is 0.
+    ``duration_s`` defaults to last finish − first arrival.
+    """
+    if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
+        raise ValueError(f"duration_s must be a number > 0, got {duration_s!r}")
+    done = [r for r in results if r.completed]
+    failed = sum(1 for r in results if r.failed)
+    good = sum(1 for r in results if slo.is_good(r))
+    if duration_s is None:
+        finishes = [r.finish_s for r in results if r.finish_s is not None]
+        duration_s = (max(finishes) - min(r.arrival_s for r in results)) if finishes else 0.0
+
+    def per_s(x: float) -> float | None:
+        return x / duration_s if duration_s > 0 else None
+
+    tin = sum(r.prompt_tokens for r in done)
+    tout = sum(r.output_tokens for r in done)
+    out: dict = {
+        "submitted": len(results), "completed": len(done), "failed": failed,
+        "unfinished": len(results) - len(done) - failed, "good": good,
+        "duration_s": duration_s, "goodput_rps": per_s(good),
+        "attainment": good / len(results) if results else None,
+        "request_throughput_rps": per_s(len(done)),
+        "output_tok_s": per_s(tout), "total_tok_s": per_s(tin + tout),
+        "total_input_tokens": tin, "total_output_tokens": tout,
+    }
+    out.update(_stats("ttft", [r.ttft_s for r in done if r.ttft_s is not None]))
+    out.update(_stats("tpot", [r.tpot_s for r in done if r.tpot_s is not None]))
+    out.update(_stats("itl", [x for r in done for x in r.itls_s]))
+    out.update(_stats("e2el", [r.e2e_s for r in done]))
+    out["preemptions"] = sum(r.preemptions for r in results)
+    out["recomputed_tokens"] = sum(r.recomputed_tokens for r in results)
+    out["slo"] = str(slo)
+    return out
+
+
+# --- capacity --------------------------------------------------------------------------------
+
+@dataclass
+class CapacityResult:
+    """The highest rate found with attainment ≥ target, and every probe made.
+
+    ``capacity_rps`` is the highest probed rate that met the target (0.0 when even
+    ``lo_rps`` missed); the true capacity lies in [capacity_rps, upper_rps) when
+    attainment is non-increasing in rate (``upper_rps`` None: no probe missed).
+    """
+
+    capacity_rps: float
+    upper_rps: float | None
+    target: float
+    converged: bool
+    reason: str
+    probes: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
+
+    def as_dict(self) -> dict:
+        return {"capacity_rps": self.capacity_rps, "upper_rps": self.upper_rps,
+                "target": self.target, "converged": self.converged, "reason": self.reason,
+                "probes": [list(p) for p in self.probes]}
+
+
+def capacity_search(run: Callable[[float], float], lo_rps: float, hi_rps: float, *,
+                    target: float = 0.9, tol_rel: float = 0.05, max_iter: int = 12,
+                    max_doublings: int = 6) -> CapacityResult:
+    """DistServe capacity: the highest arrival rate whose attainment ``run(rate)``
+    is at least ``target``, assuming attainment does not increase with rate.
+
+    Probes ``lo_rps`` (a miss: capacity 0), then ``hi_rps``, doubling it while it
+    still meets the target (at most ``max_doublings`` times), then bisects
+    [passing, missing] until its width is at most ``tol_rel`` × the passing rate
+    or ``max_iter`` bisection steps are spent. A NaN attainment counts as a miss.
+    """
+    if not (0 < lo_rps < hi_rps and math.isfinite(hi_rps)):
+        raise ValueError(f"capacity_search: need 0 < lo_rps < hi_rps, got {lo_rps!r}, "
+                         f"{hi_rps!r}")
+    if not 0 < target <= 1 or tol_rel <= 0 or max_iter < 0 or max_doublings < 0:
+        raise ValueError("capacity_search: need 0 < target <= 1, tol_rel > 0, "
+                         "max_iter >= 0, max_doublings >= 0")
+    probes: list[tuple[float, float]] = []
+
+    def ok(rate: float) -> bool:
+        a = float(run(rate))
+        probes.append((rate, a))
+        return a >= target  # False for NaN
+
+    if not ok(lo_rps):
+        return CapacityResult(0.0, lo_rps, target, True,
+                              f"attainment below {target:g} already at lo_rps={lo_rps:g}",
+                              probes)
+    lo, hi = lo_rps, hi_rps
+    doublings = 0
+    while ok(hi):
+        if doublings == max_doublings:
+            return CapacityResult(hi, None, target, False,
+                                  f"attainment still >= {target:g} at {hi:g} req/s after "
+                                  f"{doublings} doublings of hi_rps", probes)
+        lo, hi = hi, hi * 2
+        doublings += 1
+    steps = 0
+    while hi - lo > tol_rel * lo and steps < max_iter:
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+        steps += 1
+    converged = hi - lo <= tol_rel * lo
+    reason = (f"bracketed within {tol_rel:g} relative" if converged
+              else f"max_iter={max_iter} bisection steps spent")
+    return CapacityResult(lo, hi, target, converged, reason, probes)

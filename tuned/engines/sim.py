@@ -1,0 +1,434 @@
+"""A discrete-event engine that schedules like vLLM v1, on a virtual clock, running
+tuned's own control core unchanged.
+
+It implements the engine side of :mod:`tuned.core.contract` exactly as the vLLM
+adapter does, and schedules each step as vLLM 0.32's ``Scheduler.schedule`` does
+(``vllm/v1/core/sched/scheduler.py``; ``kv_cache_manager.allocate_slots``):
+
+* **Running requests first**, in admission order, each getting
+  ``num_tokens - num_computed_tokens`` new tokens (one for a decode, the rest of
+  the prompt for a prefill) capped by what is left of the token budget (chunked
+  prefill). Its KV blocks grow to ``ceil((computed + new) / block_size)``; when the
+  free blocks do not suffice, the most recently admitted running request is
+  preempted (``self.running.pop()``): its blocks are freed, its computed tokens
+  reset to 0 (recompute) and it goes to the front of the waiting queue; if the
+  victim was the request itself, the running pass stops.
+* **Then waiting requests**, only when nothing was preempted this step, while the
+  budget lasts and fewer than the admission gate (``max_num_active_reqs``, the cap
+  the controller sets) are running: the queue's head is admitted if its whole
+  sequence fits in the free blocks (``scheduler_reserve_full_isl``, vLLM's
+  default), with a first chunk under the budget.
+* A request samples a token at the end of every step in which its computed tokens
+  reach its length (prompt + outputs so far): the last prefill chunk samples the
+  first token, each decode the next. It finishes when it has generated its
+  ``output_tokens`` (``ignore_eos``); its blocks are freed at the end of that step.
+* The step takes ``step_model.step_s(shape)`` of virtual time. Controller ticks
+  run every ``interval_s`` of virtual time, seeing the steps that ended before
+  them, exactly like apscheduler's thread beside vLLM's busy loop; their decision
+  is applied at the top of the next step.
+
+Not modelled (stated so the figures are read right): prefix caching (the
+benchmarks' prompts share no prefix), speculative decoding, the watermark (0 by
+default), ``long_prefill_token_threshold`` (0 by default), async scheduling's
+one-step overlap, detokenisation and the API server's own latency. An idle engine
+jumps to the next arrival.
+
+``static_batching=True`` gives seed 001's model instead: a batch is formed only
+when nothing runs (up to the cap, from the queue's order, ignoring the token
+budget) and runs until its last member ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuned.config import Config
+from tuned.core.queue import QueueCore
+from tuned.core.runtime import Runtime, build_runtime
+from tuned.policies.queues import AdmitContext, make_policy
+from tuned.sim.stepmodel import StepShape, StepTimeModel
+from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
+from tuned.workloads import RequestSpec
+
+STEP_RING = 8192
+FINISHED_RING = 4096
+
+
+class SimRequest:
+    """One request inside the simulated engine (the attribute names are vLLM's, so
+    the queue core reads it as it reads a vLLM ``Request``)."""
+
+    __slots__ = ("request_id", "arrival_time", "num_prompt_tokens", "max_tokens",
+                 "target_output", "num_output_tokens", "num_computed_tokens", "num_blocks",
+                 "priority", "extra_args", "first_token_s", "finish_s", "token_times",
+                 "preemptions", "recomputed_tokens", "preempted")
+
+    def __init__(self, spec: RequestSpec, record_tokens: bool) -> None:
+        self.request_id = spec.request_id
+        self.arrival_time = spec.arrival_s
+        self.num_prompt_tokens = spec.prompt_tokens
+        self.max_tokens = spec.max_tokens
+        self.target_output = spec.output_tokens
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.num_blocks = 0
+        self.priority = 0
+        hints: dict[str, Any] = {}
+        if spec.deadline_s is not None:
+            hints["tuned_deadline_s"] = spec.deadline_s
+        self.extra_args = hints or None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.token_times: list[float] | None = [] if record_tokens else None
+        self.preemptions = 0
+        self.recomputed_tokens = 0
+        self.preempted = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+
+class FcfsQueue:
+    """vLLM's own FCFS waiting queue (a deque; preempted requests to the front):
+    what the vLLM adapter keeps when the queue policy is fcfs."""
+
+    def __init__(self) -> None:
+        self._q: deque[SimRequest] = deque()
+
+    def add_request(self, r: SimRequest) -> None:
+        self._q.append(r)
+
+    def prepend_request(self, r: SimRequest) -> None:
+        self._q.appendleft(r)
+
+    def peek_request(self) -> SimRequest:
+        return self._q[0]
+
+    def pop_request(self) -> SimRequest:
+        return self._q.popleft()
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self):
+        return iter(self._q)
+
+
+@dataclass
+class SimResult:
+    """What one simulated run produced (see :meth:`to_json`)."""
+
+    requests: list[SimRequest]
+    steps: list[StepSample]
+    decisions: list[dict]
+    knobs: list[tuple[int, int]]          # (cap, token_budget) applied at each step
+    duration_s: float
+    hardware: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+
+    def request_rows(self) -> list[dict]:
+        return [{"id": r.request_id, "arrival_s": r.arrival_time,
+                 "prompt_tokens": r.num_prompt_tokens, "output_tokens": r.num_output_tokens,
+                 "first_token_s": r.first_token_s, "finish_s": r.finish_s,
+                 "preemptions": r.preemptions} for r in self.requests]
+
+
+class SimEngine:
+    """The simulated engine: see the module docstring. Build one per run."""
+
+    def __init__(self, cfg: Config, step_model: StepTimeModel, *, block_size: int,
+                 num_gpu_blocks: int, static_batching: bool = False,
+                 record_token_times: bool = False, record_steps: bool = True,
+                 max_sim_s: float = 30 * 24 * 3600.0) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks: must be >= 2 (one is vLLM's null block), "
+                             f"got {num_gpu_blocks}")
+        self.cfg = cfg
+        self.step_model = step_model
+        self.block_size = int(block_size)
+        self.num_gpu_blocks = int(num_gpu_blocks)
+        self.static_batching = static_batching
+        self.record_token_times = record_token_times
+        self.record_steps = record_steps
+        self.max_sim_s = max_sim_s
+        # --- the EngineView the core reads
+        self.steps = Ring(STEP_RING)
+        self.finished = Ring(FINISHED_RING)
+        self.ceiling = cfg.max_num_seqs
+        self.max_num_batched_tokens = cfg.max_num_batched_tokens
+        self.kv_capacity_tokens = (self.num_gpu_blocks - 1) * self.block_size
+        self.dp_rank = 0
+        # --- engine state
+        self.now = 0.0
+        self.free_blocks = self.num_gpu_blocks - 1
+        self.running: list[SimRequest] = []
+        self.waiting: FcfsQueue | QueueCore = FcfsQueue()
+        self.queue_policy = "fcfs"
+        self._pending_queue: tuple[str, Config] | None = None
+        self.decisions: list[dict] = []
+        self.runtime: Runtime = build_runtime(cfg, self, clock=self._clock, wall=self._clock,
+                                              on_decision=self.decisions.append)
+        self.controller = self.runtime.controller
+        if cfg.queue_policy != "fcfs":
+            self.set_queue_policy(cfg.queue_policy, cfg)
+            self._apply_queue_policy()
+        self.cap, self.token_budget = self.controller.slot.applied
+
+    # ------------------------------------------------------------ EngineView
+    def _clock(self) -> float:
+        return self.now
+
+    def counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
+
+    def set_queue_policy(self, name: str, cfg: Config) -> None:
+        make_policy(name, cfg.queue_options)
+        self._pending_queue = (name, cfg)
+
+    def queue_snapshot(self) -> dict | None:
+        snap = getattr(self.waiting, "snapshot", None)
+        return snap() if snap is not None else None
+
+    def _apply_queue_policy(self) -> None:
+        name, cfg = self._pending_queue
+        self._pending_queue = None
+        self.controller.queue_switched(self.queue_snapshot())
+        q = self.waiting
+        policy = make_policy(name, cfg.queue_options, cfg.queue_seed)
+        if isinstance(q, QueueCore):
+            q.class_deadlines_s = dict(cfg.class_deadlines_s)
+            q.switch_policy(policy)
+        else:
+            new: QueueCore = QueueCore(policy, class_deadlines_s=cfg.class_deadlines_s,
+                                       clock=self._clock)
+            old = list(q)
+            for r in old:
+                if not r.preempted:
+                    new.add_request(r)
+            for r in reversed([r for r in old if r.preempted]):
+                new.prepend_request(r)
+            self.waiting = new
+        self.queue_policy = name
+
+    # ------------------------------------------------------------ blocks
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _allocate(self, r: SimRequest, new_tokens: int) -> bool:
+        need = self._blocks_for(r.num_computed_tokens + new_tokens) - r.num_blocks
+        if need > self.free_blocks:
+            return False
+        if need > 0:
+            self.free_blocks -= need
+            r.num_blocks += need
+        return True
+
+    def _free(self, r: SimRequest) -> None:
+        self.free_blocks += r.num_blocks
+        r.num_blocks = 0
+
+    def _preempt(self, r: SimRequest) -> None:
+        self._free(r)
+        r.recomputed_tokens += r.num_computed_tokens
+        r.num_computed_tokens = 0
+        r.preemptions += 1
+        r.preempted = True
+        self.waiting.prepend_request(r)
+
+    # ------------------------------------------------------------ one step
+    def _schedule(self) -> tuple[list[tuple[SimRequest, int]], int]:
+        """vLLM's schedule(): (request, new tokens) pairs and the preemption count."""
+        budget = self.token_budget
+        scheduled: list[tuple[SimRequest, int]] = []
+        preempted = 0
+        running = self.running
+        if self.static_batching:
+            budget = 1 << 62
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            ok = True
+            while not self._allocate(r, n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted += 1
+                if victim is r:
+                    ok = False
+                    break
+            if not ok:
+                break
+            scheduled.append((r, n))
+            budget -= n
+            i += 1
+        if preempted or (self.static_batching and running):
+            return scheduled, preempted
+        q = self.waiting
+        if isinstance(q, QueueCore):
+            q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
+                                      self.free_blocks * self.block_size, self.cap,
+                                      self.controller.speed_fn), running)
+        cap = self.cap
+        while budget > 0 and q and len(running) < cap:
+            r = q.peek_request()
+            full = self._blocks_for(r.num_tokens) - r.num_blocks
+            if full > self.free_blocks:
+                if not running and not scheduled and full > self.num_gpu_blocks - 1:
+                    # can never fit, even alone: vLLM rejects such a request up front
+                    q.pop_request()
+                    self._fail(r, "needs more KV blocks than the cache holds")
+                    continue
+                break
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            self._allocate(r, n)
+            q.pop_request()
+            r.preempted = False
+            running.append(r)
+            scheduled.append((r, n))
+            budget -= n
+        return scheduled, preempted
+
+    def _fail(self, r: SimRequest, why: str) -> None:
+        self.failed.append(r.request_id)
+        self._finish_queue(r, learn=False)
+
+    def _finish_queue(self, r: SimRequest, learn: bool) -> None:
+        q = self.waiting
+        if isinstance(q, QueueCore):
+            q.request_finished(r, learn)
+
+    def _run_step(self, scheduled: Sequence[tuple[SimRequest, int]], preempted: int) -> None:
+        n_dec = n_pre = pre_tok = dec_ctx = 0
+        pairs = 0.0
+        for r, n in scheduled:
+            p = r.num_computed_tokens
+            if n == 1:
+                n_dec += 1
+                dec_ctx += p
+            else:
+                n_pre += 1
+                pre_tok += n
+                pairs += n * (p + (n + 1) / 2)
+        resident_after = 0
+        for r in self.running:
+            resident_after += r.num_computed_tokens
+        resident_after += n_dec + pre_tok
+        dt = self.step_model.step_s(StepShape(n_dec, dec_ctx, pre_tok, n_pre, pairs,
+                                              resident_after))
+        end = self.now + dt
+        self._ticks_until(end)
+        self.now = end
+        gen = 0
+        done: list[SimRequest] = []
+        for r, n in scheduled:
+            r.num_computed_tokens += n
+            if r.num_computed_tokens >= r.num_tokens:
+                r.num_output_tokens += 1
+                gen += 1
+                if r.first_token_s is None:
+                    r.first_token_s = end
+                if r.token_times is not None:
+                    r.token_times.append(end)
+                if r.num_output_tokens >= r.target_output:
+                    done.append(r)
+        for r in done:
+            self.running.remove(r)
+            r.finish_s = end
+            self._free(r)
+            self.finished.append(FinishedRequest(
+                self.finished.next_seq, end, r.request_id, r.num_prompt_tokens,
+                r.num_output_tokens, r.max_tokens, r.arrival_time, r.preemptions))
+            self._finish_queue(r, learn=True)
+        used = self.num_gpu_blocks - 1 - self.free_blocks
+        resident = 0
+        for r in self.running:
+            resident += r.num_computed_tokens
+        # decodes counted as the vLLM adapter counts them: requests given one token
+        sample = StepSample(self.steps.next_seq, end, dt, n_dec, n_pre, pre_tok,
+                            n_dec + pre_tok, gen, used / self.num_gpu_blocks, used, resident,
+                            len(self.running), len(self.waiting), preempted)
+        self.steps.append(sample)
+        if self.record_steps:
+            self._step_log.append(sample)
+            self._knob_log.append((self.cap, self.token_budget))
+
+    # ------------------------------------------------------------ ticks
+    def _ticks_until(self, t: float) -> None:
+        """Run every controller tick due before virtual time ``t``, each at its own
+        time (they see the steps that ended before it)."""
+        while self._next_tick < t:
+            self.now = self._next_tick
+            self.controller.run_once()
+            # read each time: a reload may have changed the interval
+            self._next_tick += self.controller.cfg.interval_s
+
+    # ------------------------------------------------------------ the loop
+    def run(self, requests: Iterable[RequestSpec]) -> SimResult:
+        specs = sorted(requests, key=lambda s: (s.arrival_s, s.request_id))
+        reqs = [SimRequest(s, self.record_token_times) for s in specs]
+        self.failed: list[str] = []
+        self._step_log: list[StepSample] = []
+        self._knob_log: list[tuple[int, int]] = []
+        self._next_tick = 0.0
+        nxt = 0
+        total = len(reqs)
+        finished_before = 0
+        slot = self.controller.slot
+        while True:
+            if self._next_tick <= self.now:
+                now = self.now
+                self._ticks_until(now + 1e-12)
+                self.now = now
+            while nxt < total and reqs[nxt].arrival_time <= self.now:
+                self.waiting.add_request(reqs[nxt])
+                nxt += 1
+            knobs = slot.take()
+            if knobs is not None:
+                self.cap, self.token_budget = knobs
+            if self._pending_queue is not None:
+                self._apply_queue_policy()
+            scheduled, preempted = self._schedule()
+            if scheduled:
+                self._run_step(scheduled, preempted)
+            elif preempted:
+                continue        # everything running was preempted: admit again now
+            else:
+                idle = not self.running and not self.waiting
+                if nxt >= total and idle:
+                    break
+                if nxt >= total:
+                    # waiting but nothing schedulable: a controller tick must change
+                    # the knobs (or the liveness rule admits); advance to it
+                    t_next = self._next_tick + 1e-9
+                else:
+                    t_next = reqs[nxt].arrival_time
+                self._ticks_until(t_next)
+                self.now = max(self.now, t_next)
+            if self.now > self.max_sim_s:
+                raise RuntimeError(f"simulation passed {self.max_sim_s:.0f}s of virtual time "
+                                   f"with {len(self.running)} running and {len(self.waiting)} "
+                                   "waiting: the workload does not drain")
+        self._ticks_until(self.now + 1e-9)
+        return SimResult(reqs, self._step_log, self.decisions, self._knob_log, self.now,
+                         failed=list(self.failed))
+
+
+def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) -> SimResult:
+    """One run on ``hardware`` (a :class:`tuned.sim.hardware.SimHardware`); the config's
+    ``num_gpu_blocks`` overrides the hardware's cache size when set."""
+    blocks = cfg.num_gpu_blocks or hardware.num_gpu_blocks
+    eng = SimEngine(cfg, hardware.step_model, block_size=hardware.block_size,
+                    num_gpu_blocks=blocks, **kw)
+    res = eng.run(requests)
+    res.hardware = hardware.describe()
+    res.config = cfg.to_dict()
+    return res

@@ -13,7 +13,7 @@ import sys
 from tuned import __version__
 
 SUBCOMMAND_MODULES = ("tuned.serve", "tuned.demo", "tuned.profiler", "tuned.opscli",
-                      "tuned.simulate")
+                      "tuned.simulate", "tuned.bench.command")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,11 +14,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+BATCH_POLICIES = ("tuned", "memory", "sla", "trtllm", "static")
+SLA_MODES = ("evidence", "paper")
+SLA_STATISTICS = ("mean", "p90")
+TOKEN_BUDGET_POLICIES = ("sla", "max")
 QUEUE_POLICIES = ("fcfs", "mcsf", "multibin", "bucket", "saber", "sglang")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -84,6 +89,21 @@ class Config:
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
     tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",
                              lo=0.05, hi=600.0)
+    sla_mode: str = _f("evidence", "how Algorithm 2 moves its interval: evidence (rise or "
+                       "narrow only from ticks where the cap was binding, fall on measured "
+                       "violations; see docs) or paper (seed 000 as published)",
+                       choices=SLA_MODES)
+    sla_statistic: str = _f("mean", "what is held to tbt_sla_s: the mean decode step time "
+                            "(mean) or its 90th percentile (p90) over tbt_window_s",
+                            choices=SLA_STATISTICS)
+    batch_policy: str = _f("tuned", "batch-size policy: tuned (min of the memory and SLA "
+                           "bounds), memory (Algorithm 1 alone), sla (Algorithm 2 alone), "
+                           "trtllm (TensorRT-LLM's dynamic batch tuner), static (the "
+                           "ceiling, never moved), or package.module:Class (your own)")
+    token_budget_policy: str = _f("sla", "per-step token budget: sla (the largest prefill "
+                                  "chunk that keeps the predicted step time within "
+                                  "tbt_sla_s) or max (max_num_batched_tokens)",
+                                  choices=TOKEN_BUDGET_POLICIES)
 
     # --- policies and curves ---
     queue_policy: str = _f("fcfs", "waiting-queue and admission policy", choices=QUEUE_POLICIES)
@@ -142,6 +162,14 @@ def _range_text(meta: dict) -> str:
     return ""
 
 
+def _finite(v: int | float) -> bool:
+    """True for a finite number; TOML integers may be too large for a float."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     f = FIELDS[name]
     meta = f.metadata
@@ -153,9 +181,9 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     elif want == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {value!r}"
-        value = float(value)
-        if not math.isfinite(value):
+        if not _finite(value):
             return None, f"{name}: must be a finite number {_range_text(meta)}, got {value!r}"
+        value = float(value)
     elif want == "str":
         if not isinstance(value, str):
             return None, f"{name}: must be a string, got {value!r}"
@@ -198,6 +226,8 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
             problems.append(err)
         else:
             values[key] = checked
+    if "\x00" in values.get("profile", ""):
+        problems.append("profile: must be a file path, got a string with a NUL character")
     if problems:
         raise ConfigError(problems, source)
     if values.get("profile") and base_dir is not None:
@@ -209,6 +239,9 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
     if problems:
         raise ConfigError(problems, source)
     return cfg
+
+
+_PLUGIN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 def cross_field_problems(cfg: Config) -> list[str]:
@@ -229,8 +262,12 @@ def cross_field_problems(cfg: Config) -> list[str]:
                         f"got {cfg.stale_after_s:g}")
     if cfg.sla_enabled and cfg.eps_d_s >= cfg.tbt_sla_s:
         problems.append(f"eps_d_s: must be < tbt_sla_s ({cfg.tbt_sla_s:g}), got {cfg.eps_d_s:g}")
+    if cfg.batch_policy not in BATCH_POLICIES and not _PLUGIN.fullmatch(cfg.batch_policy):
+        problems.append(f"batch_policy: must be one of {', '.join(BATCH_POLICIES)} or "
+                        f"package.module:Class, got {cfg.batch_policy!r}")
     for cls, secs in cfg.class_deadlines_s.items():
-        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not secs > 0:
+        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not _finite(secs) \
+                or not secs > 0:
             problems.append(f"class_deadlines_s.{cls}: must be a number of seconds > 0, "
                             f"got {secs!r}")
     try:
@@ -238,11 +275,12 @@ def cross_field_problems(cfg: Config) -> list[str]:
 
         make_policy(cfg.queue_policy, cfg.queue_options)
     except (ValueError, TypeError) as e:
-        problems.append(f"queue_options: {e}")
+        problems.append(f"queue_options: must be valid for queue_policy "
+                        f"{cfg.queue_policy!r}: {e}")
     if cfg.profile and not Path(cfg.profile).is_file():
-        problems.append(f"profile: file not found: {cfg.profile}")
+        problems.append(f"profile: must be an existing file, not found: {cfg.profile}")
     if cfg.metrics_port == cfg.port and cfg.metrics_host == cfg.host:
-        problems.append(f"metrics_port: must differ from port ({cfg.port})")
+        problems.append(f"metrics_port: must be different from port ({cfg.port})")
     return problems
 
 

@@ -28,6 +28,7 @@ from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.window import demand_moments, step_window
 from tuned.policies.batch import BatchPolicy, Decision, MemoryBound, Observation, SlaBound
+from tuned.policies.select import StaticPolicy, TrtllmPolicy, build_plugin, is_builtin
 from tuned.telemetry.nvml import NvmlSampler
 from tuned.telemetry.ring import Ring
 
@@ -106,28 +107,44 @@ class Controller:
     def _build(self, cfg: Config) -> None:
         """(Re)build the policy objects from a validated config."""
         profile = self.profile_loader(cfg.profile) if cfg.profile else None
-        b_max = min(cfg.effective_b_max, self.engine.ceiling)
+        self.policy, self._first_reason = self._make_policy(cfg, profile)
+        self.profile = profile
+        # one bound method for the queue's admission checks (SABER): a new object
+        # every step would make it recompute its order every step
+        self.speed_fn = profile.speed_tok_s if profile is not None else None
+        self.cfg = cfg
+        self.slot.configure(stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap)
+        self.metrics.tbt_sla.set(cfg.tbt_sla_s)
+
+    def _make_policy(self, cfg: Config, profile) -> tuple[Any, str | None]:
+        """The batch policy named by ``cfg.batch_policy`` (tuned.policies.select)."""
+        eng = self.engine
+        b_max = min(cfg.effective_b_max, eng.ceiling)
+        name = cfg.batch_policy
+        if name == "static":
+            return StaticPolicy(b_max, eng.max_num_batched_tokens), None
+        if name == "trtllm":
+            return TrtllmPolicy(eng.ceiling, eng.max_num_batched_tokens, eng.block_size), None
+        if not is_builtin(name):
+            return build_plugin(name, cfg=cfg, ceiling=eng.ceiling,
+                                max_num_batched_tokens=eng.max_num_batched_tokens,
+                                block_size=eng.block_size, profile=profile), None
         sla = None
         first_reason = None
-        if cfg.sla_enabled:
+        if cfg.sla_enabled and name in ("tuned", "sla"):
             sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min, b_max)
             if profile is not None:
                 # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
                 sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))
                 first_reason = "profile_initial"
-        self.policy = BatchPolicy(
-            ceiling=self.engine.ceiling, b_min=cfg.b_min, b_max=b_max,
-            memory=MemoryBound(cfg.eps_m, b_max, cfg.min_demand_samples), sla=sla,
-            max_num_batched_tokens=self.engine.max_num_batched_tokens,
-            min_chunk_tokens=cfg.min_chunk_tokens, step_model=profile)
-        self.profile = profile
-        # one bound method for the queue's admission checks (SABER): a new object
-        # every step would make it recompute its order every step
-        self.speed_fn = profile.speed_tok_s if profile is not None else None
-        self._first_reason = first_reason
-        self.cfg = cfg
-        self.slot.configure(stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap)
-        self.metrics.tbt_sla.set(cfg.tbt_sla_s)
+        memory = (MemoryBound(cfg.eps_m, b_max, cfg.min_demand_samples)
+                  if name in ("tuned", "memory") else None)
+        policy = BatchPolicy(
+            ceiling=eng.ceiling, b_min=cfg.b_min, b_max=b_max, memory=memory, sla=sla,
+            max_num_batched_tokens=eng.max_num_batched_tokens,
+            min_chunk_tokens=cfg.min_chunk_tokens,
+            step_model=profile if cfg.token_budget_policy == "sla" else None)
+        return policy, first_reason
 
     def _read_config_file(self) -> Config:
         if not self.cfg.source_path:
@@ -261,8 +278,10 @@ class Controller:
         m.running.set(running)
         m.waiting.set(waiting)
         m.kv_usage.set(win.kv_usage)
+        active = (tuple(eng.active_requests())
+                  if getattr(self.policy, "wants_active", False) else ())
         self._obs = Observation(
-            num_running=running, num_waiting=waiting,
+            num_running=running, num_waiting=waiting, active=active,
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
             demand_mean=demand.mean, demand_std=demand.std, demand_samples=demand.n,
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,

@@ -33,6 +33,7 @@ the simulator). It then writes ``runtime.slot.applied`` to its knobs.
    duration) and one :class:`~tuned.telemetry.ring.FinishedRequest` to
    ``finished`` per request that left the engine. Appends are the only writes to
    the rings; nothing else on the step path may allocate per request beyond that.
+   When a tuned queue is installed, also ``queue.step_done(num_decode, preempted)``.
 5. Nothing tuned does on the step path may raise into the engine: the vLLM adapter
    wraps steps 1, 2 and 4 and counts failures (``tuned_step_error`` log line).
 
@@ -76,6 +77,11 @@ class EngineView(Protocol):
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting) requests right now."""
+        ...
+
+    def active_requests(self) -> list[tuple[int, int]]:
+        """(prompt tokens, max tokens) of each running request (read only for batch
+        policies that ask for it, e.g. TensorRT-LLM's tuner)."""
         ...
 
     def set_queue_policy(self, name: str, cfg: Config) -> None:

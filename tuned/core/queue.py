@@ -132,6 +132,20 @@ class QueueCore(Generic[R]):
         if self._step % _PRUNE_EVERY_STEPS == 0:
             self._prune()
 
+    def step_done(self, num_decode: int, preempted: int) -> None:
+        """After each engine step: policies that follow the engine step by step
+        (``on_step``, e.g. SGLang's new_token_ratio decay and its reset on
+        retraction) hear of it; a no-op for the others."""
+        on_step = getattr(self.policy, "on_step", None)
+        if on_step is None:
+            return
+        if num_decode == 0 and preempted == 0 and not self._running:
+            on_step(idle=True)
+        elif preempted:
+            on_step(1, preempted, [self._view(r, True) for r in self._running])
+        elif num_decode:
+            on_step(1)
+
     def switch_policy(self, new_policy: QueuePolicy) -> QueuePolicy:
         """Order and gate by ``new_policy`` from now on, keeping every waiting request
         (pinned ones stay in front). Returns the old policy. Predictions are redone

@@ -190,6 +190,9 @@ class SimEngine:
     def counts(self) -> tuple[int, int]:
         return len(self.running), len(self.waiting)
 
+    def active_requests(self) -> list[tuple[int, int]]:
+        return [(r.num_prompt_tokens, r.max_tokens) for r in self.running]
+
     def set_queue_policy(self, name: str, cfg: Config) -> None:
         make_policy(name, cfg.queue_options)
         self._pending_queue = (name, cfg)
@@ -353,6 +356,8 @@ class SimEngine:
         for r in self.running:
             resident += r.num_computed_tokens
         # decodes counted as the vLLM adapter counts them: requests given one token
+        if isinstance(self.waiting, QueueCore):
+            self.waiting.step_done(n_dec, preempted)
         sample = StepSample(self.steps.next_seq, end, dt, n_dec, n_pre, pre_tok,
                             n_dec + pre_tok, gen, used / self.num_gpu_blocks, used, resident,
                             len(self.running), len(self.waiting), preempted)

@@ -112,6 +112,9 @@ class _TunedMixin:
     def counts(self) -> tuple[int, int]:
         return self.get_request_counts()
 
+    def active_requests(self) -> list[tuple[int, int]]:
+        return [(r.num_prompt_tokens, r.max_tokens or 0) for r in list(self.running)]
+
     def applied(self) -> dict:
         return self.controller.slot.state()
 
@@ -185,6 +188,8 @@ class _TunedMixin:
         for r in self.running:
             resident += r.num_computed_tokens
         running, waiting = self.get_request_counts()
+        if hasattr(self.waiting, "step_done"):
+            self.waiting.step_done(n_dec, len(so.preempted_req_ids or ()))
         self.steps.append(StepSample(
             self.steps.next_seq, now, step_s, n_dec, len(nst) - n_dec, total - n_dec, total,
             gen, used / self._block_pool.num_gpu_blocks, used, resident, running, waiting,

@@ -34,6 +34,7 @@ b* (``Decision.cap``): running requests drain to it, none is preempted.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Protocol
@@ -52,6 +53,8 @@ class Observation:
     tbt_mean_s: float | None         # T: mean step time of recent steps that ran decodes
     decode_batch_mean: float | None  # b-bar: mean decode batch of those steps
     kv_usage: float = 0.0
+    active: tuple = ()               # (prompt tokens, max tokens) of running requests,
+                                     # read only for policies that ask (wants_active)
 
 
 @dataclass(frozen=True)
@@ -91,15 +94,36 @@ def memory_batch_limit(n_tokens: float, mean: float, std: float, theta: float) -
         sqrt(b) = (-theta*sigma + sqrt(theta^2 sigma^2 + 4 mu n)) / (2 mu)   (12)
     and the buffer L0 = theta*sigma_S at that b, so that Algorithm 1 line 5 reads
         b = floor((n - L0) / (E[l_in] + E[l_out])).                         (14)
+    For theta*sigma >= 0, (12) is evaluated in its rationalised form
+        sqrt(b) = 2n / (theta*sigma + sqrt(theta^2 sigma^2 + 4 mu n)),
+    which cannot go negative by cancellation when theta*sigma dwarfs mu*n.
+    Non-finite inputs, mean <= 0 and sigma < 0 raise ``ValueError``.
     """
+    for name, v in (("n_tokens", n_tokens), ("mean demand", mean), ("demand std", std),
+                    ("theta", theta)):
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v}")
     if mean <= 0:
         raise ValueError(f"mean demand must be > 0, got {mean}")
+    if std < 0:
+        raise ValueError(f"demand std must be >= 0, got {std}")
     if n_tokens <= 0:
         return 0, 0.0
-    root_b = (-theta * std + math.sqrt(theta * theta * std * std + 4.0 * mean * n_tokens)) / (2.0 * mean)
-    l0 = theta * std * root_b
-    # 1e-9 guards the floor against the float error of the round trip through (12).
-    return max(0, math.floor((n_tokens - l0) / mean + 1e-9)), l0
+    ts = theta * std
+    disc = math.hypot(ts, 2.0 * math.sqrt(mean) * math.sqrt(n_tokens))  # no overflow
+    root_b = 2.0 * n_tokens / (ts + disc) if ts >= 0 else (disc - ts) / (2.0 * mean)
+    l0 = ts * root_b
+    # 1e-9 guards the floor against the float error of the round trip through (12);
+    # a quotient beyond float range (mean near 0) is capped, the caller caps b anyway.
+    q = min((n_tokens - l0) / mean + 1e-9, sys.float_info.max)
+    return max(0, math.floor(q)), l0
+
+
+def _usable_demand(obs: Observation) -> bool:
+    """A demand estimate Algorithm 1 can use: finite mean > 0, finite std >= 0 (or none)."""
+    mean, std = obs.demand_mean, obs.demand_std
+    return (mean is not None and math.isfinite(mean) and mean > 0
+            and (std is None or (math.isfinite(std) and std >= 0)))
 
 
 class MemoryBound:
@@ -119,7 +143,9 @@ class MemoryBound:
     With 16-token GPU blocks this is close to the token count; with the CPU
     build's 128-token blocks a token count would over-admit several-fold. Until
     ``min_samples`` requests have finished there is no demand estimate and the bound
-    stays at its previous value (reason ``memory_no_data``).
+    stays at its previous value (reason ``memory_no_data``); so it does while the
+    estimate is unusable (a non-finite or non-positive mean, a non-finite or negative
+    standard deviation).
     """
 
     def __init__(self, eps_m: float, b_max: int, min_samples: int = 8):
@@ -130,7 +156,7 @@ class MemoryBound:
         self.last_l0 = 0.0
 
     def update(self, obs: Observation) -> tuple[int, str]:
-        if obs.demand_samples < self.min_samples or not obs.demand_mean:
+        if obs.demand_samples < self.min_samples or not _usable_demand(obs):
             reason = "memory_no_data"
             b = self.prev
         elif obs.num_waiting > 0 and obs.num_running > 0:
@@ -159,7 +185,8 @@ class SlaBound:
     rounded to the nearest integer (the paper treats it as one). The paper
     leaves implicit that the interval stays inside [B_min, B_max] and ordered; we
     clamp both ends so, which changes nothing when the paper's updates already hold.
-    With no decode step in the window (idle engine) the interval is kept.
+    With no decode step in the window (idle engine), or a non-finite T or b-bar, the
+    interval is kept (reason ``initial``).
     """
 
     def __init__(self, sla_s: float, eps_s: float, alpha: int, delta: int,
@@ -180,7 +207,9 @@ class SlaBound:
 
     def update(self, obs: Observation) -> tuple[int, str]:
         t, bbar = obs.tbt_mean_s, obs.decode_batch_mean
-        if t is None or bbar is None:
+        # a NaN or infinite mean (a broken clock, an empty window divided) is no
+        # measurement: keep the interval, as with an idle engine
+        if t is None or bbar is None or not (math.isfinite(t) and math.isfinite(bbar)):
             reason = "initial"
         else:
             bb = int(math.floor(bbar + 0.5))
@@ -233,14 +262,19 @@ class BatchPolicy:
     ceiling: int                      # vLLM's max_num_seqs
     b_min: int
     b_max: int
-    memory: MemoryBound
+    memory: MemoryBound | None       # None: Algorithm 2 alone (batch_policy = "sla")
     sla: SlaBound | None
     max_num_batched_tokens: int
     min_chunk_tokens: int
     step_model: StepTimeModel | None = None
 
+    wants_active = False
+
     def decide(self, obs: Observation) -> Decision:
-        b_mem, mem_reason = self.memory.update(obs)
+        if self.memory is not None:
+            b_mem, mem_reason = self.memory.update(obs)
+        else:
+            b_mem, mem_reason = self.b_max, "no_memory_bound"
         if self.sla is not None:
             b_sla, sla_reason = self.sla.update(obs)
             lower, upper = self.sla.low, min(self.sla.high, b_mem)
@@ -271,7 +305,7 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
          "demand_mean_blocks": obs.demand_mean, "demand_std_blocks": obs.demand_std,
          "demand_samples": obs.demand_samples, "tbt_mean_s": obs.tbt_mean_s,
          "decode_batch_mean": obs.decode_batch_mean,
-         "safety_buffer_blocks": round(pol.memory.last_l0, 2)}
+         "safety_buffer_blocks": round(pol.memory.last_l0, 2) if pol.memory else None}
     if pol.sla is not None:
         d["sla_s"] = pol.sla.sla_s
         d["search"] = [pol.sla.low, pol.sla.high]

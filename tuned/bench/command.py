@@ -1,0 +1,289 @@
+"""``tuned bench``: does tuned help here, and by how much?
+
+    tuned bench --engine {sim,vllm} (--hardware NAME | --profile FILE | --model M)
+                --workload SPEC --slo ttft=S,tpot=S[,e2el=S] --out DIR [--quick]
+    tuned bench --paper {multibin,mcsf,pang,saber} --out DIR [--quick]
+
+Runs every contender of :func:`tuned.bench.runner.contenders` on the same arrivals
+(same seed), computes vLLM-benchmark metrics per run, the best static cap in
+hindsight per metric, tuned's ratios to it, to vLLM's default and to each peer,
+and (on the simulator, by default) each contender's capacity: the highest arrival
+rate with at least 90% SLA attainment (DistServe), by bisection over the rate of
+the workload's first 10 minutes. Writes DIR/report.{json,csv,md} and PNG plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tuned import config as config_mod
+from tuned import log as log_mod
+
+CAPACITY_HEAD_S = 600.0
+
+# set in the parent before forking workers (fork shares them; nothing is pickled)
+_JOB: dict[str, Any] = {}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="tuned against static caps and peers' rules, side by side",
+        description=__doc__.split("\n\n")[0] + " Runs tuned, vLLM's default cap, a sweep "
+        "of static caps, TensorRT-LLM's and SGLang's rules on the same arrivals.")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    hw = p.add_mutually_exclusive_group()
+    hw.add_argument("--hardware", help="sim: a100-llama2-7b, h100-llama2-7b, "
+                    "a100-llama2-70b, h100-llama2-70b")
+    hw.add_argument("--profile", help="sim: a profile measured by `tuned profile`")
+    hw.add_argument("--model", help="vllm: the model to serve (demo:small, demo:tiny, a folder)")
+    p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
+    p.add_argument("--slo", default="ttft=2,tpot=0.05",
+                   help="SLOs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s)")
+    p.add_argument("--out", required=True, help="report folder")
+    p.add_argument("--quick", action="store_true", help="fewer contenders and probes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", help="base config of tuned's runs (TOML); the SLO's tpot "
+                   "sets tbt_sla_s unless the file sets it")
+    p.add_argument("--contenders", help="comma-separated run names to keep (default: all)")
+    p.add_argument("--caps", help="comma-separated static caps (default: the sweep)")
+    p.add_argument("--capacity", choices=("auto", "on", "off"), default="auto",
+                   help="search each contender's capacity (auto: on for sim)")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="parallel simulator processes (default: the CPU count)")
+    p.add_argument("--paper", choices=("multibin", "mcsf", "pang", "saber"),
+                   help="reproduce a paper's result instead (see tuned.bench.papers)")
+    p.set_defaults(func=cmd_bench)
+
+
+def _fail(msg: str) -> int:
+    print(f"tuned bench: {msg}", file=sys.stderr)
+    return 2
+
+
+def base_config(args, slo, defaults: tuple[int, int], *, num_gpu_blocks: int = 0,
+                model: str | None = None, max_model_len: int = 8192) -> config_mod.Config:
+    """tuned's config for the bench: the file's, or vLLM's defaults as the ceiling, and
+    the TPOT SLO as tuned's TBT SLA."""
+    seqs, toks = defaults
+    raw: dict[str, Any] = {"max_num_seqs": seqs, "max_num_batched_tokens": toks,
+                           "max_model_len": max_model_len, "log_level": "warning"}
+    if num_gpu_blocks:
+        raw["num_gpu_blocks"] = num_gpu_blocks
+    if model:
+        raw["model"] = model
+    if args.config:
+        import tomllib
+
+        raw.update(tomllib.loads(Path(args.config).read_text()))
+    if slo.tpot_s and "tbt_sla_s" not in raw:
+        raw["tbt_sla_s"] = slo.tpot_s
+        raw.setdefault("eps_d_s", round(slo.tpot_s * 0.04, 6))
+    raw.setdefault("fallback_cap", min(4, raw["max_num_seqs"]))
+    return config_mod.validate(raw, source=str(args.config or ""))
+
+
+def cmd_bench(args) -> int:
+    log_mod.configure("warning")
+    if args.paper:
+        from tuned.bench.papers import run_paper
+
+        return run_paper(args.paper, Path(args.out), quick=args.quick, seed=args.seed)
+    from tuned.bench.metrics import Slo
+    from tuned.workloads import WorkloadError, parse_workload
+
+    if not args.workload:
+        return _fail("--workload is required (or --paper NAME)")
+    try:
+        slo = Slo.parse(args.slo)
+    except ValueError as e:
+        return _fail(f"--slo: {e}")
+    if args.engine == "sim":
+        from tuned.sim.hardware import resolve_hardware
+
+        if args.model:
+            return _fail("--model is for --engine vllm; the simulator takes --hardware or "
+                         "--profile")
+        try:
+            hw = resolve_hardware(args.hardware, args.profile)
+        except (ValueError, FileNotFoundError) as e:
+            return _fail(str(e))
+        defaults = (hw.vllm_default_max_num_seqs, hw.vllm_default_max_num_batched_tokens)
+        mml = 1024 if args.profile else 8192
+        try:
+            base = base_config(args, slo, defaults, num_gpu_blocks=hw.num_gpu_blocks,
+                               max_model_len=mml)
+        except config_mod.ConfigError as e:
+            return _fail(str(e))
+        hardware_name = hw.name
+    else:
+        if not args.model:
+            return _fail("--engine vllm needs --model (e.g. demo:small)")
+        from tuned.sim.hardware import VLLM_DEFAULTS
+
+        defaults = VLLM_DEFAULTS["cpu"]
+        try:
+            base = base_config(args, slo, defaults, model=args.model, max_model_len=1024,
+                               num_gpu_blocks=48)
+        except config_mod.ConfigError as e:
+            return _fail(str(e))
+        hw = None
+        hardware_name = f"vllm-cpu:{args.model}"
+    try:
+        wl = parse_workload(args.workload, args.seed, max_model_len=base.max_model_len)
+    except (WorkloadError, ValueError) as e:
+        return _fail(str(e))
+    from tuned.bench import runner
+
+    try:
+        field = runner.contenders(
+            base, default_seqs=defaults[0], default_tokens=defaults[1],
+            quick=args.quick or args.engine == "vllm",
+            caps=([int(c) for c in args.caps.split(",")] if args.caps
+                  else [2, 4, 8, 16, 32] if args.engine == "vllm" else None),
+            only=args.contenders.split(",") if args.contenders else None)
+    except ValueError as e:
+        return _fail(str(e))
+    capacity = args.capacity == "on" or (args.capacity == "auto" and args.engine == "sim")
+    t0 = time.monotonic()
+    if args.engine == "sim":
+        runs, timelines, cap, probes = _bench_sim(hw, field, wl, slo, capacity, args)
+    else:
+        runs, timelines, cap, probes = _bench_live(field, wl, slo, args)
+    report = _report(args, hardware_name, wl, slo, runs, cap, field)
+    from tuned.bench import report as report_mod
+
+    out = Path(args.out)
+    report_mod.write(report, out)
+    pngs = report_mod.plots(report, timelines, probes, out)
+    print(report_mod.markdown(report))
+    print(f"bench took {time.monotonic() - t0:.0f}s; wrote {out / 'report.json'}, "
+          f"report.csv, report.md, " + ", ".join(p.name for p in pngs))
+    return 0
+
+
+def _report(args, hardware, wl, slo, runs, capacity, field) -> dict[str, Any]:
+    from tuned.bench import report as report_mod
+
+    best = report_mod.best_static(runs, capacity)
+    rep = {"engine": args.engine, "hardware": hardware, "workload": wl.spec,
+           "workload_info": wl.describe(), "slo": str(slo),
+           "slo_parsed": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2el_s": slo.e2el_s},
+           "seed": args.seed, "runs": runs, "best_static": best}
+    if capacity:
+        rep["capacity"] = capacity
+    rep["ratios"] = report_mod.ratios(runs, best, capacity)
+    return rep
+
+
+# ---------------------------------------------------------------- simulator
+
+def _sim_one(i: int) -> tuple[dict, dict]:
+    from tuned.bench.metrics import summarize
+
+    c = _JOB["field"][i]
+    out = _JOB["bench"].run(c, _JOB["wl"].requests)
+    s = summarize(out.results, _JOB["slo"])
+    caps = [cap for _, cap in out.cap_timeline]
+    s["mean_cap"] = sum(caps) / len(caps) if caps else None
+    return s, {"cap": out.cap_timeline, "tbt": out.tbt_timeline}
+
+
+def _sim_capacity(i: int) -> dict:
+    from tuned.bench.metrics import capacity_search
+    from tuned.bench.runner import attainment_at
+
+    c = _JOB["field"][i]
+    head = _JOB["cap_wl"]
+    base_rate = _JOB["base_rate"]
+    run = attainment_at(_JOB["bench"], c, head, _JOB["slo"], base_rate)
+    res = capacity_search(run, base_rate / 16, base_rate, tol_rel=0.1 if _JOB["quick"] else 0.05,
+                          max_iter=6 if _JOB["quick"] else 10)
+    return res.as_dict()
+
+
+def _pool_map(fn, items, jobs: int, desc: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(items), desc=desc, unit="run", file=sys.stderr,
+               disable=not sys.stderr.isatty() and os.environ.get("TUNED_PROGRESS") != "1")
+    out: dict[int, Any] = {}
+    if jobs <= 1:
+        for i in items:
+            out[i] = fn(i)
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(jobs) as pool:
+            for i, r in pool.imap_unordered(_indexed(fn), items):
+                out[i] = r
+                bar.update(1)
+    bar.close()
+    return [out[i] for i in items]
+
+
+class _indexed:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, i):
+        return i, self.fn(i)
+
+
+def _bench_sim(hw, field, wl, slo, capacity: bool, args):
+    from tuned.bench import report as report_mod
+    from tuned.bench.runner import SimBench
+
+    jobs = args.jobs or os.cpu_count() or 1
+    _JOB.update(field=field, bench=SimBench(hw), wl=wl, slo=slo, quick=args.quick)
+    idx = list(range(len(field)))
+    outs = _pool_map(_sim_one, idx, jobs, "runs")
+    runs = [report_mod.run_row(c, s) for c, (s, _) in zip(field, outs)]
+    timelines = {c.name: t for c, (_, t) in zip(field, outs)}
+    cap: dict[str, float] = {}
+    probes: dict[str, list] = {}
+    if capacity:
+        head = wl.head(CAPACITY_HEAD_S) if (wl.describe().get("duration_s") or 0) > CAPACITY_HEAD_S else wl
+        base_rate = head.describe().get("rate_rps") or 1.0
+        _JOB.update(cap_wl=head, base_rate=base_rate)
+        res = _pool_map(_sim_capacity, idx, jobs, "capacity")
+        for c, r in zip(field, res):
+            cap[c.name] = r["capacity_rps"]
+            probes[c.name] = r["probes"]
+    return runs, timelines, cap, probes
+
+
+# ---------------------------------------------------------------- real engine
+
+def _bench_live(field, wl, slo, args):
+    from tqdm import tqdm
+
+    from tuned.bench import report as report_mod
+    from tuned.bench.live import run_live
+    from tuned.bench.metrics import summarize
+    from tuned.bench.runner import itl_timeline
+    from tuned.demo_model import resolve_model
+    from tuned.serve import DEFAULT_MODEL_CACHE
+
+    model_path = str(resolve_model(args.model, DEFAULT_MODEL_CACHE, log=lambda m: None))
+    log_dir = Path(args.out) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    runs, timelines = [], {}
+    bar = tqdm(total=len(field), desc="runs", unit="run", file=sys.stderr)
+    for c in field:
+        bar.set_postfix_str(c.name)
+        live = run_live(c, wl, model_path=model_path, log_dir=log_dir)
+        s = summarize(live.results, slo)
+        caps = [cap for _, cap in live.cap_timeline]
+        s["mean_cap"] = sum(caps) / len(caps) if caps else None
+        runs.append(report_mod.run_row(c, s))
+        timelines[c.name] = {"cap": live.cap_timeline, "tbt": itl_timeline(live.results)}
+        (log_dir / f"{c.name}.decisions.json").write_text(json.dumps(live.decisions))
+        bar.update(1)
+    bar.close()
+    return runs, timelines, {}, {}

@@ -180,7 +180,7 @@ def test_no_waiting_no_running_holds_bmax():
 class LinearStep:
     """T(b, c) = 10 ms + 1 ms * b + 0.1 ms * c."""
 
-    def largest_chunk_within(self, b, tbt_s, lo, hi):
+    def largest_chunk_within(self, b, tbt_s, lo, hi, kv_tokens=0.0):
         c = math.floor((tbt_s - 0.010 - 0.001 * b) / 0.0001 + 1e-9)
         return min(max(c, lo), hi)
 

@@ -265,12 +265,20 @@ def test_controller_error_hands_fallback():
     assert ctrl.run_once() is not None     # next tick recovers
 
 
+class FakeStepModel:
+    def largest_chunk_within(self, b, tbt_s, lo, hi, kv_tokens=0.0):
+        return 100
+
+    def predict_step_s(self, b, c=0.0, kv_tokens=0.0):
+        return 0.001
+
+
 class FakeProfile:
     def largest_batch_within(self, tbt_s, b_max):
         return 12 if tbt_s == 0.03 else 1
 
-    def largest_chunk_within(self, b, tbt_s, lo, hi):
-        return 100
+    def step_model(self):
+        return FakeStepModel()
 
     def speed_tok_s(self, n):
         return 50.0 / n
@@ -281,7 +289,8 @@ def test_profile_gives_first_cap_before_any_telemetry(tmp_path):
     cfg = config.validate({"profile": str(prof), "tbt_sla_s": 0.03})
     ctrl = Controller(cfg, FakeEngine(), Metrics(), profile_loader=lambda p: FakeProfile())
     d = ctrl.run_once()
-    assert (d.cap, d.reason, d.token_budget) == (12, "profile_initial", 112)
+    # the budget is sized for the decodes that run (none yet: b = 1), plus the chunk
+    assert (d.cap, d.reason, d.token_budget) == (12, "profile_initial", 101)
 
 
 def test_shipped_profile_gives_the_first_cap_before_telemetry():
@@ -298,6 +307,7 @@ def test_shipped_profile_gives_the_first_cap_before_telemetry():
     want = prof.largest_batch_within(0.025, 32)
     assert 1 < want < 32
     assert (d.cap, d.reason) == (want, "profile_initial")
-    # the token budget is the step-time model's largest chunk within the SLA
-    assert d.token_budget == min(max(want + prof.largest_chunk_within(want, 0.025, 32, 2048 - want),
-                                     want + 32), 2048)
+    # the token budget: one decode (nothing runs yet) plus the step model's largest
+    # chunk within the SLA less its tolerance eps_D (2 ms)
+    chunk = prof.step_model().largest_chunk_within(1, 0.025 - 0.002, 32, 2047, 0)
+    assert d.token_budget == max(1 + chunk, want + 1)

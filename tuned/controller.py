@@ -27,7 +27,9 @@ from tuned.metrics import Metrics
 from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.window import demand_moments, step_window
-from tuned.policies.batch import BatchPolicy, Decision, MemoryBound, Observation, SlaBound
+from tuned.curves.online import fit_recent_steps
+from tuned.policies.batch import (BatchPolicy, Decision, EvidenceSlaBound, Feasibility,
+                                  MemoryBound, Observation, SlaBound)
 from tuned.policies.select import StaticPolicy, TrtllmPolicy, build_plugin, is_builtin
 from tuned.telemetry.nvml import NvmlSampler
 from tuned.telemetry.ring import Ring
@@ -35,6 +37,10 @@ from tuned.telemetry.ring import Ring
 __all__ = ["Controller", "EngineView", "Fallback"]
 
 log = structlog.get_logger("tuned.controller")
+
+#: the online step-time fit: refreshed this often, over this many recent steps
+STEP_FIT_EVERY_S = 2.0
+STEP_FIT_SAMPLES = 2048
 
 
 def load_profile(path: str):
@@ -77,6 +83,8 @@ class Controller:
         self._queue_last: dict = {}
         self._gpu: list | None = None
         self._obs: Observation | None = None
+        self._fit_t = -math.inf
+        self._step_fit = None
         self.last_reload: dict = {"t": None, "outcome": "none", "problems": [],
                                   "restart_needed": []}
         self._scheduler = None
@@ -131,8 +139,16 @@ class Controller:
                                 block_size=eng.block_size, profile=profile), None
         sla = None
         first_reason = None
+        paper = cfg.sla_mode == "paper"
+        budget = cfg.token_budget_policy == "sla"
         if cfg.sla_enabled and name in ("tuned", "sla"):
-            sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min, b_max)
+            if paper:
+                sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min,
+                               b_max)
+            else:
+                sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
+                                       cfg.b_min, b_max, statistic=cfg.sla_statistic,
+                                       budget_controlled=budget)
             if profile is not None:
                 # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
                 sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))
@@ -143,7 +159,11 @@ class Controller:
             ceiling=eng.ceiling, b_min=cfg.b_min, b_max=b_max, memory=memory, sla=sla,
             max_num_batched_tokens=eng.max_num_batched_tokens,
             min_chunk_tokens=cfg.min_chunk_tokens,
-            step_model=profile if cfg.token_budget_policy == "sla" else None)
+            step_model=profile.step_model() if profile is not None else None,
+            feasibility=(None if paper or sla is None else
+                         Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha)),
+            budget_control=budget, decode_budget="batch" if paper else "running",
+            budget_margin_s=0.0 if paper else cfg.eps_d_s)
         return policy, first_reason
 
     def _read_config_file(self) -> Config:
@@ -259,7 +279,15 @@ class Controller:
         m.steps.inc(len(new_steps))
         m.generated.inc(gen)
         m.preemptions.inc(pre)
-        win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s)
+        win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
+                          cap=self.slot.applied.cap)
+        if now - self._fit_t >= STEP_FIT_EVERY_S and cfg.sla_enabled:
+            # the online step model: refreshed every few seconds from this engine's
+            # own recent steps (tuned.curves.online)
+            self._fit_t = now
+            fit = fit_recent_steps(eng.steps.last(STEP_FIT_SAMPLES))
+            if fit is not None:
+                self._step_fit = fit
         fin = eng.finished.last(cfg.demand_window)
         new_fin = [f for f in fin if f.seq >= self._fin_seq]
         if fin:
@@ -285,7 +313,9 @@ class Controller:
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
             demand_mean=demand.mean, demand_std=demand.std, demand_samples=demand.n,
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
-            kv_usage=win.kv_usage)
+            kv_usage=win.kv_usage, tbt_p90_s=win.tbt_p90_s,
+            decode_only_tbt_s=win.decode_only_tbt_s, binding=win.binding,
+            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
         return self._obs
 
     def _export_queue(self, snap: dict | None) -> None:

@@ -27,28 +27,39 @@ class StepWindow(NamedTuple):
     kv_usage: float                 # of the newest step, 0.0 with no step at all
     tbt_p90_s: float | None = None  # 90th percentile of decode step times in the window
     steps: int = 0                  # all steps in the window (decode or not)
-    waiting_steps: int = 0          # steps that ended with requests waiting
+    binding_steps: int = 0          # steps that ended with requests waiting and the cap full
     prefill_steps: int = 0          # decode steps that also carried prefill tokens
+    decode_only_tbt_s: float | None = None  # mean time of decode steps without prefill
+    kv_tokens_resident: int = 0     # of the newest step
+
+    @property
+    def binding(self) -> float:
+        """Share of the window's steps where the cap was binding."""
+        return self.binding_steps / self.steps if self.steps else 0.0
 
 
-def step_window(newest_first: Iterable[StepSample], now: float, window_s: float) -> StepWindow:
+def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
+                cap: int | None = None) -> StepWindow:
     """Aggregate the steps that ended in (now - window_s, now], newest first.
 
     ``newest_first`` may be a lazy iterator (``Ring.newest_first()``); it is read
-    only as far back as the window reaches.
+    only as far back as the window reaches. ``cap``: the admission cap applied; a
+    step is *binding* when requests were left waiting with ``cap`` running.
     """
-    tbt_sum = b_sum = 0.0
-    n = steps = waiting = prefill = 0
+    tbt_sum = b_sum = dec_sum = 0.0
+    n = steps = binding = prefill = dec_n = 0
     kv_usage = None
+    kv_res = 0
     times: list[float] = []
     for s in newest_first:
         if kv_usage is None:
             kv_usage = s.kv_usage
+            kv_res = s.kv_tokens_resident
         if now - s.t > window_s:
             break
         steps += 1
-        if s.num_waiting:
-            waiting += 1
+        if s.num_waiting and cap is not None and s.num_running >= cap:
+            binding += 1
         if s.num_decode:
             tbt_sum += s.step_s
             b_sum += s.num_decode
@@ -56,12 +67,16 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float)
             times.append(s.step_s)
             if s.prefill_tokens:
                 prefill += 1
+            else:
+                dec_sum += s.step_s
+                dec_n += 1
     p90 = None
     if times:
         times.sort()
         p90 = times[min(math.ceil(0.9 * (len(times) - 1)), len(times) - 1)]
     return StepWindow(tbt_sum / n if n else None, b_sum / n if n else None, n,
-                      kv_usage or 0.0, p90, steps, waiting, prefill)
+                      kv_usage or 0.0, p90, steps, binding, prefill,
+                      dec_sum / dec_n if dec_n else None, kv_res)
 
 
 class DemandMoments(NamedTuple):

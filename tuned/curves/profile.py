@@ -148,6 +148,19 @@ class Profile:
         o = self.requests.get("output_tokens") or []
         return demand_moments([int(a) + int(b) for a, b in zip(p, o)], block_size)
 
+    def step_model(self):
+        """The fitted step time as a :class:`~tuned.curves.online.LinearStepModel`
+        (the controller's one implementation of T(b, c, kv)); None without a fit."""
+        from tuned.curves.online import LinearStepModel
+
+        st = self.step_time
+        if st is None:
+            return None
+        p = st.params
+        return LinearStepModel(p["a"], p["beta"], p["gamma"],
+                               p.get("eta", 0.0) if st.name == "step_time_kv" else 0.0,
+                               st.r2, st.n_samples, f"profile:{self.source}")
+
     def largest_batch_within(self, tbt_s: float, b_max: int,
                              kv_tokens_per_seq: float | None = None) -> int:
         """Largest b in [1, b_max] with ``predict_step_s(b, 0, b * kv_tokens_per_seq)
@@ -157,42 +170,24 @@ class Profile:
         if b_max < 1:
             return 1
         kv_seq = self.mean_context_tokens if kv_tokens_per_seq is None else kv_tokens_per_seq
-        if self.step_time is not None:
-            bs = np.arange(1, int(b_max) + 1)
-            names = (bs, 0, bs * kv_seq) if self.step_time.name == "step_time_kv" else (bs, 0)
-            t = np.asarray(self.step_time.predict(*names), dtype=float)
-        else:
-            t = np.array([self.predict_step_s(b) for b in range(1, int(b_max) + 1)])
+        model = self.step_model()
+        if model is not None:
+            return max(1, model.largest_batch_within(tbt_s, int(b_max), kv_seq))
+        t = np.array([self.predict_step_s(b) for b in range(1, int(b_max) + 1)])
         fit = np.nonzero(t <= tbt_s)[0]
         return int(fit[-1] + 1) if fit.size else 1
 
     def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
                              kv_tokens: float = 0.0) -> int:
-        """Largest prefill chunk c in [lo, hi] with ``predict_step_s(b, c, kv_tokens)
-        <= tbt_s``, ``kv_tokens`` the KV resident in the step; ``lo`` if none fits (the
-        step model is monotone in c, so this is a bisection)."""
-        lo, hi = int(lo), int(hi)
-        if hi < lo:
+        """Largest prefill chunk c in [lo, hi] with T(b, c, kv + c) <= tbt_s, ``kv_tokens``
+        the KV resident before the chunk; ``lo`` if none fits. Without a step-time fit
+        the step time does not depend on c: ``hi`` if T(b) fits, else ``lo``."""
+        model = self.step_model()
+        if model is not None:
+            return model.largest_chunk_within(b, tbt_s, lo, hi, kv_tokens)
+        if int(hi) < int(lo):
             raise ValueError(f"largest_chunk_within: lo ({lo}) > hi ({hi})")
-
-        def ok(c: int) -> bool:
-            return self.predict_step_s(b, c, kv_tokens) <= tbt_s
-
-        if self.predict_step_s(b, hi, kv_tokens) <= self.predict_step_s(b, lo, kv_tokens):
-            # Step time does not grow with c (gamma <= 0, or no step model).
-            return hi if ok(hi) else lo
-        if not ok(lo):
-            return lo
-        if ok(hi):
-            return hi
-        good, bad = lo, hi  # invariant: ok(good), not ok(bad)
-        while bad - good > 1:
-            mid = (good + bad) // 2
-            if ok(mid):
-                good = mid
-            else:
-                bad = mid
-        return good
+        return int(hi) if self.predict_step_s(b) <= tbt_s else int(lo)
 
     # --- text ------------------------------------------------------------------------
 
@@ -462,9 +457,8 @@ def _want(d: dict, key: str, kind: str, where: str, required: bool = True) -> An
         "object": isinstance(v, dict),
         "list": isinstance(v, list),
         "string": isinstance(v, str),
-        "integer": isinstance(v, int) and not isinstance(v, bool),
-        "number": isinstance(v, (int, float)) and not isinstance(v, bool)
-        and math.isfinite(v),
+        "integer": isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63,
+        "number": _is_number(v),
         "object or null": v is None or isinstance(v, dict),
         "string or null": v is None or isinstance(v, str),
     }[kind]
@@ -472,6 +466,16 @@ def _want(d: dict, key: str, kind: str, where: str, required: bool = True) -> An
         article = "an" if kind[0] in "aeiou" else "a"
         raise _Bad(f"'{path}' must be {article} {kind}, got {_type_name(v)} {_short(v)}")
     return v
+
+
+def _is_number(v: Any) -> bool:
+    """A finite number that converts to a float (JSON allows integers of any size)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _short(v: Any) -> str:
@@ -486,7 +490,7 @@ def _columns(d: dict, where: str, required: tuple, optional: tuple) -> dict[str,
         if v is None:
             continue
         for i, x in enumerate(v):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            if not _is_number(x):
                 raise _Bad(f"'{where}.{key}[{i}]' must be a number, got {_type_name(x)} "
                            f"{_short(x)}")
         cols[key] = v
@@ -615,9 +619,7 @@ def _from_v1(d: dict, source: str) -> Profile:
         levels.append({"concurrency": n, "num_requests": 0, "throughput_tok_s": float(x),
                        "speed_tok_s_mean": float(x) / n})
     usl_list = _want(d, "usl", "list", "")
-    if len(usl_list) != 3 or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for v in usl_list):
+    if len(usl_list) != 3 or not all(_is_number(v) for v in usl_list):
         raise _Bad(f"'usl' must be a list of 3 numbers [lam, sigma, kappa], got "
                    f"{_short(usl_list)}")
     r2 = _want(d, "r2", "number", "")

@@ -55,6 +55,12 @@ class Observation:
     kv_usage: float = 0.0
     active: tuple = ()               # (prompt tokens, max tokens) of running requests,
                                      # read only for policies that ask (wants_active)
+    tbt_p90_s: float | None = None   # 90th percentile of those step times
+    decode_only_tbt_s: float | None = None  # mean step time of decode steps without prefill
+    binding: float = 0.0             # share of the window's steps that ended with requests
+                                     # waiting while the cap was full (the cap was binding)
+    kv_tokens_resident: int = 0      # KV tokens held by running requests (newest step)
+    step_model: object = None        # T(b, c, kv) fitted online on the step ring, or None
 
 
 @dataclass(frozen=True)
@@ -94,10 +100,11 @@ def memory_batch_limit(n_tokens: float, mean: float, std: float, theta: float) -
         sqrt(b) = (-theta*sigma + sqrt(theta^2 sigma^2 + 4 mu n)) / (2 mu)   (12)
     and the buffer L0 = theta*sigma_S at that b, so that Algorithm 1 line 5 reads
         b = floor((n - L0) / (E[l_in] + E[l_out])).                         (14)
-    For theta*sigma >= 0, (12) is evaluated in its rationalised form
-        sqrt(b) = 2n / (theta*sigma + sqrt(theta^2 sigma^2 + 4 mu n)),
-    which cannot go negative by cancellation when theta*sigma dwarfs mu*n.
-    Non-finite inputs, mean <= 0 and sigma < 0 raise ``ValueError``.
+    For theta*sigma > 0, L0 comes from (12) in its rationalised form
+        L0 = theta*sigma*sqrt(b) = 2n / (1 + sqrt(theta^2 sigma^2 + 4 mu n) / (theta*sigma)),
+    which neither goes negative by cancellation nor overflows when theta*sigma dwarfs
+    mu*n (then L0 -> n and b -> 0). Non-finite inputs, mean <= 0 and sigma < 0 raise
+    ``ValueError``.
     """
     for name, v in (("n_tokens", n_tokens), ("mean demand", mean), ("demand std", std),
                     ("theta", theta)):
@@ -110,9 +117,17 @@ def memory_batch_limit(n_tokens: float, mean: float, std: float, theta: float) -
     if n_tokens <= 0:
         return 0, 0.0
     ts = theta * std
+    if math.isinf(ts):
+        if ts < 0:
+            raise ValueError(f"theta * demand std must be finite, got {theta} * {std}")
+        return 0, float(n_tokens)  # sigma beyond float range: no batch is safe
     disc = math.hypot(ts, 2.0 * math.sqrt(mean) * math.sqrt(n_tokens))  # no overflow
-    root_b = 2.0 * n_tokens / (ts + disc) if ts >= 0 else (disc - ts) / (2.0 * mean)
-    l0 = ts * root_b
+    if ts > 0:
+        l0 = 2.0 * n_tokens / (1.0 + disc / ts)
+    elif ts == 0:
+        l0 = 0.0
+    else:  # theta < 0 (eps_M > 0.5): the buffer is a bonus; no cancellation here
+        l0 = ts * (disc - ts) / (2.0 * mean)
     # 1e-9 guards the floor against the float error of the round trip through (12);
     # a quotient beyond float range (mean near 0) is capped, the caller caps b anyway.
     q = min((n_tokens - l0) / mean + 1e-9, sys.float_info.max)
@@ -230,29 +245,165 @@ class SlaBound:
         return (self.low + self.high) // 2, reason
 
 
+class EvidenceSlaBound(SlaBound):
+    """Algorithm 2 where its assumptions hold in a continuous-batching engine
+    (``sla_mode = "evidence"``, the default; ``"paper"`` is :class:`SlaBound`).
+
+    The paper reads the mean decode batch b-bar as the batch the system would run:
+    true in its offline setting, where requests always wait. Under continuous
+    batching b-bar is the *offered load* whenever nothing waits, so narrowing the
+    interval around it (the hold branch) or raising the low end to it (the under
+    branch) drags the cap down to the load of a quiet moment, from where it climbs
+    back by delta per tick when the load returns. Here the interval moves only on
+    evidence:
+
+    * over the SLA (T > D_SLA + eps_D): the high end falls as in the paper, unless
+      the decode-only steps meet the SLA (T_decode <= D_SLA - eps_D) and the token
+      budget is controlled: then prefill chunks, not the batch, caused the
+      violation and the token budget is the knob (reason ``sla_over_prefill``,
+      interval kept);
+    * under or within the SLA: the paper's update only on ticks where the cap was
+      binding (requests waited while the cap was full for at least ``bind_share``
+      of the window's steps); otherwise the interval is kept (``sla_idle``);
+    * under the SLA at a collapsed interval (high - low <= alpha) while binding, the
+      high end grows by max(delta, high / 4) (``sla_expand``): the paper's delta = 1
+      per tick is a noise correction, too slow to follow a load that doubled.
+
+    ``statistic`` picks T: the mean step time of decode steps (the paper's) or their
+    90th percentile (``p90``), which holds most requests' TPOT, not only the average.
+    The warm start seeds the midpoint and keeps an interval of width max(alpha, b)
+    around it, so a wrong prediction is corrected by bisection, not by delta per tick.
+    """
+
+    def __init__(self, sla_s: float, eps_s: float, alpha: int, delta: int, b_min: int,
+                 b_max: int, *, statistic: str = "mean", bind_share: float = 0.5,
+                 budget_controlled: bool = True) -> None:
+        super().__init__(sla_s, eps_s, alpha, delta, b_min, b_max)
+        if statistic not in ("mean", "p90"):
+            raise ValueError(f"statistic: must be mean or p90, got {statistic!r}")
+        self.statistic = statistic
+        self.bind_share = bind_share
+        self.budget_controlled = budget_controlled
+
+    def warm_start(self, b: int) -> None:
+        b = min(max(b, self.b_min), self.b_max)
+        w = max(self.alpha, b // 2)
+        self.low = max(self.b_min, b - w)
+        self.high = min(self.b_max, b + w)
+
+    def measured(self, obs: Observation) -> float | None:
+        t = obs.tbt_p90_s if self.statistic == "p90" else obs.tbt_mean_s
+        return t if t is not None and math.isfinite(t) else None
+
+    def update(self, obs: Observation) -> tuple[int, str]:
+        t, bbar = self.measured(obs), obs.decode_batch_mean
+        if t is None or bbar is None or not math.isfinite(bbar):
+            return (self.low + self.high) // 2, "initial"
+        bb = int(math.floor(bbar + 0.5))
+        binding = obs.binding >= self.bind_share
+        if t > self.sla_s + self.eps_s:
+            dec = obs.decode_only_tbt_s
+            if (self.budget_controlled and dec is not None
+                    and dec <= self.sla_s - self.eps_s):
+                reason = "sla_over_prefill"
+            else:
+                self.high = max(bb, self.low + self.alpha)
+                self.low = max(self.low - self.delta, self.b_min)
+                reason = "sla_over"
+        elif not binding:
+            reason = "sla_idle"
+        elif t < self.sla_s - self.eps_s:
+            if self.high - self.low <= self.alpha:
+                self.high = min(self.high + max(self.delta, math.ceil(self.high / 4)),
+                                self.b_max)
+                reason = "sla_expand"
+            else:
+                self.low = min(bb, self.high - self.alpha)
+                self.high = min(self.high + self.delta, self.b_max)
+                reason = "sla_under"
+        else:
+            self.high = min(bb + math.ceil(self.alpha / 2), self.b_max)
+            self.low = max(bb - self.alpha // 2, self.b_min)
+            reason = "sla_hold"
+        self.low = min(max(self.low, self.b_min), self.b_max)
+        self.high = min(max(self.high, self.low), self.b_max)
+        return (self.low + self.high) // 2, reason
+
+
+class Feasibility:
+    """Is the TBT SLA reachable at all? (``tuned_sla_feasible``, reason
+    ``sla_infeasible``.)
+
+    Infeasible when the step model (online fit, else the profile) predicts that even
+    b_min decodes with no prefill exceed D_SLA at the current context, or when the
+    decode-only steps measured at the lowest batches tried (b-bar <= b_min + alpha)
+    exceed D_SLA + eps_D on ``patience`` consecutive ticks. An infeasible SLA is
+    reported, not obeyed into the ground: the SLA bound steps aside (the memory bound
+    decides, the token budget is the full one), which maximises throughput where no
+    request can meet its TPOT anyway. Feasible again once the model predicts b_min
+    within D_SLA - eps_D.
+    """
+
+    def __init__(self, sla_s: float, eps_s: float, b_min: int, alpha: int,
+                 patience: int = 3) -> None:
+        self.sla_s, self.eps_s, self.b_min, self.alpha = sla_s, eps_s, b_min, alpha
+        self.patience = patience
+        self.feasible = True
+        self._strikes = 0
+        self.why = ""
+
+    def update(self, obs: Observation, model) -> bool:
+        kv_seq = obs.kv_tokens_resident / obs.num_running if obs.num_running else 0.0
+        t_min = (model.predict_step_s(self.b_min, 0.0, self.b_min * kv_seq)
+                 if model is not None else None)
+        dec, bbar = obs.decode_only_tbt_s, obs.decode_batch_mean
+        if (dec is not None and bbar is not None and bbar <= self.b_min + self.alpha
+                and dec > self.sla_s + self.eps_s):
+            self._strikes += 1
+        elif dec is not None and bbar is not None and bbar <= self.b_min + self.alpha:
+            self._strikes = 0
+        if self.feasible:
+            if t_min is not None and t_min > self.sla_s:
+                self.feasible = False
+                self.why = (f"predicted step at b_min={self.b_min} without prefill is "
+                            f"{t_min * 1e3:.1f} ms > SLA {self.sla_s * 1e3:.1f} ms")
+            elif self._strikes >= self.patience:
+                self.feasible = False
+                self._strikes = 0
+                self.why = (f"measured decode steps at batch {bbar:.1f} take "
+                            f"{dec * 1e3:.1f} ms > SLA {self.sla_s * 1e3:.1f} ms")
+        elif t_min is not None and t_min < self.sla_s - self.eps_s and self._strikes == 0:
+            self.feasible = True
+            self.why = ""
+        return self.feasible
+
+
 class StepTimeModel(Protocol):
-    def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int) -> int: ...
+    def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
+                             kv_tokens: float = 0.0) -> int: ...
 
 
 def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
-                 sla_s: float = 0.0, step_model: StepTimeModel | None = None) -> int:
+                 sla_s: float = 0.0, step_model: StepTimeModel | None = None,
+                 kv_tokens: float = 0.0) -> int:
     """Tokens the scheduler may put in one step (vLLM's ``max_num_scheduled_tokens``).
 
     Seed 000's PD-fusion variant picks the chunk size so a mixed step still meets
-    the TBT SLA: with a step-time model T(b, c) the chunk is the largest c with
-    T(b, c) <= D_SLA at the decode batch b, and the budget is b decode tokens plus
-    that chunk. Always clamped to [b + min_chunk_tokens, max_num_batched_tokens] so
-    running decodes plus at least one prefill chunk fit (less would starve them).
+    the TBT SLA: with a step-time model T(b, c, kv) the chunk is the largest c with
+    T(b, c, kv + c) <= D_SLA at the decode batch b and the KV resident, and the
+    budget is b decode tokens plus that chunk. Always clamped to
+    [b + min_chunk_tokens, max_num_batched_tokens] so running decodes plus at least
+    one prefill chunk fit (less would starve them).
     """
-    cap = batch
-    lo = cap + min_chunk_tokens
+    lo = batch + min_chunk_tokens
     hi = max_num_batched_tokens
     if lo >= hi:
         return hi
     if step_model is None or sla_s <= 0:
         return hi
-    chunk = step_model.largest_chunk_within(cap, sla_s, min_chunk_tokens, hi - cap)
-    return min(max(cap + chunk, lo), hi)
+    chunk = step_model.largest_chunk_within(batch, sla_s, min_chunk_tokens, hi - batch,
+                                            kv_tokens)
+    return min(max(batch + chunk, lo), hi)
 
 
 @dataclass
@@ -266,7 +417,12 @@ class BatchPolicy:
     sla: SlaBound | None
     max_num_batched_tokens: int
     min_chunk_tokens: int
-    step_model: StepTimeModel | None = None
+    step_model: StepTimeModel | None = None   # the profile's T(b, c, kv), if any
+    feasibility: Feasibility | None = None    # None: the paper's Algorithm 2 (no check)
+    budget_control: bool = True               # token budget against the SLA
+    decode_budget: str = "running"            # b of the budget: running decodes (tuned)
+                                              # or the batch b_t (the paper's PD fusion)
+    budget_margin_s: float = 0.0              # size chunks for D_SLA minus this
 
     wants_active = False
 
@@ -275,7 +431,12 @@ class BatchPolicy:
             b_mem, mem_reason = self.memory.update(obs)
         else:
             b_mem, mem_reason = self.b_max, "no_memory_bound"
-        if self.sla is not None:
+        # the online fit of this engine's own steps wins over a profile made elsewhere
+        model = obs.step_model if obs.step_model is not None else self.step_model
+        feasible = True
+        if self.sla is not None and self.feasibility is not None:
+            feasible = self.feasibility.update(obs, model)
+        if self.sla is not None and feasible:
             b_sla, sla_reason = self.sla.update(obs)
             lower, upper = self.sla.low, min(self.sla.high, b_mem)
         else:
@@ -283,6 +444,8 @@ class BatchPolicy:
             lower, upper = self.b_min, b_mem
         if b_sla is not None and b_sla < b_mem:
             target, reason = b_sla, sla_reason
+        elif not feasible:
+            target, reason = b_mem, "sla_infeasible"
         else:
             target, reason = b_mem, mem_reason
         cap = min(max(target, self.b_min), self.ceiling)
@@ -290,10 +453,21 @@ class BatchPolicy:
         # decodes; they drain to the gate (cap) as they finish.
         batch = min(max(cap, obs.num_running), self.ceiling)
         lower = min(lower, upper)
-        budget = token_budget(batch, self.max_num_batched_tokens, self.min_chunk_tokens,
-                              self.sla.sla_s if self.sla else 0.0, self.step_model)
+        sla_s = self.sla.sla_s - self.budget_margin_s if (self.sla and feasible) else 0.0
+        if not self.budget_control:
+            sla_s = 0.0
+        b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
+        budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
+                              sla_s, model, obs.kv_tokens_resident)
         inputs = _inputs(obs, self)
         inputs["draining"] = obs.num_running > cap
+        if self.feasibility is not None:
+            inputs["sla_feasible"] = feasible
+            if not feasible:
+                inputs["sla_infeasible_why"] = self.feasibility.why
+        if model is not None:
+            inputs["step_model"] = {k: v for k, v in model.to_dict().items()
+                                    if k != "n_samples"} if hasattr(model, "to_dict") else None
         return Decision(target=target, lower=lower, upper=upper, cap=cap, batch=batch,
                         token_budget=budget, reason=reason, b_mem=b_mem, b_sla=b_sla,
                         inputs=inputs)
@@ -304,6 +478,8 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
          "kv_capacity_blocks": obs.kv_capacity_blocks, "kv_usage": round(obs.kv_usage, 4),
          "demand_mean_blocks": obs.demand_mean, "demand_std_blocks": obs.demand_std,
          "demand_samples": obs.demand_samples, "tbt_mean_s": obs.tbt_mean_s,
+         "tbt_p90_s": obs.tbt_p90_s, "decode_only_tbt_s": obs.decode_only_tbt_s,
+         "binding": round(obs.binding, 3), "kv_tokens_resident": obs.kv_tokens_resident,
          "decode_batch_mean": obs.decode_batch_mean,
          "safety_buffer_blocks": round(pol.memory.last_l0, 2) if pol.memory else None}
     if pol.sla is not None:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tuned.policies.mcsf import MCSFPolicy, lookahead_peak
+from tuned.policies.mcsf import MCSFPolicy, lookahead_peak, lookahead_peak_blocks
 from tuned.policies.queues import AdmitContext, ReqInfo
 
 
@@ -101,7 +101,7 @@ def test_liveness_admits_oversized_head_only_when_nothing_runs():
 
 def test_reserve_fraction_shrinks_m():
     p = MCSFPolicy(reserve_fraction=0.1)
-    assert p.memory_limit_tokens(ctx(100)) == 90
+    assert p.memory_limit_blocks(ctx(100)) == 90      # block size 1: tokens
     a = R("A", 0, 10, out=0)
     # {A, B}: d=10: 10 + (80 + 10) = 100 > 90
     assert not p.admit(R("B", 80, 10), [a], [], ctx(100)).admit
@@ -117,8 +117,43 @@ def test_lookahead_peak_equals_brute_force_over_all_future_steps():
         assert lookahead_peak(items)[0] == brute
 
 
+def test_lookahead_in_blocks_equals_brute_force():
+    rng = random.Random(11)
+    for _ in range(300):
+        bs = rng.choice([2, 3, 16, 128])
+        items = [(rng.randint(0, 400), rng.randint(1, 300)) for _ in range(rng.randint(1, 12))]
+        brute = max(sum(-(-(h + d) // bs) for h, r in items if r >= d)
+                    for d in range(1, max(r for _, r in items) + 1))
+        assert lookahead_peak_blocks(items, bs)[0] == brute
+
+
+def test_plans_in_blocks_not_tokens():
+    """Issue 10: with 47 blocks of 128 tokens and 30 requests of prompt 100 and
+    output 100 (exact predictions), planning in tokens admits all 30 (6000 <= 6016
+    tokens) though they need 60 blocks; in blocks, 23 fit (2 blocks each)."""
+    p = MCSFPolicy(reserve_fraction=0.0)
+    c = AdmitContext(now_s=0.0, kv_capacity_tokens=47 * 128, kv_free_tokens=47 * 128,
+                     cap=64, block_size=128)
+    waiting = [R(f"w{i}", 100, 100, out=0) for i in range(30)]
+    admitted = []
+    for cand in waiting:
+        if not p.admit(cand, [], admitted, c).admit:
+            break
+        admitted.append(cand)
+    assert len(admitted) == 23
+    assert "blocks" in p.admit(waiting[23], [], admitted, c).reason
+
+
+def test_auto_reserve_follows_measured_under_prediction():
+    p = MCSFPolicy()       # reserve_fraction = "auto"
+    base = dict(now_s=0.0, kv_capacity_tokens=1000, kv_free_tokens=1000, cap=8)
+    assert p.memory_limit_blocks(AdmitContext(**base)) == 1000
+    assert p.memory_limit_blocks(AdmitContext(**base, under_prediction=0.2)) == 800
+    assert p.memory_limit_blocks(AdmitContext(**base, under_prediction=0.9)) == 500  # capped
+
+
 def test_options_validated():
-    with pytest.raises(ValueError, match="reserve_fraction must be in"):
+    with pytest.raises(ValueError, match=r'reserve_fraction must be "auto" or in \[0, 1\)'):
         MCSFPolicy(reserve_fraction=1.0)
     with pytest.raises(ValueError, match=r"mcsf: unknown option\(s\) alpha"):
         MCSFPolicy.from_options({"alpha": 0.1})

@@ -58,9 +58,54 @@ def test_prompt_length_buckets_learn_separately_with_global_fallback():
         p.observe(1000, 400)       # long prompts  -> long answers
     assert p.predict(5, 1000) == 20
     assert p.predict(2000, 1000) == 400
-    # the middle bucket (32 <= p < 512) has no samples: global window of 8 -> median
-    # sorted [20,20,20,20,400,400,400,400], index ceil(0.5*7)=4 -> 400
-    assert p.predict(100, 1000) == 400
+    # the middle bin (32 <= p < 512) has no samples: interpolate in log prompt length
+    # between the trained neighbours' centres, sqrt(1*32) = 5.66 and sqrt(512*2048) =
+    # 1024: w = (ln 100 - ln 5.66) / (ln 1024 - ln 5.66) = 0.5527 -> 20 + 0.5527 * 380
+    # = 230.0 -> 230
+    assert p.predict(100, 1000) == 230
+
+
+def test_prediction_has_real_resolution():
+    """Issue 10: 600 lognormal outputs growing with the prompt gave only {56, 58, 64}
+    from one quantile per prompt bucket; the interpolated estimate moves with the
+    prompt length."""
+    import random
+
+    rng = random.Random(3)
+    p = OutputLengthPredictor()
+    prompts = [int(rng.lognormvariate(5.0, 1.0)) + 1 for _ in range(600)]
+    for pr in prompts:
+        p.observe(pr, max(1, int(rng.lognormvariate(math.log(pr) * 0.6 + 1.5, 0.5))))
+    preds = {p.predict(pr, 4096) for pr in range(10, 3000, 7)}
+    assert len(preds) >= 50
+    # and it follows the trend: longer prompts, longer predicted outputs
+    assert p.predict(2000, 4096) > 2 * p.predict(20, 4096)
+
+
+def test_ratio_estimate_wins_when_max_tokens_tracks_the_answer():
+    p = OutputLengthPredictor()
+    for i in range(200):
+        m = 16 + (i * 37) % 500
+        p.observe(100, m, max_tokens=m)          # the answer always fills max_tokens
+    assert p.predict(100, 50) == 50
+    assert p.predict(100, 400) == 400
+    # unrelated max_tokens: the direct estimate wins
+    q = OutputLengthPredictor()
+    for i in range(200):
+        q.observe(100, 60 + i % 5, max_tokens=16 + (i * 37) % 4000)
+    assert 60 <= q.predict(100, 4000) <= 64
+
+
+def test_under_prediction_rate_and_excess():
+    p = OutputLengthPredictor()
+    p.observe(10, 150, predicted=100)     # 50 % beyond the plan
+    p.observe(10, 80, predicted=100)
+    p.observe(10, 100, predicted=100)
+    p.observe(10, 120, predicted=100)     # 20 %
+    e = p.error_stats()
+    assert e.under_rate == pytest.approx(0.5)
+    assert e.under_excess == pytest.approx((0.5 + 0.2) / 4)
+    assert p.under_excess == pytest.approx(0.175)
 
 
 def test_error_stats():

@@ -6,9 +6,10 @@
 #   tools/install-systemd.sh --print-unit [--unit-name NAME] [--prefix DIR] [--user USER]
 #
 # Steps: venv at PREFIX/.venv (default /opt/tuned/.venv) with this project and its
-# `gpu` or `cpu` extra; the unit at /etc/systemd/system/NAME.service; the config at
-# /etc/NAME/tuned.toml from systemd/tuned.toml.example (an existing config is kept);
-# the command as /usr/local/bin/NAME; systemctl daemon-reload; systemctl enable --now.
+# `gpu` or `cpu` extra; the service's system user (default tuned); the unit at
+# /etc/systemd/system/NAME.service; the config at /etc/NAME/tuned.toml from
+# systemd/tuned.toml.example, mode 0640 root:USER (an existing config is kept); the
+# command as /usr/local/bin/NAME; systemctl daemon-reload; systemctl enable --now.
 #
 # --unit-name: RHEL-family hosts ship an unrelated daemon, TuneD, whose unit is also
 # tuned.service and whose config lives in /etc/tuned.  Use --unit-name tuned-llm there:
@@ -25,7 +26,8 @@ Options:
   --source DIR        project to install (default: the checkout holding this script)
   --python PY         interpreter that creates the venv, >= 3.11 (default: python3)
   --pip-args "ARGS"   extra arguments for pip install (mirrors, proxies, wheels dir)
-  --user USER         run the service as USER (created as a system user if missing)
+  --user USER         run the service as USER, created as a system user if missing
+                      (default: tuned)
   --no-start          enable the unit but do not start it
   --force             install as tuned.service even if another tuned.service exists
   --dry-run           print the commands instead of running them
@@ -43,7 +45,7 @@ PREFIX=/opt/tuned
 EXTRA=""
 PYTHON=python3
 PIP_ARGS=""
-RUN_USER=""
+RUN_USER=tuned
 START=1
 FORCE=0
 DRY_RUN=0
@@ -71,7 +73,7 @@ UNIT_NAME=${UNIT_NAME%.service}
 [[ $UNIT_NAME =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] || die "bad --unit-name: $UNIT_NAME"
 [[ $PREFIX =~ ^/[A-Za-z0-9_./-]*$ ]] || die "--prefix must be an absolute path without spaces: $PREFIX"
 PREFIX=${PREFIX%/}
-[ -z "$RUN_USER" ] || [[ $RUN_USER =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad --user: $RUN_USER"
+[[ $RUN_USER =~ ^[a-z_][a-z0-9_-]*$ ]] || die "bad --user: $RUN_USER"
 [ -z "$EXTRA" ] || [ "$EXTRA" = gpu ] || [ "$EXTRA" = cpu ] || die "--extra must be gpu or cpu"
 
 UNIT_SRC="$SOURCE/systemd/tuned.service"
@@ -84,12 +86,9 @@ UNIT_DST="/etc/systemd/system/$UNIT_NAME.service"
 
 # The unit as installed: rewrite the paths and names of non-comment lines only.
 render_unit() {
-    local user_lines=""
-    if [ -n "$RUN_USER" ]; then
-        user_lines="s|^#User=tuned\$|User=$RUN_USER|; s|^#Group=tuned\$|Group=$RUN_USER|;"
-        if getent group video >/dev/null 2>&1; then
-            user_lines+=" s|^#SupplementaryGroups=video\$|SupplementaryGroups=video|;"
-        fi
+    local user_lines="s|^User=tuned\$|User=$RUN_USER|; s|^Group=tuned\$|Group=$RUN_USER|;"
+    if getent group video >/dev/null 2>&1; then
+        user_lines+=" s|^#SupplementaryGroups=video\$|SupplementaryGroups=video|;"
     fi
     echo "# Installed by tools/install-systemd.sh --unit-name $UNIT_NAME --prefix $PREFIX"
     sed -e "$user_lines" \
@@ -156,18 +155,21 @@ fi
 run install -D -m 0644 "$GUIDE_SRC" "$PREFIX/share/doc/operator-guide.md"
 run ln -sfn "$VENV/bin/tuned" "/usr/local/bin/$UNIT_NAME"
 
-# 2. service user
-if [ -n "$RUN_USER" ] && ! id "$RUN_USER" >/dev/null 2>&1; then
-    run useradd --system --home-dir "/var/lib/$UNIT_NAME" --no-create-home \
+# 2. service user (its home is the unit's StateDirectory, which systemd creates)
+if ! id "$RUN_USER" >/dev/null 2>&1; then
+    run useradd --system --user-group --home-dir "/var/lib/$UNIT_NAME" --no-create-home \
         --shell /usr/sbin/nologin "$RUN_USER"
 fi
+[ "$DRY_RUN" = 1 ] || getent group "$RUN_USER" >/dev/null ||
+    die "no group named $RUN_USER (the unit sets Group=$RUN_USER); create it or use --user"
 
 # 3. config (an existing one is never overwritten)
 run install -d -m 0755 "$CONF_DIR"
 if [ -e "$CONF_DIR/tuned.toml" ]; then
     echo "install-systemd: keeping existing $CONF_DIR/tuned.toml"
 else
-    run install -m 0644 "$EXAMPLE_SRC" "$CONF_DIR/tuned.toml"
+    # readable by the service, not by every local user (reload_token may go in it)
+    run install -m 0640 -o root -g "$RUN_USER" "$EXAMPLE_SRC" "$CONF_DIR/tuned.toml"
 fi
 CONFIG_OK=1
 if [ "$DRY_RUN" = 1 ]; then

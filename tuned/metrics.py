@@ -19,6 +19,7 @@ request ids and reasons, never prompt or output text: tuned never sees the text.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -111,9 +112,11 @@ class Endpoint:
     def __init__(self, host: str, port: int, metrics: Metrics,
                  decisions: Callable[[int], dict], steps: Callable[[int], dict],
                  reload: Callable[[], dict], healthy: Callable[[], bool],
-                 reload_token: str = ""):
+                 reload_token: str = "", reload_token_sha256: str = ""):
         self.metrics = metrics
-        handler = _make_handler(metrics, decisions, steps, reload, healthy, reload_token)
+        # Only the digest is kept: the engine receives nothing else (tuned.config).
+        digest = reload_token_sha256 or (token_sha256(reload_token) if reload_token else "")
+        handler = _make_handler(metrics, decisions, steps, reload, healthy, digest)
         self.server = ThreadingHTTPServer((host, port), handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever,
@@ -145,27 +148,35 @@ def is_loopback_peer(client_address) -> bool:
     return ip.is_loopback
 
 
-def reload_refusal(client_address, authorization: str | None, token: str) -> str | None:
+def token_sha256(token: str) -> str:
+    """The hex sha256 digest a reload token is compared by."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def reload_refusal(client_address, authorization: str | None, token: str = "", *,
+                   token_digest: str = "") -> str | None:
     """Why ``POST /reload`` from this peer must be refused, or None to accept it.
 
-    Accepted: a loopback peer, or (when ``token`` is set) any peer whose
-    ``Authorization`` header is ``Bearer <token>``, compared in constant time.
+    Accepted: a loopback peer, or (when a token is set: ``token`` in clear or its
+    ``token_digest``) any peer whose ``Authorization`` header is ``Bearer <token>``;
+    the digests are compared in constant time.
     """
     if is_loopback_peer(client_address):
         return None
     peer = client_address[0] if isinstance(client_address, tuple) else client_address
-    if not token:
+    token_digest = token_digest or (token_sha256(token) if token else "")
+    if not token_digest:
         return (f"reload is accepted from loopback only (peer {peer}); set reload_token "
                 "in the config to allow other peers with 'Authorization: Bearer <token>'")
     scheme, _, given = (authorization or "").strip().partition(" ")
     if scheme.lower() != "bearer" or not given.strip():
         return f"reload from a non-loopback peer ({peer}) needs 'Authorization: Bearer <token>'"
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+    if not hmac.compare_digest(token_sha256(given.strip()), token_digest.lower()):
         return f"reload token does not match (peer {peer})"
     return None
 
 
-def _make_handler(metrics, decisions, steps, reload, healthy, reload_token=""):
+def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_digest=""):
     class Handler(BaseHTTPRequestHandler):
         server_version = "tuned"
 
@@ -211,7 +222,7 @@ def _make_handler(metrics, decisions, steps, reload, healthy, reload_token=""):
                 self._json(404, {"error": f"no such path: {self.path}"})
                 return
             why = reload_refusal(self.client_address, self.headers.get("Authorization"),
-                                 reload_token)
+                                 token_digest=reload_token_digest)
             if why is not None:
                 metrics.reloads.labels("forbidden").inc()
                 self._json(403, {"outcome": "forbidden", "error": why})

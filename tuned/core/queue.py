@@ -120,6 +120,10 @@ class QueueCore(Generic[R]):
         a copy): admissions appended to it during the step are seen by the gate.
         """
         self._commit_pops()
+        excess = self.predictor.under_excess
+        if excess > 0:
+            # the predictor's measured under-prediction (MC-SF's reserve alpha)
+            ctx = dataclasses.replace(ctx, under_prediction=excess)
         self._ctx = ctx
         self._running = running_requests
         self._n_running_at_gate = None
@@ -159,7 +163,8 @@ class QueueCore(Generic[R]):
             for rid, info in list(self._infos.items()):
                 pred = self.predictor.predict(info.prompt_tokens, info.max_tokens,
                                               info.hint_output_tokens,
-                                              overestimate=new_policy.overestimate)
+                                              overestimate=new_policy.overestimate,
+                                              sla_class=info.sla_class)
                 self._set_info(rid, dataclasses.replace(info, predicted_output=pred))
         for info in sorted(self._unpinned.values(), key=lambda r: r.arrival_s):
             new_policy.observe_arrival(info)
@@ -179,7 +184,9 @@ class QueueCore(Generic[R]):
         info = self._infos.pop(rid, None)
         if learn:
             self.predictor.observe(request.num_prompt_tokens, request.num_output_tokens,
-                                   predicted=info.predicted_output if info else None)
+                                   predicted=info.predicted_output if info else None,
+                                   max_tokens=info.max_tokens if info else None,
+                                   sla_class=info.sla_class if info else None)
         if info is not None:
             self.policy.on_finished(info)
         else:
@@ -316,12 +323,13 @@ class QueueCore(Generic[R]):
         max_tokens = max(int(request.max_tokens or 1), 1)
         pred = self.predictor.predict(request.num_prompt_tokens, max_tokens,
                                       hints.output_tokens,
-                                      overestimate=self.policy.overestimate)
+                                      overestimate=self.policy.overestimate,
+                                      sla_class=hints.sla_class)
         arrival_s = request.arrival_time - self.arrival_offset_s
         deadline = arrival_s + hints.deadline_s if hints.deadline_s is not None else None
         return ReqInfo(rid, arrival_s, request.num_prompt_tokens, max_tokens, pred,
                        request.num_output_tokens, None, hints.output_tokens, deadline,
-                       request.priority)
+                       request.priority, hints.sla_class)
 
     def _set_info(self, rid: str, info: ReqInfo) -> None:
         self._infos[rid] = info

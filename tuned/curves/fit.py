@@ -68,7 +68,7 @@ class FitResult:
             if key not in d:
                 raise ValueError(f"missing key '{key}'")
         name = d["name"]
-        if name not in MODELS:
+        if not isinstance(name, str) or name not in MODELS:
             raise ValueError(f"unknown model name {name!r} (known: {', '.join(MODELS)})")
         func, xs = MODELS[name]
         want = _param_names(func, len(xs))
@@ -103,7 +103,13 @@ class FitResult:
 
 
 def _is_number(v) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    """A finite number that converts to a float (JSON allows integers of any size)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _param_names(func: Callable, n_x: int) -> tuple[str, ...]:

@@ -279,7 +279,7 @@ class SimEngine:
         if isinstance(q, QueueCore):
             q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
                                       self.free_blocks * self.block_size, self.cap,
-                                      self.controller.speed_fn), running)
+                                      self.controller.speed_fn, self.block_size), running)
         cap = self.cap
         while budget > 0 and q and len(running) < cap:
             r = q.peek_request()

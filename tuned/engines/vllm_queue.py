@@ -71,7 +71,8 @@ def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] |
     return AdmitContext(now_s=time.monotonic() if now_s is None else now_s,
                         kv_capacity_tokens=int(cap_tokens),
                         kv_free_tokens=int(pool.get_num_free_blocks() * block),
-                        cap=int(scheduler.max_num_active_reqs), speed_tok_s=speed_tok_s)
+                        cap=int(scheduler.max_num_active_reqs), speed_tok_s=speed_tok_s,
+                        block_size=int(block))
 
 
 def begin_step(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None) -> None:

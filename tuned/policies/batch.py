@@ -459,6 +459,8 @@ class BatchPolicy:
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
         budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
                               sla_s, model, obs.kv_tokens_resident)
+        # what the engine applies: room for every admitted decode plus a token
+        budget = min(max(budget, cap + 1), self.max_num_batched_tokens)
         inputs = _inputs(obs, self)
         inputs["draining"] = obs.num_running > cap
         if self.feasibility is not None:

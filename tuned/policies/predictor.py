@@ -56,6 +56,13 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _shown(v: Any, limit: int = 40) -> str:
+    """``repr(v)`` cut to ``limit`` characters: warnings are logged, and a client may
+    put anything (text included) in a hint."""
+    s = repr(v)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
 def parse_request_hints(extra_args: Mapping[str, Any] | None,
                         class_deadlines_s: Mapping[str, float] | None = None,
                         ) -> tuple[RequestHints, list[str]]:
@@ -70,7 +77,8 @@ def parse_request_hints(extra_args: Mapping[str, Any] | None,
     if extra_args is None:
         return RequestHints(), warnings
     if not isinstance(extra_args, Mapping):
-        return RequestHints(), [f"extra_args: must be a mapping, got {extra_args!r}; ignored"]
+        return RequestHints(), [f"extra_args: must be a mapping, got {_shown(extra_args)}; "
+                                "ignored"]
 
     out_tokens: int | None = None
     if HINT_OUTPUT_TOKENS in extra_args:
@@ -79,7 +87,8 @@ def parse_request_hints(extra_args: Mapping[str, Any] | None,
         if ok:
             out_tokens = int(v)
         else:
-            warnings.append(f"{HINT_OUTPUT_TOKENS}: must be an integer >= 1, got {v!r}; ignored")
+            warnings.append(f"{HINT_OUTPUT_TOKENS}: must be an integer >= 1, got {_shown(v)}; "
+                            "ignored")
 
     deadline: float | None = None
     if HINT_DEADLINE_S in extra_args:
@@ -87,17 +96,17 @@ def parse_request_hints(extra_args: Mapping[str, Any] | None,
         if _is_number(v) and math.isfinite(v) and v > 0:
             deadline = float(v)
         else:
-            warnings.append(f"{HINT_DEADLINE_S}: must be a number > 0, got {v!r}; ignored")
+            warnings.append(f"{HINT_DEADLINE_S}: must be a number > 0, got {_shown(v)}; ignored")
 
     sla_class: str | None = None
     if HINT_CLASS in extra_args:
         v = extra_args[HINT_CLASS]
         table = class_deadlines_s or {}
         if not isinstance(v, str):
-            warnings.append(f"{HINT_CLASS}: must be a string, got {v!r}; ignored")
+            warnings.append(f"{HINT_CLASS}: must be a string, got {_shown(v)}; ignored")
         elif v not in table:
             known = ", ".join(sorted(table)) or "none configured"
-            warnings.append(f"{HINT_CLASS}: unknown class {v!r} (known: {known}); ignored")
+            warnings.append(f"{HINT_CLASS}: unknown class {_shown(v)} (known: {known}); ignored")
         else:
             sla_class = v
             if deadline is None:
@@ -112,9 +121,12 @@ class PredictionErrors(NamedTuple):
     mean_abs_error_tokens: float
     mean_error_tokens: float          # > 0: over-estimates on average
     last_errors: tuple[int, ...]      # most recent last
+    under_rate: float = 0.0           # share of recent requests that outran their prediction
+    under_excess: float = 0.0         # mean of max(0, (actual − predicted) / predicted)
+                                      # over recent requests: memory beyond the plan
 
 
-def upper_quantile(sorted_values: Sequence[int], q: float) -> int:
+def upper_quantile(sorted_values: Sequence[float], q: float):
     """The sorted sample's value at index ⌈q·(n − 1)⌉ (numpy's method="higher")."""
     n = len(sorted_values)
     return sorted_values[min(math.ceil(q * (n - 1) - 1e-9), n - 1)]
@@ -126,14 +138,14 @@ class _Sample:
     __slots__ = ("values", "_sorted")
 
     def __init__(self, window: int) -> None:
-        self.values: deque[int] = deque(maxlen=window)
-        self._sorted: list[int] | None = None
+        self.values: deque = deque(maxlen=window)
+        self._sorted: list | None = None
 
-    def add(self, v: int) -> None:
+    def add(self, v) -> None:
         self.values.append(v)
         self._sorted = None
 
-    def quantile(self, q: float) -> int:
+    def quantile(self, q: float):
         if self._sorted is None:
             self._sorted = sorted(self.values)
         return upper_quantile(self._sorted, q)
@@ -142,21 +154,49 @@ class _Sample:
         return len(self.values)
 
 
-class OutputLengthPredictor:
-    """Online output-length estimator by prompt-length bucket; see the module doc.
+class _Bins:
+    """Per prompt-length bin: recent outputs and recent output / max_tokens ratios."""
 
-    ``prompt_bucket_edges_tokens``: upper edges of the prompt-length buckets (a
-    prompt of length p falls in the first bucket whose edge is > p, the last bucket
-    is open). ``quantile``: the planning quantile of the normal mode;
-    ``overestimate_quantile``: the one of the over-estimating mode (MC-SF).
-    ``min_samples``: finished requests a bucket (or the global window) needs before
-    it is trusted. Not thread-safe for learning; :meth:`error_stats` may be read
-    from another thread.
+    __slots__ = ("out", "ratio")
+
+    def __init__(self, n: int, window: int) -> None:
+        self.out = [_Sample(window) for _ in range(n)]
+        self.ratio = [_Sample(window) for _ in range(n)]
+
+
+#: default upper edges of the prompt-length bins (tokens): geometric, 16 .. 8192
+DEFAULT_EDGES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+MAX_CLASSES = 32
+
+
+class OutputLengthPredictor:
+    """Online conditional output-length estimate from the prompt length, ``max_tokens``
+    and the request class; see the module doc.
+
+    Two estimates of the planning quantile q (``quantile``, or
+    ``overestimate_quantile`` in over-estimating mode) are kept per request class
+    (``tuned_class``; unclassed requests form their own class) and per prompt-length
+    bin (``prompt_bucket_edges_tokens``, upper edges, the last bin open):
+
+    * *direct*: the q-quantile of recent output lengths in the bin;
+    * *ratio*: the q-quantile of recent output / max_tokens ratios in the bin, times
+      the request's own ``max_tokens`` (right when clients size ``max_tokens`` to the
+      answer they expect).
+
+    Each is interpolated linearly in log prompt length between the request's bin
+    and the adjacent trained bin on its side of the bin's centre (the geometric mean
+    of its edges), so predictions move continuously with the prompt length instead
+    of taking one value per bin. Which of the two estimates is used is decided per
+    class by their running mean absolute log error on finished requests (each
+    scored before it is learnt). A class with no trained bin falls back to all
+    requests; fewer than ``min_samples`` finished requests: ``max_tokens``.
+    Learning is O(1) per request and prediction O(log bins), both on the
+    scheduler's thread; :meth:`error_stats` may be read from another thread.
     """
 
     def __init__(self, *, quantile: float = 0.5, overestimate_quantile: float = 0.9,
                  window: int = 512, min_samples: int = 8,
-                 prompt_bucket_edges_tokens: Sequence[int] = (32, 128, 512, 2048),
+                 prompt_bucket_edges_tokens: Sequence[int] = DEFAULT_EDGES,
                  error_window: int = 64) -> None:
         for name, q in (("quantile", quantile), ("overestimate_quantile", overestimate_quantile)):
             if not (0.0 < q <= 1.0):
@@ -164,67 +204,145 @@ class OutputLengthPredictor:
         if window < 1 or min_samples < 1 or error_window < 1:
             raise ValueError("window, min_samples and error_window must be >= 1")
         edges = list(prompt_bucket_edges_tokens)
-        if edges != sorted(set(edges)):
-            raise ValueError(f"prompt_bucket_edges_tokens: must be strictly increasing, "
-                             f"got {edges!r}")
+        if edges != sorted(set(edges)) or (edges and edges[0] < 1):
+            raise ValueError(f"prompt_bucket_edges_tokens: must be strictly increasing "
+                             f"and >= 1, got {edges!r}")
         self.quantile = quantile
         self.overestimate_quantile = overestimate_quantile
         self.min_samples = min_samples
+        self._window = window
         self._edges = edges
-        self._buckets = [_Sample(window) for _ in range(len(edges) + 1)]
-        self._all = _Sample(window)
+        lows = [1] + edges
+        highs = edges + [edges[-1] * 4 if edges else 1 << 20]
+        self._centres = [0.5 * (math.log(lo) + math.log(max(hi, lo + 1)))
+                         for lo, hi in zip(lows, highs)]
+        self._classes: dict[str | None, _Bins] = {}
+        self._all = _Bins(len(edges) + 1, window)
+        self._global = _Sample(window)
+        self._model_err: dict[str | None, list[float]] = {}   # class -> [direct, ratio]
         self._lock = threading.Lock()
         self._err_count = 0
         self._err_abs_sum = 0
         self._err_sum = 0
         self._last_errors: deque[int] = deque(maxlen=error_window)
+        self._last_excess: deque[float] = deque(maxlen=error_window)
 
     @property
     def observed(self) -> int:
         """Finished requests in the global window."""
-        return len(self._all)
+        return len(self._global)
 
-    def _bucket(self, prompt_tokens: int) -> _Sample:
-        return self._buckets[bisect.bisect_right(self._edges, prompt_tokens)]
+    def _bin(self, prompt_tokens: int) -> int:
+        return bisect.bisect_right(self._edges, prompt_tokens)
 
-    def estimate(self, prompt_tokens: int, *, overestimate: bool = False) -> int | None:
-        """The estimator's quantile for this prompt length, uncapped; None if untrained."""
+    def _interp(self, samples: list[_Sample], prompt_tokens: int, q: float) -> float | None:
+        i = self._bin(prompt_tokens)
+        own = samples[i]
+        if len(own) < self.min_samples:
+            # an untrained bin between two trained ones: interpolate across it
+            lo = i - 1 if i > 0 and len(samples[i - 1]) >= self.min_samples else None
+            hi = i + 1 if i + 1 < len(samples) and len(samples[i + 1]) >= self.min_samples \
+                else None
+            if lo is None or hi is None:
+                return None
+        else:
+            x = math.log(max(prompt_tokens, 1))
+            j = i - 1 if x < self._centres[i] else i + 1
+            if not 0 <= j < len(samples) or len(samples[j]) < self.min_samples:
+                return float(own.quantile(q))
+            lo, hi = min(i, j), max(i, j)
+        x = math.log(max(prompt_tokens, 1))
+        x0, x1 = self._centres[lo], self._centres[hi]
+        w = min(max((x - x0) / (x1 - x0), 0.0), 1.0)
+        return (1 - w) * samples[lo].quantile(q) + w * samples[hi].quantile(q)
+
+    def _estimates(self, prompt_tokens: int, max_tokens: int | None, q: float,
+                   sla_class: str | None) -> tuple[float | None, float | None, str | None]:
+        """(direct, ratio) estimates from the class's bins, else all requests' bins."""
+        key = sla_class if sla_class in self._classes else None
+        for bins in ((self._classes.get(key),) if key is not None else ()) + (self._all,):
+            if bins is None:
+                continue
+            d = self._interp(bins.out, prompt_tokens, q)
+            if d is not None:
+                r = self._interp(bins.ratio, prompt_tokens, q) if max_tokens else None
+                return d, (r * max_tokens if r is not None else None), key
+        return None, None, key
+
+    def estimate(self, prompt_tokens: int, *, overestimate: bool = False,
+                 max_tokens: int | None = None, sla_class: str | None = None) -> int | None:
+        """The estimator's quantile for this request, uncapped; None if untrained."""
         q = self.overestimate_quantile if overestimate else self.quantile
-        b = self._bucket(prompt_tokens)
-        if len(b) >= self.min_samples:
-            return b.quantile(q)
-        if len(self._all) >= self.min_samples:
-            return self._all.quantile(q)
-        return None
+        direct, ratio, key = self._estimates(prompt_tokens, max_tokens, q, sla_class)
+        if direct is None:
+            if len(self._global) >= self.min_samples:
+                return self._global.quantile(q)
+            return None
+        err = self._model_err.get(key)
+        if ratio is not None and err is not None and err[1] < err[0]:
+            return max(int(math.ceil(ratio - 1e-9)), 1)
+        return max(int(math.ceil(direct - 1e-9)), 1)
 
     def predict(self, prompt_tokens: int, max_tokens: int, hint: int | None = None, *,
-                overestimate: bool = False) -> int:
+                overestimate: bool = False, sla_class: str | None = None) -> int:
         """õ for one request: hint, else estimate, else ``max_tokens``; in [1, max_tokens]."""
         max_tokens = max(int(max_tokens), 1)
         if hint is not None:
             return min(max(int(hint), 1), max_tokens)
-        est = self.estimate(prompt_tokens, overestimate=overestimate)
+        est = self.estimate(prompt_tokens, overestimate=overestimate, max_tokens=max_tokens,
+                            sla_class=sla_class)
         if est is None:
             return max_tokens
         return min(max(est, 1), max_tokens)
 
     def observe(self, prompt_tokens: int, output_tokens: int,
-                predicted: int | None = None) -> None:
+                predicted: int | None = None, *, max_tokens: int | None = None,
+                sla_class: str | None = None) -> None:
         """Learn from a finished request; ``predicted`` (what was planned with) feeds
-        the error statistics."""
-        self._bucket(prompt_tokens).add(int(output_tokens))
-        self._all.add(int(output_tokens))
+        the error statistics, ``max_tokens`` the ratio estimate."""
+        out = int(output_tokens)
+        # score both estimates on this request before learning it (model choice)
+        key = sla_class if sla_class is not None and (
+            sla_class in self._classes or len(self._classes) < MAX_CLASSES) else None
+        if max_tokens:
+            d, r, _ = self._estimates(prompt_tokens, max_tokens, self.quantile, key)
+            if d is not None and r is not None:
+                err = self._model_err.setdefault(key, [0.0, 0.0])
+                lo = math.log(max(out, 1))
+                err[0] = 0.9 * err[0] + 0.1 * abs(math.log(max(d, 1)) - lo)
+                err[1] = 0.9 * err[1] + 0.1 * abs(math.log(max(r, 1)) - lo)
+        i = self._bin(prompt_tokens)
+        targets = [self._all]
+        if key is not None:
+            targets.append(self._classes.setdefault(key, _Bins(len(self._edges) + 1,
+                                                               self._window)))
+        for bins in targets:
+            bins.out[i].add(out)
+            if max_tokens:
+                bins.ratio[i].add(out / max(int(max_tokens), 1))
+        self._global.add(out)
         if predicted is not None:
-            err = int(predicted) - int(output_tokens)
+            err = int(predicted) - out
             with self._lock:
                 self._err_count += 1
                 self._err_abs_sum += abs(err)
                 self._err_sum += err
                 self._last_errors.append(err)
+                self._last_excess.append(max(0.0, -err / max(int(predicted), 1)))
 
     def error_stats(self) -> PredictionErrors:
-        """Mean absolute / signed error over every observed prediction, and the last ones."""
+        """Mean absolute / signed error over every observed prediction, the last ones,
+        and the recent under-prediction (rate and mean relative excess)."""
         with self._lock:
             n = self._err_count
+            ex = list(self._last_excess)
             return PredictionErrors(n, self._err_abs_sum / n if n else 0.0,
-                                    self._err_sum / n if n else 0.0, tuple(self._last_errors))
+                                    self._err_sum / n if n else 0.0, tuple(self._last_errors),
+                                    sum(1 for e in ex if e > 0) / len(ex) if ex else 0.0,
+                                    sum(ex) / len(ex) if ex else 0.0)
+
+    @property
+    def under_excess(self) -> float:
+        """Mean relative memory excess of recent under-predictions (MC-SF's α)."""
+        ex = self._last_excess
+        return sum(ex) / len(ex) if ex else 0.0

@@ -65,6 +65,7 @@ class ReqInfo:
     hint_output_tokens: int | None = None
     deadline_s: float | None = None
     priority: int = 0
+    sla_class: str | None = None     # the accepted tuned_class hint, if any
 
     @property
     def seq_tokens(self) -> int:
@@ -99,7 +100,9 @@ class AdmitContext:
     """The engine as an admission decision sees it, fixed for one step.
 
     ``speed_tok_s(n)`` is the per-request decode speed (tokens/s) with ``n`` requests
-    running, from the speed profile; None when no profile is loaded.
+    running, from the speed profile; None when no profile is loaded. ``block_size``:
+    the KV allocator's unit in tokens (a request holding h tokens holds
+    ceil(h / block_size) blocks); 1 plans token-exact.
     """
 
     now_s: float
@@ -107,6 +110,9 @@ class AdmitContext:
     kv_free_tokens: int
     cap: int
     speed_tok_s: Callable[[int], float] | None = None
+    block_size: int = 1
+    under_prediction: float = 0.0    # expected memory share beyond the predicted output
+                                     # (the predictor's measured under-prediction)
 
 
 @dataclass

@@ -1,0 +1,382 @@
+"""The real-engine side of ``tuned bench``: config files, the open-loop send
+schedule, stream accounting, start failures, and one end-to-end run of a static and
+a tuned contender against the real vLLM server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tuned import config as config_mod
+from tuned.bench import live
+from tuned.bench.live import (Contender, LiveStartError, _Client, config_to_toml,
+                              drive_open_loop, run_live, vllm_command)
+from tuned.config import Config, validate
+from tuned.workloads import RequestSpec, parse_workload
+
+DATA = Path(__file__).parent / "data"
+
+
+# --- config -> TOML --------------------------------------------------------------------------
+
+def _roundtrip(cfg: Config, tmp_path: Path) -> Config:
+    path = tmp_path / "c.toml"
+    path.write_text(config_to_toml(cfg))
+    return config_mod.load(path)
+
+
+def test_default_config_writes_no_keys_and_loads_back_equal(tmp_path):
+    text = config_to_toml(Config())
+    assert tomllib.loads(text) == {}
+    assert _roundtrip(Config(), tmp_path) == Config()
+
+
+def test_embedded_default_round_trips(tmp_path):
+    cfg = config_mod.default()
+    non_default = {k: v for k, v in config_mod.EMBEDDED_DEFAULT.items()
+                   if v != config_mod.FIELDS[k].metadata["default"]}
+    assert tomllib.loads(config_to_toml(cfg)) == non_default
+    assert _roundtrip(cfg, tmp_path) == cfg
+
+
+def test_every_kind_of_field_round_trips(tmp_path):
+    profile = str((DATA / "profile_v1.json").resolve())
+    cfg = validate({
+        "model": "/models/llama \"8b\"\\v1", "max_num_seqs": 48, "num_gpu_blocks": 32,
+        "port": 8123, "metrics_port": 9999, "reload_token": "s3cr\u00e9t\x7f\ttab",
+        "vllm_args": ["--dtype", "float32", "--chat-template", "{{ '\\n' }}\u00e9\U0001F600",
+                      ""],
+        "interval_s": 0.25, "eps_m": 1e-6, "tbt_sla_s": 0.025, "eps_d_s": 0.002,
+        "b_min": 2, "b_max": 40, "fallback_cap": 8, "sla_mode": "paper",
+        "queue_policy": "mcsf", "queue_options": {"reserve_fraction": 0.05},
+        "class_deadlines_s": {"qna": 1.0, "code gen": 8, "x.y": 2.5},
+        "profile": profile, "log_level": "debug", "batch_policy": "trtllm"})
+    back = _roundtrip(cfg, tmp_path)
+    assert back == cfg
+    assert back.vllm_args[3].endswith("\U0001F600") and back.reload_token.endswith("\ttab")
+    assert back.class_deadlines_s == {"qna": 1.0, "code gen": 8, "x.y": 2.5}
+
+
+def test_relative_profile_is_written_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(DATA.parent)
+    cfg = Config(profile="data/profile_v1.json")
+    back = _roundtrip(cfg, tmp_path)  # the file lives elsewhere: a relative path would break
+    assert back == dataclasses.replace(cfg, profile=str((DATA / "profile_v1.json").resolve()))
+
+
+def test_values_toml_cannot_hold_are_refused():
+    with pytest.raises(ValueError, match="finite"):
+        config_to_toml(Config(interval_s=float("nan")))
+
+
+# --- the plain vLLM command ------------------------------------------------------------------
+
+def test_static_command_carries_the_cap_and_the_engine_settings():
+    cfg = validate({"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 512,
+                    "num_gpu_blocks": 48, "vllm_args": ["--dtype", "float32"]})
+    cmd = vllm_command(cfg, "/m", 8, 8001, extra=["--seed", "1"], python="py")
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    args = " ".join(cmd[3:])
+    assert ("--model /m --host 127.0.0.1 --port 8001 --max-num-seqs 8 "
+            "--max-num-batched-tokens 1024 --max-model-len 512 "
+            "--num-gpu-blocks-override 48 --dtype float32 --seed 1") == args
+    assert "--num-gpu-blocks-override" not in vllm_command(Config(), "/m", 8, 1)
+    assert "--scheduler-cls" not in args
+
+
+# --- the open-loop schedule on a fake clock --------------------------------------------------
+
+class FakeClock:
+    """A clock that only moves when slept on; ``oversleep`` s are added to the next
+    sleep (a busy event loop wakes late)."""
+
+    def __init__(self, start: float = 100.0):
+        self.now = start
+        self.sleeps: list[float] = []
+        self.oversleep = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, d: float) -> None:
+        self.sleeps.append(d)
+        await asyncio.sleep(0)  # tasks already due run now, before time moves
+        self.now += d + self.oversleep
+        self.oversleep = 0.0
+
+
+def _spec(i: int, arrival: float) -> RequestSpec:
+    return RequestSpec(f"r{i:06d}", arrival, 8, 4, 4)
+
+
+def test_sends_start_at_their_arrival_times_without_waiting_for_completions():
+    clock = FakeClock()
+    specs = [_spec(i, a) for i, a in enumerate([0.0, 0.25, 0.25, 1.0, 3.5])]
+    sent: list[tuple[int, float]] = []
+    all_sent = asyncio.Event()
+
+    async def send(i, spec):
+        sent.append((i, clock() - 100.0))
+        if len(sent) == len(specs):
+            all_sent.set()
+        await all_sent.wait()  # nobody finishes before the last one is sent
+        return spec.request_id
+
+    results, lag = asyncio.run(drive_open_loop(specs, send, clock=clock, sleep=clock.sleep))
+    assert sent == [(0, 0.0), (1, 0.25), (2, 0.25), (3, 1.0), (4, 3.5)]
+    assert results == [s.request_id for s in specs]
+    assert lag == 0.0
+    assert clock.sleeps == [0.25, 0.75, 2.5]
+
+
+def test_a_late_loop_sends_at_once_and_reports_its_lag():
+    clock = FakeClock()
+    clock.oversleep = 0.3  # the first wake-up comes 0.3 s late
+    specs = [_spec(0, 0.0), _spec(1, 0.1), _spec(2, 0.2), _spec(3, 2.0)]
+    sent = []
+
+    async def send(i, spec):
+        sent.append(round(clock() - 100.0, 9))
+        return i
+
+    results, lag = asyncio.run(drive_open_loop(specs, send, clock=clock, sleep=clock.sleep))
+    assert results == [0, 1, 2, 3]
+    assert sent == [0.0, 0.4, 0.4, 2.0]  # 1 and 2 go out together, 3 on time again
+    assert lag == pytest.approx(0.3)
+    assert clock.sleeps == [pytest.approx(0.1), pytest.approx(1.6)]
+
+
+# --- stream accounting: the real openai client against a fake server ---------------------------
+
+def _chunk(completion_tokens=None, prompt_tokens=8, finish=None, choices=True) -> dict:
+    ev = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+          "choices": [{"index": 0, "text": "x", "logprobs": None, "finish_reason": finish,
+                       "stop_reason": None}] if choices else []}
+    if completion_tokens is not None:
+        ev["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                       "total_tokens": prompt_tokens + completion_tokens}
+    return ev
+
+
+class FakeServer:
+    """Answers POST /v1/completions with the given server-sent events, moving the
+    fake clock by ``gaps[i]`` before event i; records the request bodies."""
+
+    def __init__(self, clock, events, gaps, status=200):
+        self.clock, self.events, self.gaps, self.status = clock, events, gaps, status
+        self.bodies: list[dict] = []
+        self.sent = 0
+
+    async def _body(self):
+        for ev, gap in zip(self.events, self.gaps):
+            self.clock.now += gap
+            self.sent += 1
+            yield f"data: {ev if isinstance(ev, str) else json.dumps(ev)}\n\n".encode()
+
+    def handler(self, request):
+        httpx = live._http()
+        self.bodies.append(json.loads(request.content))
+        if self.status != 200:
+            return httpx.Response(self.status, json={"error": {"message": "bad prompt",
+                                                                "type": "BadRequestError"}})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              content=self._body())
+
+    def send(self, spec: RequestSpec, prompt: list[int]):
+        from openai import AsyncOpenAI
+
+        httpx = live._http()
+        http = httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+        oa = AsyncOpenAI(base_url="http://x/v1", api_key="e", max_retries=0, http_client=http)
+        c = _Client("http://x", "m", None, openai=oa, http=http, clock=self.clock)
+        c.t0 = 100.0
+
+        async def go():
+            try:
+                return await c.send(spec, prompt)
+            finally:
+                await http.aclose()
+
+        return asyncio.run(go()), c
+
+
+def test_tokens_of_a_chunk_get_its_time_and_the_request_is_sent_as_specified():
+    # 5 tokens: 1, then 3 in one chunk (the API server fell behind), then 1 with the
+    # finish reason, then the usage-only chunk
+    srv = FakeServer(FakeClock(100.0),
+                     [_chunk(1), _chunk(4), _chunk(5, finish="length"),
+                      _chunk(5, choices=False), "[DONE]"],
+                     [0.5, 0.25, 0.25, 0.0, 0.0])
+    r, c = srv.send(RequestSpec("r1", 0.0, 8, 5, 5), [7] * 8)
+    assert not r.failed, r.error
+    assert r.token_times_s == [0.5, 0.75, 0.75, 0.75, 1.0]
+    assert (r.first_token_s, r.finish_s, r.output_tokens) == (0.5, 1.0, 5)
+    assert c.chunks == 3
+    body = srv.bodies[0]
+    assert body["prompt"] == [7] * 8 and body["max_tokens"] == 5 and body["stream"] is True
+    assert body["ignore_eos"] is True and body["min_tokens"] == 5
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["temperature"] == 0 and body["model"] == "m"
+
+
+def test_without_per_chunk_usage_missing_tokens_get_the_last_chunk_time():
+    srv = FakeServer(FakeClock(100.0),
+                     [_chunk(None), _chunk(None, finish="length"), _chunk(4, choices=False)],
+                     [0.5, 0.5, 0.0])
+    r, _ = srv.send(RequestSpec("r1", 0.0, 8, 4, 4), [1] * 8)
+    assert not r.failed, r.error
+    assert r.token_times_s == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_a_larger_max_tokens_is_cut_by_the_client_at_output_tokens():
+    srv = FakeServer(FakeClock(100.0),
+                     [_chunk(2), _chunk(5), _chunk(6), _chunk(16, finish="length")],
+                     [0.1, 0.1, 0.1, 0.1])
+    r, _ = srv.send(RequestSpec("r1", 0.0, 8, 4, 16), [1] * 8)
+    assert not r.failed, r.error
+    assert srv.bodies[0]["max_tokens"] == 16 and srv.bodies[0]["min_tokens"] == 4
+    assert r.output_tokens == 4 and r.token_times_s == pytest.approx([0.1, 0.1, 0.2, 0.2])
+    assert srv.sent == 2  # it stopped reading as soon as it had 4 tokens
+
+
+@pytest.mark.parametrize("events, status, error", [
+    ([_chunk(1), _chunk(2, finish="stop"), _chunk(2, choices=False)], 200,
+     "EngineError: generated 2 tokens (2 timed), asked for 4"),
+    ([_chunk(4, prompt_tokens=9, finish="length"), _chunk(4, 9, choices=False)], 200,
+     "EngineError: the server counted 9 prompt tokens, sent 8"),
+    ([_chunk(1), {"error": {"message": "engine dead", "code": 500}}], 200,
+     "EngineError: engine dead"),
+    ([_chunk(1), _chunk(2)], 200, "EngineError: the stream ended without a finish reason"),
+    ([], 400, "BadRequestError"),
+])
+def test_a_bad_answer_fails_the_request_with_its_reason(events, status, error):
+    srv = FakeServer(FakeClock(100.0), events, [0.1] * len(events), status=status)
+    r, _ = srv.send(RequestSpec("r1", 0.0, 8, 4, 4), [1] * 8)
+    assert r.failed and r.error.startswith(error), r.error
+    assert r.first_token_s is None and r.finish_s is None
+
+
+# --- start failures ----------------------------------------------------------------------------
+
+def test_a_server_that_dies_at_start_names_the_contender_and_shows_its_log(tmp_path,
+                                                                        monkeypatch):
+    def dying(cfg, model_path, cap, port, extra=(), python=sys.executable):
+        return [python, "-c", "import sys; print('no such model: ' + sys.argv[1]); "
+                "raise SystemExit(3)", model_path]
+
+    monkeypatch.setattr(live, "vllm_command", dying)
+    wl = parse_workload("poisson:rate=4,prompt=8,output=4,n=2", seed=0)
+    with pytest.raises(LiveStartError) as e:
+        run_live(Contender("static-8", "static", Config(), cap=8), wl, model_path="/nope",
+                 log_dir=tmp_path, startup_timeout_s=60)
+    msg = str(e.value)
+    assert "contender 'static-8' (static) did not start" in msg
+    assert "exited with code 3" in msg and "no such model: /nope" in msg
+    assert (tmp_path / "static-8.log").is_file()
+
+
+def test_an_unknown_kind_is_refused(tmp_path):
+    wl = parse_workload("poisson:rate=4,prompt=8,output=4,n=2", seed=0)
+    with pytest.raises(ValueError, match="kind must be one of static, peer, tuned"):
+        run_live(Contender("x", "fixed", Config()), wl, model_path="/m", log_dir=tmp_path)
+
+
+# --- end to end on the real engine -------------------------------------------------------------
+
+def _check_results(run, workload):
+    assert [r.request_id for r in run.results] == [s.request_id for s in workload]
+    for r, s in zip(run.results, workload):
+        assert not r.failed, (r.request_id, r.error)
+        assert r.output_tokens == s.output_tokens
+        assert r.arrival_s == s.arrival_s
+        assert r.arrival_s <= r.first_token_s <= r.finish_s <= run.duration_s
+        t = r.token_times_s
+        assert len(t) == s.output_tokens
+        assert all(a <= b for a, b in zip(t, t[1:]))
+        assert (t[0], t[-1]) == (r.first_token_s, r.finish_s)
+    assert run.server_returncode is None  # it served until we stopped it
+    assert run.client_cpu_s > 0
+    assert run.stream_chunks >= 1
+    assert run.server_log.stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_static_and_tuned_contenders_run_the_same_workload(tiny_model, tmp_path):
+    spec = "poisson:rate=4,prompt=U(8,32),output=U(4,12),n=12"
+    workload = parse_workload(spec, seed=0)
+    # The same requests with max_tokens 16: the engine sees 16, the client cuts at
+    # output_tokens (as an EOS would end them).
+    cut_workload = parse_workload(spec + ",max_tokens=16", seed=0)
+    assert [(r.arrival_s, r.output_tokens) for r in cut_workload] == \
+        [(r.arrival_s, r.output_tokens) for r in workload]
+    cfg = validate({"num_gpu_blocks": 32})
+    model = str(tiny_model)
+
+    progress: list[tuple[int, int]] = []
+    static = run_live(Contender("static-4", "static", cfg, cap=4), cut_workload,
+                      model_path=model, log_dir=tmp_path,
+                      progress=lambda d, n: progress.append((d, n)))
+    _check_results(static, cut_workload)
+    assert static.cap_timeline == [(0.0, 4), (static.duration_s, 4)]
+    assert static.decisions == [] and static.config_path is None
+    assert progress[0] == (0, 12) and progress[-1] == (12, 12)
+    assert [d for d, _ in progress] == list(range(13))
+    assert "--max-num-seqs 4" in static.server_log.read_text(errors="replace").splitlines()[0]
+
+    tuned = run_live(Contender("tuned", "tuned", cfg), workload, model_path=model,
+                     log_dir=tmp_path)
+    _check_results(tuned, workload)
+    assert tuned.server_log == tmp_path / "tuned.log"
+    ran = config_mod.load(tuned.config_path)
+    assert ran.model == model and ran.num_gpu_blocks == 32
+    assert tuned.cap_timeline
+    times = [t for t, _ in tuned.cap_timeline]
+    assert times == sorted(times)
+    assert all(1 <= cap <= cfg.max_num_seqs for _, cap in tuned.cap_timeline)
+    assert tuned.decisions
+    seqs = [d["seq"] for d in tuned.decisions]
+    assert seqs == sorted(set(seqs))
+    assert all(1 <= d["cap"] <= cfg.max_num_seqs and "reason" in d for d in tuned.decisions)
+
+
+# --- tuned's decisions ---------------------------------------------------------------------------
+
+def test_decisions_are_polled_deduplicated_by_seq_and_a_gap_asks_for_more():
+    httpx = live._http()
+    clock = FakeClock(100.0)
+    answers = {200: list(range(1, 4)), 16: list(range(3, 6))}
+    asked: list[int] = []
+
+    def handler(request):
+        limit = int(request.url.params["limit"])
+        asked.append(limit)
+        seqs = answers[limit]
+        return httpx.Response(200, json={
+            "applied": {"cap": 4 + len(asked)},
+            "recent": [{"t": 1000.0 + s, "seq": s, "cap": s, "reason": "r"} for s in seqs]})
+
+    async def go():
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        c = _Client("http://x", "m", "http://e", openai=object(), http=http, clock=clock)
+        c.t0 = 100.0
+        c._wall_offset = 900.0  # wall time = clock + 900: seq s was decided at run_s = s
+        out = [await c.poll_decisions(200)]
+        clock.now += 0.5
+        out.append(await c.poll_decisions(16))
+        answers[16] = list(range(30, 46))  # 16 newer ones: 6..29 were missed
+        out.append(await c.poll_decisions(16))
+        await http.aclose()
+        return c, out
+
+    c, out = asyncio.run(go())
+    assert out == [True, True, False]
+    assert asked == [200, 16, 16]
+    assert sorted(c.decisions) == [1, 2, 3, 4, 5] + list(range(30, 46))
+    assert c.decisions[2]["run_s"] == pytest.approx(2.0)
+    assert c.cap_timeline == [(0.0, 5), (0.5, 6), (0.5, 7)]

@@ -1,0 +1,546 @@
+"""The real-engine side of ``tuned bench --engine vllm``: one open-loop workload
+against a freshly started server per contender.
+
+:func:`run_live` starts the contender's server on free local ports -- a plain vLLM
+OpenAI server with a fixed ``--max-num-seqs`` for a ``static`` contender, ``tuned
+serve`` with the contender's config for ``tuned`` and ``peer`` -- waits until it
+answers (and, for tuned, until its controller has decided), sends one warm-up
+request, then replays the workload open-loop: request i is sent ``arrival_s``
+seconds after the run starts whether or not earlier ones have finished. Everything
+runs on one asyncio event loop with the official ``openai`` client, so the client
+stays light beside an engine that shares the host's cores. The server is stopped
+at the end and its log kept as ``log_dir/<contender>.log``.
+
+How each request is timed (all times in seconds since the run start, on
+``time.monotonic``):
+
+- ``arrival_s`` is the scheduled send time (the workload's), not the moment the
+  client got round to sending, so client lag counts against the engine's latency as
+  it would for a real user; the largest lag is reported (``LiveRun.send_lag_max_s``).
+- Requests stream with ``stream_options = {include_usage, continuous_usage_stats}``:
+  vLLM then puts the cumulative ``completion_tokens`` on every chunk, so the number
+  of tokens a chunk carries is exact. A chunk carries several tokens when the API
+  server fell behind the engine (vLLM merges the pending outputs of a request into
+  one chunk); each of its tokens gets the chunk's arrival time. Counting text is
+  not reliable: a chunk may carry a token whose text is still held back by the
+  detokenizer (an incomplete UTF-8 sequence), i.e. empty text. Without per-chunk
+  usage (another server), each chunk counts one token and the tokens the final
+  usage reports beyond that get the last chunk's time. The times are when the
+  client read the chunk: a busy API server delivers several chunks at once.
+- The ``openai`` client sends the request and maps HTTP errors, but the events are
+  read as raw server-sent-event lines with ``json.loads``: a typed chunk object per
+  token costs about ten times the CPU (measured 150-200 vs 16 us per chunk), and
+  the client shares the engine's cores.
+- ``first_token_s`` is the first chunk with a token, ``finish_s`` the chunk with the
+  last token (as ``vllm bench serve`` measures E2EL); ``output_tokens`` is the
+  final usage count.
+- Exact lengths: ``ignore_eos`` (the random-weight demo model emits EOS at random)
+  and ``min_tokens = output_tokens``. When a request's ``max_tokens`` exceeds its
+  ``output_tokens`` (the workload's ``max_tokens=M``), the engine sees ``max_tokens``
+  and the client closes the stream after ``output_tokens`` tokens, which aborts the
+  request in vLLM -- as an EOS would end it; the engine may have computed a token
+  or two more by the time the abort lands.
+- A request that raises, or ends with a different number of tokens than asked
+  for, is ``failed`` with its error; the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+from tuned.bench.metrics import RequestResult
+from tuned.config import FIELDS, Config
+from tuned.netutil import free_port
+from tuned.profiler import (EngineError, PromptFactory, server_info, stop_process,
+                            wait_ready)
+from tuned.workloads import RequestSpec, Workload
+
+__all__ = ["Contender", "LiveRun", "LiveStartError", "run_live", "config_to_toml",
+           "drive_open_loop", "vllm_command", "KINDS"]
+
+KINDS = ("static", "peer", "tuned")
+POLL_INTERVAL_S = 0.5
+REQUEST_TIMEOUT_S = 3600.0
+# `tuned serve` gives vLLM 60 s to stop before it kills it; give the supervisor
+# longer than that, or a SIGKILL to it would orphan the engine's own session.
+TUNED_STOP_GRACE_S = 90.0
+STATIC_STOP_GRACE_S = 30.0
+WARMUP = RequestSpec("warmup", 0.0, 8, 4, 4)
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One configuration in a benchmark: a fixed ``--max-num-seqs`` (``static``:
+    ``cap``, or the config's ``max_num_seqs`` when None) on a plain vLLM server,
+    or ``tuned serve`` running ``config`` (``tuned``, and ``peer`` for the peers'
+    rules that tuned embeds, e.g. ``batch_policy = "trtllm"``)."""
+
+    name: str
+    kind: str
+    config: Config
+    cap: int | None = None
+
+
+@dataclass
+class LiveRun:
+    """What one contender did with the workload. Times are seconds since the run
+    start (the moment request 0 was due)."""
+
+    results: list[RequestResult]           # one per RequestSpec, in the workload's order
+    cap_timeline: list[tuple[float, int]]  # (s since start, applied cap)
+    decisions: list[dict]                  # tuned's decisions by seq, each with run_s
+    duration_s: float                      # start -> last request done
+    server_log: Path
+    client_cpu_s: float = 0.0              # this process's CPU over the run
+    send_lag_max_s: float = 0.0            # latest send behind its arrival
+    server_returncode: int | None = None   # None: still serving at the end, as it should
+    config_path: Path | None = None        # the TOML `tuned serve` ran (tuned, peer)
+    stream_chunks: int = 0                 # streamed chunks that carried tokens
+
+
+class LiveStartError(EngineError):
+    """A contender's server did not start or did not answer its warm-up request;
+    the message names the contender and ends with the server log's tail."""
+
+
+# --- config -> TOML ------------------------------------------------------------------------
+
+def _toml_str(s: str) -> str:
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch in "\b\t\n\f\r":
+            out.append({"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}[ch])
+        elif o < 0x20 or o == 0x7F:  # TOML forbids raw control characters in strings
+            out.append(f"\\u{o:04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"cannot write {v!r} to a config (values must be finite)")
+        return repr(v)
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_str(str(k))} = {_toml_value(x)}"
+                               for k, x in v.items()) + "}"
+    raise ValueError(f"cannot write a {type(v).__name__} to a config: {v!r}")
+
+
+def config_to_toml(cfg: Config) -> str:
+    """The TOML text of every field of ``cfg`` that differs from its default, so that
+    ``tuned.config.load`` of it gives back an equal Config. A relative ``profile``
+    is written as an absolute path (``load`` resolves it against the file's folder,
+    this resolves it against the working directory)."""
+    lines = ["# written by `tuned bench`"]
+    for name, f in FIELDS.items():
+        value = getattr(cfg, name)
+        if value == f.metadata["default"]:
+            continue
+        if name == "profile" and value:
+            value = str(Path(value).resolve())
+        lines.append(f"{name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+# --- servers -------------------------------------------------------------------------------
+
+def vllm_command(cfg: Config, model_path: str, cap: int, port: int,
+                 extra: Sequence[str] = (), python: str = sys.executable) -> list[str]:
+    """A plain vLLM OpenAI server with ``--max-num-seqs cap`` and the config's other
+    engine settings -- the same ones ``tuned serve`` hands vLLM, without tuned."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+           "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(cap),
+           "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+           "--max-model-len", str(cfg.max_model_len)]
+    if cfg.num_gpu_blocks:
+        cmd += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
+    return cmd + list(cfg.vllm_args) + list(extra)
+
+
+@dataclass
+class _Server:
+    proc: subprocess.Popen
+    url: str
+    endpoint: str | None      # tuned's /decisions base URL; None for plain vLLM
+    log_path: Path
+    config_path: Path | None
+    stop_grace_s: float
+    log_file: Any = None
+
+    def stop(self) -> None:
+        try:
+            stop_process(self.proc, grace_s=self.stop_grace_s)
+        finally:
+            if self.log_file is not None:
+                self.log_file.close()
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "contender"
+
+
+def _start_server(c: Contender, model_path: str, log_dir: Path,
+                  extra: Sequence[str]) -> _Server:
+    if c.kind not in KINDS:
+        raise ValueError(f"contender {c.name!r}: kind must be one of {', '.join(KINDS)}, "
+                         f"got {c.kind!r}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stem = _safe_name(c.name)
+    log_path = log_dir / f"{stem}.log"
+    env = dict(os.environ)
+    # The CPU build sizes its KV cache in GiB from this; num_gpu_blocks overrides it.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    port = free_port()
+    config_path = None
+    if c.kind == "static":
+        cap = c.cap if c.cap is not None else c.config.max_num_seqs
+        if cap < 1:
+            raise ValueError(f"contender {c.name!r}: cap must be >= 1, got {cap}")
+        cmd = vllm_command(c.config, model_path, cap, port, extra)
+        endpoint, grace = None, STATIC_STOP_GRACE_S
+    else:
+        mport = free_port(avoid=(port,))
+        cfg = dataclasses.replace(c.config, model=model_path, host="127.0.0.1", port=port,
+                                  metrics_host="127.0.0.1", metrics_port=mport)
+        config_path = log_dir / f"{stem}.toml"
+        config_path.write_text(config_to_toml(cfg))
+        cmd = [sys.executable, "-m", "tuned", "serve", "--config", str(config_path)]
+        if extra:
+            cmd += ["--", *extra]
+        endpoint, grace = f"http://127.0.0.1:{mport}", TUNED_STOP_GRACE_S
+    log_file = open(log_path, "wb")
+    log_file.write(f"# tuned bench: {c.name} ({c.kind}): {' '.join(cmd)}\n".encode())
+    log_file.flush()
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    return _Server(proc, f"http://127.0.0.1:{port}", endpoint, log_path, config_path, grace,
+                   log_file)
+
+
+def _log_tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_decided(srv: _Server, deadline: float) -> None:
+    """Until tuned's endpoint shows a first decision (the controller runs)."""
+    import requests
+
+    while True:
+        if srv.proc.poll() is not None:
+            raise EngineError(f"engine exited with code {srv.proc.returncode} while "
+                              f"starting; last lines of {srv.log_path}:\n"
+                              f"{_log_tail(srv.log_path)}")
+        try:
+            r = requests.get(f"{srv.endpoint}/decisions?limit=0", timeout=2)
+            if r.status_code == 200 and r.json().get("current"):
+                return
+        except (requests.RequestException, ValueError):
+            pass
+        if '"event": "endpoint_failed"' in _log_tail(srv.log_path, 400):
+            raise EngineError(f"tuned's endpoint could not bind {srv.endpoint}; last lines "
+                              f"of {srv.log_path}:\n{_log_tail(srv.log_path)}")
+        if time.monotonic() > deadline:
+            raise EngineError(f"tuned made no decision in time; last lines of "
+                              f"{srv.log_path}:\n{_log_tail(srv.log_path)}")
+        time.sleep(0.5)
+
+
+# --- the open loop -------------------------------------------------------------------------
+
+async def drive_open_loop(specs: Sequence[RequestSpec],
+                          send: Callable[[int, RequestSpec], Awaitable[Any]], *,
+                          clock: Callable[[], float] = time.monotonic,
+                          sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                          t0: float | None = None) -> tuple[list[Any], float]:
+    """Start ``send(i, spec)`` as its own task at ``t0 + spec.arrival_s`` (``t0``
+    defaults to now), never waiting for earlier sends to finish; return their
+    results in order and the largest lag (how late behind its arrival a send began)."""
+    t0 = clock() if t0 is None else t0
+    tasks = []
+    lag_max = 0.0
+    for i, spec in enumerate(specs):
+        delay = t0 + spec.arrival_s - clock()
+        if delay > 0:
+            await sleep(delay)
+        lag_max = max(lag_max, clock() - t0 - spec.arrival_s)
+        tasks.append(asyncio.ensure_future(send(i, spec)))
+    return list(await asyncio.gather(*tasks)), lag_max
+
+
+def _http():
+    # this openai release ships httpx2; older ones use httpx (same API)
+    try:
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover - depends on the openai release
+        import httpx
+    return httpx
+
+
+class _Client:
+    """The run's HTTP side: streamed completions and tuned's /decisions poller.
+    ``openai`` and ``http`` are built for ``base_url`` unless given (tests pass
+    fakes); ``clock`` is the run's clock."""
+
+    def __init__(self, base_url: str, model: str, endpoint: str | None, *,
+                 timeout_s: float = REQUEST_TIMEOUT_S, openai: Any = None, http: Any = None,
+                 clock: Callable[[], float] = time.monotonic):
+        if http is None:
+            httpx = _http()
+            # Open loop: no pool limit (a limit would queue requests in the client),
+            # and no keep-alive (uvicorn drops idle connections after 5 s; a request
+            # sent on one that is closing fails).
+            http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=0))
+        if openai is None:
+            from openai import AsyncOpenAI
+
+            openai = AsyncOpenAI(base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0,
+                                 timeout=timeout_s, http_client=http)
+        self.http = http
+        self.openai = openai
+        self.model = model
+        self.endpoint = endpoint
+        self.clock = clock
+        self.t0 = clock()  # the run start; reset when the run starts
+        self.cap_timeline: list[tuple[float, int]] = []
+        self.decisions: dict[int, dict] = {}
+        self.poll_errors = 0
+        self.chunks = 0        # streamed chunks that carried tokens
+        self._wall_offset = 0.0  # time.time() - the clock, for decisions' wall times
+
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    async def send(self, spec: RequestSpec, prompt: list[int]) -> RequestResult:
+        """Stream one request; see the module docstring for what is recorded."""
+        times: list[float] = []
+        usage_total: int | None = None
+        usage_prompt: int | None = None
+        seen = 0            # tokens counted so far
+        finish = None
+        res = RequestResult(spec.request_id, spec.arrival_s, spec.prompt_tokens, 0, None, None,
+                            token_times_s=times)
+        cut = spec.max_tokens > spec.output_tokens
+        try:
+            # The official client sends the request and maps HTTP errors; the events
+            # are read as raw SSE lines: building a typed chunk per token costs ~10x
+            # the CPU of json.loads, and the client shares the engine's cores.
+            async with self.openai.completions.with_streaming_response.create(
+                    model=self.model, prompt=prompt, max_tokens=spec.max_tokens,
+                    temperature=0, stream=True,
+                    stream_options={"include_usage": True, "continuous_usage_stats": True},
+                    extra_body={"ignore_eos": True, "min_tokens": spec.output_tokens}
+            ) as response:
+                async for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    t = self.now()
+                    event = json.loads(data)
+                    if "error" in event:
+                        err = event["error"]
+                        raise EngineError(err.get("message", err) if isinstance(err, dict)
+                                          else err)
+                    u = event.get("usage")
+                    if u and u.get("prompt_tokens") is not None:
+                        usage_prompt = u["prompt_tokens"]
+                    choices = event.get("choices")
+                    if choices:
+                        n = (u["completion_tokens"] - seen) if u else 1
+                        if cut:
+                            n = min(n, spec.output_tokens - seen)
+                        if n > 0:
+                            times.extend([t] * n)
+                            seen += n
+                            self.chunks += 1
+                        finish = choices[0].get("finish_reason") or finish
+                        if cut and seen >= spec.output_tokens:
+                            usage_total, finish = seen, "cut"
+                            break  # closing the response aborts the request in vLLM
+                    elif u:
+                        usage_total = u["completion_tokens"]
+            if usage_total is not None and usage_total > len(times) and times:
+                times.extend([times[-1]] * (usage_total - len(times)))  # no per-chunk usage
+            res.output_tokens = usage_total if usage_total is not None else seen
+            if finish is None:
+                raise EngineError("the stream ended without a finish reason")
+            if usage_prompt is not None and usage_prompt != spec.prompt_tokens:
+                raise EngineError(f"the server counted {usage_prompt} prompt tokens, "
+                                  f"sent {spec.prompt_tokens}")
+            if res.output_tokens != spec.output_tokens or len(times) != spec.output_tokens:
+                raise EngineError(f"generated {res.output_tokens} tokens ({len(times)} timed), "
+                                  f"asked for {spec.output_tokens}")
+            res.first_token_s, res.finish_s = times[0], times[-1]
+        except Exception as e:  # any failure: record it, the run goes on
+            res.failed = True
+            res.error = f"{type(e).__name__}: {e}"
+            res.output_tokens = res.output_tokens or seen
+            res.first_token_s = res.finish_s = None
+        return res
+
+    async def poll_decisions(self, limit: int) -> bool:
+        """One GET of tuned's /decisions: the applied cap into the timeline, new
+        decisions by seq. False when it failed or a gap means a longer fetch is due."""
+        try:
+            r = await self.http.get(f"{self.endpoint}/decisions", params={"limit": limit},
+                                    timeout=5.0)
+            r.raise_for_status()
+            d = r.json()
+        except Exception:
+            self.poll_errors += 1
+            return False
+        t = self.now()
+        applied = d.get("applied") or {}
+        if applied.get("cap") is not None:
+            self.cap_timeline.append((t, int(applied["cap"])))
+        recent = d.get("recent") or []
+        known = max(self.decisions, default=0)
+        for entry in recent:
+            seq = int(entry["seq"])
+            if seq not in self.decisions:
+                e = dict(entry)
+                if isinstance(e.get("t"), (int, float)):
+                    e["run_s"] = e["t"] - self._wall_offset - self.t0
+                self.decisions[seq] = e
+        seqs = [int(e["seq"]) for e in recent]
+        return not (seqs and known and min(seqs) > known + 1 and len(seqs) >= limit)
+
+    async def poller(self, stop: asyncio.Event) -> None:
+        # A long first fetch, then short ones (a decision per 0.5 s tick at most);
+        # a gap in seq (a stall longer than the short window) fetches long again.
+        limit = 200
+        while not stop.is_set():
+            complete = await self.poll_decisions(limit)
+            limit = 16 if complete else 200
+            try:
+                await asyncio.wait_for(stop.wait(), POLL_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def aclose(self) -> None:
+        await self.openai.close()
+        await self.http.aclose()
+
+
+async def _run_async(client: _Client, workload: Workload, prompts: list[list[int]],
+                     warm_prompt: list[int], progress: Callable[[int, int], None] | None
+                     ) -> tuple[list[RequestResult], float, float, float, int]:
+    total = len(workload.requests)
+    warm = await client.send(WARMUP, warm_prompt)
+    if warm.failed:
+        raise EngineError(f"the warm-up request failed: {warm.error}")
+    client.chunks = 0
+    stop = asyncio.Event()
+    poll_task = None
+    done = 0
+    if progress is not None:
+        progress(0, total)
+
+    async def send(i: int, spec: RequestSpec) -> RequestResult:
+        nonlocal done
+        r = await client.send(spec, prompts[i])
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return r
+
+    client._wall_offset = time.time() - client.clock()
+    t0 = client.clock()
+    client.t0 = t0
+    cpu0 = time.process_time()
+    if client.endpoint is not None:
+        poll_task = asyncio.ensure_future(client.poller(stop))
+    try:
+        results, lag_max = await drive_open_loop(workload.requests, send, t0=t0,
+                                                 clock=client.clock)
+    finally:
+        duration = client.clock() - t0
+        stop.set()
+        if poll_task is not None:
+            await poll_task
+    if client.endpoint is not None:
+        await client.poll_decisions(200)  # the state at the end
+    cpu = time.process_time() - cpu0
+    return results, duration, cpu, lag_max, client.chunks
+
+
+def run_live(contender: Contender, workload: Workload, *, model_path: str, log_dir: Path,
+             startup_timeout_s: float = 600.0, extra_vllm_args: Sequence[str] = (),
+             progress: Callable[[int, int], None] | None = None, seed: int = 0) -> LiveRun:
+    """Run ``workload`` open-loop against a fresh server for ``contender`` (see the
+    module docstring) and stop it. Prompts are token ids drawn with ``seed`` from the
+    server's tokenizer, so every contender gets the same prompts.
+
+    Raises :class:`LiveStartError` naming the contender, with the log's tail, when
+    the server does not come up or the warm-up request fails."""
+    log_dir = Path(log_dir)
+    srv = _start_server(contender, model_path, log_dir, extra_vllm_args)
+    try:
+        try:
+            deadline = time.monotonic() + startup_timeout_s
+            wait_ready(srv.url, srv.proc, startup_timeout_s, srv.log_path)
+            if srv.endpoint is not None:
+                _wait_decided(srv, deadline)
+            model_id = server_info(srv.url)["id"]
+            factory = PromptFactory.from_server(srv.url, model_id, seed=seed)
+        except EngineError as e:
+            raise LiveStartError(f"contender {contender.name!r} ({contender.kind}) did not "
+                                 f"start: {e}") from None
+        prompts = [factory.make(s.prompt_tokens) for s in workload.requests]
+        warm_prompt = factory.make(WARMUP.prompt_tokens)
+        client = _Client(srv.url, model_id, srv.endpoint)
+
+        async def main():
+            try:
+                return await _run_async(client, workload, prompts, warm_prompt, progress)
+            finally:
+                await client.aclose()
+
+        try:
+            results, duration, cpu, lag_max, chunks = asyncio.run(main())
+        except EngineError as e:
+            raise LiveStartError(f"contender {contender.name!r} ({contender.kind}): {e}; "
+                                 f"last lines of {srv.log_path}:\n"
+                                 f"{_log_tail(srv.log_path)}") from None
+        returncode = srv.proc.poll()
+    finally:
+        srv.stop()
+    if contender.kind == "static":
+        cap = contender.cap if contender.cap is not None else contender.config.max_num_seqs
+        timeline = [(0.0, cap), (duration, cap)]
+    else:
+        timeline = client.cap_timeline
+    return LiveRun(results=results, cap_timeline=timeline,
+                   decisions=[client.decisions[s] for s in sorted(client.decisions)],
+                   duration_s=duration, server_log=srv.log_path, client_cpu_s=cpu,
+                   send_lag_max_s=lag_max, server_returncode=returncode,
+                   config_path=srv.config_path, stream_chunks=chunks)

@@ -391,7 +391,18 @@ def test_status_rejects_a_non_http_url():
 
 
 def test_every_reason_the_policies_emit_is_explained():
-    reasons = {"initial", "profile_initial", "memory", "sla_over", "sla_under", "sla_hold",
-               "hold_no_queue", "floor_running", "memory_no_data"}
-    assert set(opscli.REASONS) == reasons
-    assert set(opscli.FALLBACK_CAUSES) == {"stale", "controller_error"}
+    import re
+
+    from tuned.metrics import FALLBACK_CAUSES
+
+    # every reason literal in the batch policies' sources has an explanation
+    root = Path(opscli.__file__).parent
+    src = "".join((root / "policies" / f).read_text() for f in ("batch.py", "select.py"))
+    emitted = set(re.findall(r'reason(?:=|, | = )"([a-z_]+)"', src))
+    emitted |= set(re.findall(r'"(sla_[a-z_]+|memory[a-z_]*|hold_[a-z_]+)"', src))
+    emitted |= {"profile_initial", "floor_running"}
+    assert {"initial", "memory", "sla_over", "sla_under", "sla_hold", "sla_idle",
+            "sla_expand", "sla_over_prefill", "sla_infeasible", "static",
+            "trtllm"} <= emitted
+    assert emitted - {"sla_feasible", "sla_infeasible_why", "sla_s"} <= set(opscli.REASONS)
+    assert set(opscli.FALLBACK_CAUSES) == set(FALLBACK_CAUSES)

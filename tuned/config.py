@@ -84,6 +84,9 @@ class Config:
     # --- SLA bound: seed 000, Algorithm 2 ---
     tbt_sla_s: float = _f(0.0, "time-between-tokens SLA D_SLA in seconds; 0 = no SLA "
                           "(memory alone decides)", lo=0.0, hi=60.0)
+    tbt_sla_auto: float = _f(0.0, "derive the TBT SLA at start as this multiple of the "
+                             "decode step time this host measures at batch 1 (when "
+                             "tbt_sla_s = 0; 0 = off)", lo=0.0, hi=100.0)
     eps_d_s: float = _f(0.002, "SLA tolerance eps_D in seconds", lo=0.0, hi=10.0)
     alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
@@ -260,6 +263,9 @@ def cross_field_problems(cfg: Config) -> list[str]:
     if cfg.stale_after_s < 2 * cfg.interval_s:
         problems.append(f"stale_after_s: must be >= 2 * interval_s ({2 * cfg.interval_s:g}), "
                         f"got {cfg.stale_after_s:g}")
+    if cfg.tbt_sla_auto and cfg.tbt_sla_auto <= 1.0:
+        problems.append(f"tbt_sla_auto: must be 0 (off) or > 1 (a multiple of the batch-1 "
+                        f"step time), got {cfg.tbt_sla_auto:g}")
     if cfg.sla_enabled and cfg.eps_d_s >= cfg.tbt_sla_s:
         problems.append(f"eps_d_s: must be < tbt_sla_s ({cfg.tbt_sla_s:g}), got {cfg.eps_d_s:g}")
     if cfg.batch_policy not in BATCH_POLICIES and not _PLUGIN.fullmatch(cfg.batch_policy):

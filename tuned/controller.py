@@ -85,6 +85,8 @@ class Controller:
         self._obs: Observation | None = None
         self._fit_t = -math.inf
         self._step_fit = None
+        # tbt_sla_auto: the SLA this host earned at start (None until derived)
+        self.derived_sla: dict | None = None
         self.last_reload: dict = {"t": None, "outcome": "none", "problems": [],
                                   "restart_needed": []}
         self._scheduler = None
@@ -112,15 +114,56 @@ class Controller:
         self.slot.mark_ok(t)
 
     # ------------------------------------------------------------------ config
+    @property
+    def sla_s(self) -> float:
+        """The TBT SLA in force: the config's, or the one derived on this host."""
+        if self.cfg.tbt_sla_s:
+            return self.cfg.tbt_sla_s
+        return self.derived_sla["sla_s"] if self.derived_sla else 0.0
+
+    def sla_source(self) -> str:
+        if self.cfg.tbt_sla_s:
+            return "config"
+        if self.cfg.tbt_sla_auto:
+            return "derived" if self.derived_sla else "pending"
+        return "none"
+
+    def _effective(self, cfg: Config) -> Config:
+        """``cfg`` with the derived SLA filled in (tbt_sla_auto on, tbt_sla_s = 0)."""
+        if cfg.tbt_sla_s or not cfg.tbt_sla_auto or not self.derived_sla:
+            return cfg
+        sla = self.derived_sla["sla_s"]
+        return _replace(cfg, {"tbt_sla_s": sla, "eps_d_s": min(cfg.eps_d_s, sla / 10)})
+
+    def _maybe_derive_sla(self, obs: Observation) -> None:
+        """tbt_sla_auto: once the online step fit exists, fix the SLA at
+        tbt_sla_auto x the predicted decode step at batch 1 (no prefill, the running
+        requests' mean context) and rebuild the policies with it."""
+        fit = self._step_fit
+        if self.derived_sla or not self.cfg.tbt_sla_auto or self.cfg.tbt_sla_s or fit is None:
+            return
+        kv_seq = obs.kv_tokens_resident / obs.num_running if obs.num_running else 0.0
+        t1 = fit.predict_step_s(1, 0.0, kv_seq)
+        if not (math.isfinite(t1) and t1 > 0):
+            return
+        sla = round(self.cfg.tbt_sla_auto * t1, 4)
+        self.derived_sla = {"sla_s": sla, "step_s_batch1": t1, "factor": self.cfg.tbt_sla_auto,
+                            "fit": fit.to_dict()}
+        self._build(self.cfg)
+        log.info("sla_derived", sla_s=sla, step_s_batch1=round(t1, 5),
+                 factor=self.cfg.tbt_sla_auto, fit_samples=fit.n_samples,
+                 note="tbt_sla_auto: the TBT SLA follows this host's measured speed")
+
     def _build(self, cfg: Config) -> None:
         """(Re)build the policy objects from a validated config."""
+        self.cfg = cfg
+        cfg = self._effective(cfg)
         profile = self.profile_loader(cfg.profile) if cfg.profile else None
         self.policy, self._first_reason = self._make_policy(cfg, profile)
         self.profile = profile
         # one bound method for the queue's admission checks (SABER): a new object
         # every step would make it recompute its order every step
         self.speed_fn = profile.speed_tok_s if profile is not None else None
-        self.cfg = cfg
         self.slot.configure(stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap)
         self.metrics.tbt_sla.set(cfg.tbt_sla_s)
 
@@ -226,6 +269,7 @@ class Controller:
             with self._lock:
                 t0 = self.clock()
                 obs = self.observe()
+                self._maybe_derive_sla(obs)
                 t1 = self.clock()
                 dec = self.decide(obs)
                 t2 = self.clock()
@@ -281,7 +325,7 @@ class Controller:
         m.preemptions.inc(pre)
         win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
                           cap=self.slot.applied.cap)
-        if now - self._fit_t >= STEP_FIT_EVERY_S and cfg.sla_enabled:
+        if now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto):
             # the online step model: refreshed every few seconds from this engine's
             # own recent steps (tuned.curves.online)
             self._fit_t = now
@@ -369,6 +413,16 @@ class Controller:
         if dec.b_sla is not None:
             m.b_sla.set(dec.b_sla)
         m.decisions.labels(dec.reason).inc()
+        feasible = dec.inputs.get("sla_feasible")
+        if feasible is not None:
+            m.sla_feasible.set(1 if feasible else 0)
+            was = old.inputs.get("sla_feasible") if old is not None else True
+            if feasible != was:
+                (log.warning if not feasible else log.info)(
+                    "sla_infeasible" if not feasible else "sla_feasible_again",
+                    sla_s=self.sla_s, why=dec.inputs.get("sla_infeasible_why"),
+                    action="SLA bound set aside: memory bound and full token budget"
+                    if not feasible else "SLA search resumes")
         entry = {"t": self.wall(), "seq": self.seq, **dec.to_dict()}
         self.recent.append(entry)
         del self.recent[:-200]
@@ -417,7 +471,11 @@ class Controller:
             "recent": self.recent[-limit:] if limit else [],
             "applied": self.slot.state(),
             "config": {"queue_policy": self.cfg.queue_policy, "profile": self.cfg.profile,
-                       "tbt_sla_s": self.cfg.tbt_sla_s, "source_path": self.cfg.source_path,
+                       "tbt_sla_s": self.sla_s, "sla_source": self.sla_source(),
+                       "derived_sla": self.derived_sla,
+                       "sla_statistic": self.cfg.sla_statistic,
+                       "batch_policy": self.cfg.batch_policy,
+                       "source_path": self.cfg.source_path,
                        "interval_s": self.cfg.interval_s},
             "last_reload": dict(self.last_reload),
             "telemetry": {"tbt_mean_s": obs.tbt_mean_s if obs else None,

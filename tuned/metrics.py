@@ -60,7 +60,10 @@ class Metrics:
         self.waiting = g("tuned_waiting_requests", "Requests waiting for admission")
         self.tbt = Histogram("tuned_tbt_seconds", "Time between tokens: wall time of "
                              "engine steps that ran decodes", buckets=TBT_BUCKETS_S, registry=r)
-        self.tbt_sla = g("tuned_tbt_sla_seconds", "TBT SLA D_SLA (0 = none)")
+        self.tbt_sla = g("tuned_tbt_sla_seconds", "TBT SLA D_SLA in force (0 = none; "
+                         "derived on this host when tbt_sla_auto is set)")
+        self.sla_feasible = g("tuned_sla_feasible", "1 while the TBT SLA is reachable, 0 "
+                              "when even b_min decodes miss it (the SLA bound steps aside)")
         self.kv_usage = g("tuned_kv_usage_ratio", "Fraction of KV-cache blocks in use")
         self.kv_capacity = g("tuned_kv_capacity_tokens", "KV-cache capacity in tokens")
         self.gpu_used = g("tuned_gpu_memory_used_bytes", "GPU memory used (NVML)", ("gpu",))

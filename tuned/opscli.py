@@ -36,12 +36,25 @@ REASONS = {
     "sla_under": "TBT below SLA - eps_d_s: the SLA search moves up",
     "sla_hold": "TBT within the SLA tolerance: the search narrows around the batch",
     "hold_no_queue": "nothing waiting or nothing running: memory bound held",
+    "no_memory_bound": "batch_policy = sla: the SLA bound alone decides",
+    "sla_over_prefill": "TBT over the SLA but decode-only steps within it: prefill chunks "
+                        "caused it, the token budget shrinks, the cap holds",
+    "sla_idle": "the cap was not binding (nothing waited at the cap): SLA search kept",
+    "sla_expand": "TBT under the SLA at a collapsed search interval while the cap binds: "
+                  "the upper end grows by a quarter",
+    "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
+                      "memory bound and full token budget maximise throughput",
+    "static": "batch_policy = static: the ceiling, never moved",
+    "trtllm": "batch_policy = trtllm: TensorRT-LLM's dynamic batch-size tuner",
     "floor_running": "bound below the running count, batch raised to it (running "
                      "requests are never preempted)",
 }
 FALLBACK_CAUSES = {
     "stale": "the last decision is older than stale_after_s (controller stalled)",
     "controller_error": "a controller tick raised (see tuned_controller_errors_total)",
+    "invalid_decision": "the batch policy returned a cap outside [1, ceiling] (NaN, "
+                        "negative, huge)",
+    "slow_decision": "the decide step took longer than interval_s",
 }
 
 
@@ -321,13 +334,23 @@ def format_status(data: dict[str, Any], base: str, now: float,
         tbt_text = "mean n/a (no decode steps in the window)"
     else:
         tbt_text = f"mean {_ms(tbt)}"
+    src = cfg.get("sla_source")
+    derived = cfg.get("derived_sla") or {}
     if sla > 0:
         tbt_text += f" vs SLA {_ms(sla)}"
+        if src == "derived" and derived:
+            tbt_text += (f" (derived on this host: {derived.get('factor'):g} x "
+                         f"{_ms(derived.get('step_s_batch1') or 0)} measured at batch 1)")
         if tbt is not None:
             tbt_text += (f": over by {(tbt / sla - 1) * 100:.0f}%" if tbt > sla
                          else f": within ({tbt / sla * 100:.0f}% of SLA)")
+    elif src == "pending":
+        tbt_text += " (SLA pending: tbt_sla_auto waits for the first measured steps)"
     else:
         tbt_text += " (no SLA: tbt_sla_s = 0, memory bound only)"
+    if cur and (cur.get("inputs") or {}).get("sla_feasible") is False:
+        tbt_text += ("; SLA INFEASIBLE: " + str(cur["inputs"].get("sla_infeasible_why") or "")
+                     + " (throughput maximised instead)")
     dbm = tel.get("decode_batch_mean")
     if dbm is not None:
         tbt_text += f"; decode batch mean {dbm:.1f}"

@@ -75,7 +75,11 @@ def server_command(cfg: Config, model_path: str, extra: list[str] | None = None)
            "--additional-config", json.dumps(additional_config(cfg, serving_url))]
     if cfg.num_gpu_blocks:
         cmd += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
-    return cmd + list(cfg.vllm_args) + list(extra or [])
+    from tuned.hostinfo import demo_dtype_args
+
+    # the demo model's dtype follows this CPU (bfloat16 only where it is fast)
+    args = list(cfg.vllm_args) + list(extra or [])
+    return cmd + demo_dtype_args(cfg.model, args) + args
 
 
 #: vLLM's ``additional_config`` entry carrying tuned's config (see tuned.config)

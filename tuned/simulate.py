@@ -11,7 +11,13 @@ byte) and prints a summary. ``result.json``::
                    "first_token_s", "finish_s", "preemptions"}, ...],
      "steps": [{...the fields of the live step ring, tuned.telemetry.ring.StepSample}],
      "decisions": [{...one entry per controller decision, as /decisions shows them}],
-     "summary": {...}, "hardware": {...}, "config": {...}, "workload": {...}}
+     "summary": {...}, "hardware": {...}, "config": {...}, "workload": {...},
+     "failed": [ids of requests refused because they need more KV blocks than the
+                cache holds]}
+
+Without ``--config`` the controller runs the embedded default's settings on the
+KV cache of the hardware or profile (the default's 48 blocks are sized for the CPU
+demo's 128-token blocks).
 """
 
 from __future__ import annotations
@@ -95,7 +101,8 @@ def cmd_simulate(args) -> int:
 
     log_mod.configure(args.log_level)
     try:
-        cfg = config_mod.load(args.config) if args.config else config_mod.default()
+        cfg = (config_mod.load(args.config) if args.config else
+               config_mod.validate({**config_mod.EMBEDDED_DEFAULT, "num_gpu_blocks": 0}))
     except ConfigError as e:
         for p in e.problems:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
@@ -107,6 +114,12 @@ def cmd_simulate(args) -> int:
         print(f"tuned simulate: {e}", file=sys.stderr)
         return 2
     cfg = sim_config(cfg, hw)
+    if cfg.num_gpu_blocks < 2:
+        why = (f"{hw.name} does not record the engine's KV blocks: set num_gpu_blocks in "
+               "the config" if not cfg.num_gpu_blocks else "one is vLLM's null block")
+        print(f"tuned simulate: num_gpu_blocks: must be >= 2, got {cfg.num_gpu_blocks} ({why})",
+              file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     res = simulate(cfg, hw, wl.requests, static_batching=args.static_batching)
     wall = time.perf_counter() - t0

@@ -254,6 +254,14 @@ class SimEngine:
         scheduled: list[tuple[SimRequest, int]] = []
         preempted = 0
         running = self.running
+        q = self.waiting
+        if isinstance(q, QueueCore):
+            # contract step 2, before the running pass, as the vLLM adapter calls it
+            # (before super().schedule()): the context's free KV is that of the top
+            # of the step, and the queue hears of every step, preempting ones too
+            q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
+                                      self.free_blocks * self.block_size, self.cap,
+                                      self.controller.speed_fn, self.block_size), running)
         if self.static_batching:
             budget = 1 << 62
         i = 0
@@ -275,11 +283,6 @@ class SimEngine:
             i += 1
         if preempted or (self.static_batching and running):
             return scheduled, preempted
-        q = self.waiting
-        if isinstance(q, QueueCore):
-            q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
-                                      self.free_blocks * self.block_size, self.cap,
-                                      self.controller.speed_fn, self.block_size), running)
         cap = self.cap
         while budget > 0 and q and len(running) < cap:
             r = q.peek_request()
@@ -351,7 +354,8 @@ class SimEngine:
                 self.finished.next_seq, end, r.request_id, r.num_prompt_tokens,
                 r.num_output_tokens, r.max_tokens, r.arrival_time, r.preemptions))
             self._finish_queue(r, learn=True)
-        used = self.num_gpu_blocks - 1 - self.free_blocks
+        usable = self.num_gpu_blocks - 1      # vLLM's null block is never in use
+        used = usable - self.free_blocks
         resident = 0
         for r in self.running:
             resident += r.num_computed_tokens
@@ -359,7 +363,7 @@ class SimEngine:
         if isinstance(self.waiting, QueueCore):
             self.waiting.step_done(n_dec, preempted)
         sample = StepSample(self.steps.next_seq, end, dt, n_dec, n_pre, pre_tok,
-                            n_dec + pre_tok, gen, used / self.num_gpu_blocks, used, resident,
+                            n_dec + pre_tok, gen, used / usable, used, resident,
                             len(self.running), len(self.waiting), preempted)
         self.steps.append(sample)
         if self.record_steps:
@@ -391,7 +395,8 @@ class SimEngine:
         while True:
             if self._next_tick <= self.now:
                 now = self.now
-                self._ticks_until(now + 1e-12)
+                # the ticks due at now, and no later (now + 1e-12 == now past 16384 s)
+                self._ticks_until(math.nextafter(now, math.inf))
                 self.now = now
             while nxt < total and reqs[nxt].arrival_time <= self.now:
                 self.waiting.add_request(reqs[nxt])

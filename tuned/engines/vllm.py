@@ -75,7 +75,8 @@ class _TunedMixin:
         pool = self.kv_cache_manager.block_pool
         self._block_pool = pool
         # one block of the pool is vLLM's null block and never holds tokens
-        self.kv_capacity_tokens = (pool.num_gpu_blocks - 1) * self.block_size
+        self._kv_usable_blocks = max(pool.num_gpu_blocks - 1, 1)
+        self.kv_capacity_tokens = self._kv_usable_blocks * self.block_size
         self.dp_rank = int(getattr(self.parallel_config, "data_parallel_rank", 0) or 0)
         self._sched_times: deque[float] = deque()
         self._last_update_t = 0.0
@@ -144,6 +145,17 @@ class _TunedMixin:
         self.metrics.hint_warnings.labels(field).inc()
         log.warning("request_hint_ignored", field=field, request_id=request_id, problem=message)
 
+    def _kv_used_blocks(self) -> int:
+        # vLLM's null block never leaves the pool's free queue: it is neither free nor
+        # in use by a request (vLLM's own BlockPool.get_usage() leaves it out too)
+        return max(self._kv_usable_blocks - self._block_pool.get_num_free_blocks(), 0)
+
+    def kv_usage_now(self) -> float:
+        """Fraction of the usable KV blocks held right now (0.0 once every request has
+        left). Read live: an abort frees its blocks outside any step, so the newest
+        step sample can be stale once the engine idles."""
+        return self._kv_used_blocks() / self._kv_usable_blocks
+
     def queue_snapshot(self) -> dict | None:
         snap = getattr(self.waiting, "snapshot", None)
         return snap() if snap is not None else None
@@ -182,8 +194,7 @@ class _TunedMixin:
         gen = 0
         for t in mro.sampled_token_ids or ():
             gen += len(t)
-        free = self._block_pool.get_num_free_blocks()
-        used = self._block_pool.num_gpu_blocks - free
+        used = self._kv_used_blocks()
         resident = 0
         for r in self.running:
             resident += r.num_computed_tokens
@@ -192,7 +203,7 @@ class _TunedMixin:
             self.waiting.step_done(n_dec, len(so.preempted_req_ids or ()))
         self.steps.append(StepSample(
             self.steps.next_seq, now, step_s, n_dec, len(nst) - n_dec, total - n_dec, total,
-            gen, used / self._block_pool.num_gpu_blocks, used, resident, running, waiting,
+            gen, used / self._kv_usable_blocks, used, resident, running, waiting,
             len(so.preempted_req_ids or ())))
 
     def _tuned_guard(self, where: str, e: Exception) -> None:

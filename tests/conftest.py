@@ -26,3 +26,11 @@ def small_model() -> Path:
     from tuned.demo_model import build_demo_model
 
     return build_demo_model(MODEL_CACHE / "small", "small")
+
+
+
+def pytest_report_header(config):
+    from serve_harness import DTYPE_ENV, engine_dtype
+
+    given = os.environ.get(DTYPE_ENV, "") or "unset: this CPU's choice"
+    return f"engine dtype for the slow tests: {engine_dtype()} ({DTYPE_ENV}: {given})"

@@ -17,6 +17,24 @@ from pathlib import Path
 from tuned.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the environment variable that forces the dtype of every engine the slow tests start
+DTYPE_ENV = "TUNED_TEST_DTYPE"
+
+
+def engine_dtype() -> str:
+    """The dtype the slow tests run the demo models in: ``TUNED_TEST_DTYPE`` when set
+    (e.g. ``bfloat16``, the slow one on a CPU without AVX-512 BF16), else what `tuned
+    serve` picks for a demo model on this CPU (:func:`tuned.hostinfo.preferred_cpu_dtype`).
+    The tests pass model folders, not ``demo:*`` names, so `tuned serve` would
+    otherwise leave vLLM at the folder's own dtype (bfloat16) whatever the CPU."""
+    from tuned.hostinfo import preferred_cpu_dtype
+
+    return os.environ.get(DTYPE_ENV, "").strip() or preferred_cpu_dtype()
+
+
+def dtype_args() -> list[str]:
+    """vLLM arguments forcing :func:`engine_dtype`."""
+    return ["--dtype", engine_dtype()]
 
 
 def get_json(url: str, timeout: float = 5.0):
@@ -54,9 +72,10 @@ class Server:
 @contextmanager
 def tuned_serve(tmp_path: Path, config_text: str, env_extra: dict | None = None,
                 ready_timeout_s: float = 300.0):
-    """Start ``python -m tuned serve --config`` with ``config_text`` (ports are added),
-    wait until the API answers and the controller has decided, yield a Server, then
-    stop it with SIGTERM and check it exits.
+    """Start ``python -m tuned serve --config`` with ``config_text`` (ports are added,
+    and ``--dtype`` from :func:`dtype_args`), wait until the API answers and the
+    controller has decided, yield a Server, then stop it with SIGTERM and check it
+    exits.
 
     If another process took the metrics port between picking and binding it (the
     engine logs ``endpoint_failed`` and keeps serving without metrics), the server
@@ -79,16 +98,23 @@ def tuned_serve(tmp_path: Path, config_text: str, env_extra: dict | None = None,
         _stop(srv.proc)
 
 
-def _start(tmp_path: Path, config_text: str, env: dict) -> Server:
-    port = free_port()
-    mport = free_port(avoid=(port,))
+def start_server(tmp_path: Path, config_text: str, env: dict, *, port: int | None = None,
+                 metrics_port: int | None = None) -> Server:
+    """Start ``tuned serve`` (not waiting for it) on ``port`` / ``metrics_port`` (free
+    ones when None); the caller stops it with :func:`stop`."""
+    port = port or free_port()
+    mport = metrics_port or free_port(avoid=(port,))
     cfg = tmp_path / "tuned.toml"
     cfg.write_text(f"port = {port}\nmetrics_port = {mport}\n" + config_text)
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "tuned", "serve", "--config", str(cfg)],
+        proc = subprocess.Popen([sys.executable, "-m", "tuned", "serve", "--config", str(cfg),
+                                 "--", *dtype_args()],
                                 stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     return Server(proc, port, mport, log_path, cfg)
+
+
+_start = start_server
 
 
 def _wait_ready(srv: Server, timeout_s: float, last_try: bool) -> bool:
@@ -113,7 +139,7 @@ def _wait_ready(srv: Server, timeout_s: float, last_try: bool) -> bool:
         time.sleep(0.5)
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -121,6 +147,9 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+_stop = stop
 
 
 class Load:
@@ -183,3 +212,38 @@ class Load:
         self.stop_flag.set()
         for t in self.threads:
             t.join(timeout)
+
+
+def log_events(log_path: Path, event: str | None = None) -> list[dict]:
+    """tuned's JSON log lines (supervisor and engine) from a server log, in order;
+    only those whose ``event`` is ``event`` when given."""
+    out = []
+    for line in Path(log_path).read_text(errors="replace").splitlines():
+        if not line.startswith("{") or '"event"' not in line:
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if event is None or e.get("event") == event:
+            out.append(e)
+    return out
+
+
+def event_wall_s(e: dict) -> float:
+    """A log line's ``timestamp`` (ISO 8601, UTC) as wall-clock seconds."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def metric_values(srv: Server) -> dict:
+    """{(sample name, sorted label items): value} from the endpoint's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(srv.metrics()) for s in f.samples}
+
+
+def mval(values: dict, name: str, **labels) -> float:
+    return values.get((name, tuple(sorted(labels.items()))), 0.0)

@@ -128,10 +128,10 @@ def test_sends_start_at_their_arrival_times_without_waiting_for_completions():
         await all_sent.wait()  # nobody finishes before the last one is sent
         return spec.request_id
 
-    results, lag = asyncio.run(drive_open_loop(specs, send, clock=clock, sleep=clock.sleep))
+    results, lags = asyncio.run(drive_open_loop(specs, send, clock=clock, sleep=clock.sleep))
     assert sent == [(0, 0.0), (1, 0.25), (2, 0.25), (3, 1.0), (4, 3.5)]
     assert results == [s.request_id for s in specs]
-    assert lag == 0.0
+    assert lags == [0.0] * 5
     assert clock.sleeps == [0.25, 0.75, 2.5]
 
 
@@ -145,10 +145,10 @@ def test_a_late_loop_sends_at_once_and_reports_its_lag():
         sent.append(round(clock() - 100.0, 9))
         return i
 
-    results, lag = asyncio.run(drive_open_loop(specs, send, clock=clock, sleep=clock.sleep))
+    results, lags = asyncio.run(drive_open_loop(specs, send, clock=clock, sleep=clock.sleep))
     assert results == [0, 1, 2, 3]
     assert sent == [0.0, 0.4, 0.4, 2.0]  # 1 and 2 go out together, 3 on time again
-    assert lag == pytest.approx(0.3)
+    assert lags == pytest.approx([0.0, 0.3, 0.2, 0.0])
     assert clock.sleeps == [pytest.approx(0.1), pytest.approx(1.6)]
 
 
@@ -303,6 +303,7 @@ def _check_results(run, workload):
     assert run.server_returncode is None  # it served until we stopped it
     assert run.client_cpu_s > 0
     assert run.stream_chunks >= 1
+    assert len(run.send_lags_s) == len(workload) and run.send_lag_max_s >= 0
     assert run.server_log.stat().st_size > 0
 
 

@@ -38,6 +38,9 @@ def config(model) -> str:
     return (f'model = "{model}"\nmax_num_seqs = {CEILING}\nmax_num_batched_tokens = 512\n'
             f"max_model_len = 512\nnum_gpu_blocks = {BLOCKS}\ninterval_s = {INTERVAL_S}\n"
             f"stale_after_s = 5.0\ntbt_sla_s = 0.0\neps_d_s = 0.0001\nalpha = 1\n"
+            # the published Algorithm 2 walks down from an SLA no step can meet; the
+            # default (evidence) mode would report it infeasible and keep the cap
+            f'sla_mode = "paper"\n'
             f"delta = 1\ntbt_window_s = 1.0\nmin_demand_samples = 4\n"
             f'vllm_args = ["--enforce-eager"]\n')
 

@@ -308,8 +308,11 @@ def test_controller_json_has_no_request_text(tmp_path):
     assert dec["current"] is not None and len(steps["samples"]) == 20
     assert text_keys(dec) == [] and text_keys(steps) == []
     strings = {v for doc in (dec, steps) for _, k, v in walk(doc) if isinstance(v, str)}
-    assert strings <= {"sla_under", "sla_over", "sla_hold", "memory", "memory_no_data",
-                       "hold_no_queue", "initial", "fcfs", "", "none"} | {dec["current"]["reason"]}
+    from tuned.opscli import REASONS
+
+    # reasons, and the config's own names (policy, statistic, SLA source)
+    names = {"fcfs", "tuned", "mean", "config", "online", "", "none"}
+    assert strings <= set(REASONS) | names | {dec["current"]["reason"]}
 
 
 def test_real_scheduler_never_exposes_request_text(tiny_model, capsys):

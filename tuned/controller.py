@@ -41,6 +41,8 @@ log = structlog.get_logger("tuned.controller")
 #: the online step-time fit: refreshed this often, over this many recent steps
 STEP_FIT_EVERY_S = 2.0
 STEP_FIT_SAMPLES = 2048
+#: a failure that repeats tick after tick is logged again this often (with the count)
+FAIL_LOG_EVERY_S = 60.0
 
 
 def load_profile(path: str):
@@ -84,6 +86,7 @@ class Controller:
         self._gpu: list | None = None
         self._obs: Observation | None = None
         self._fit_t = -math.inf
+        self._failing: tuple | None = None  # ((cause, error), logged at, repeats since)
         self._step_fit = None
         # tbt_sla_auto: the SLA this host earned at start (None until derived)
         self.derived_sla: dict | None = None
@@ -215,7 +218,14 @@ class Controller:
         return config_mod.load(self.cfg.source_path)
 
     def reload(self) -> dict:
-        """Re-read and validate the config; apply it live or keep the old one."""
+        """Re-read and validate the config; apply it live or keep the old one.
+
+        Reloads are serialised from the file read on (two POSTs at once: the second
+        reads the file after the first is applied, so the last file wins)."""
+        with self._lock:
+            return self._reload()
+
+    def _reload(self) -> dict:
         now = self.wall()
         try:
             new = self.reload_source()
@@ -285,6 +295,7 @@ class Controller:
                 self._fail(fault[0], fault[1])
                 return None
             self.slot.mark_ok(t3)
+            self._failing = None
         except Exception as e:
             dec = None
             self._fail("controller_error", f"{type(e).__name__}: {e}", exc_info=True)
@@ -303,10 +314,24 @@ class Controller:
         return None
 
     def _fail(self, cause: str, error: str, exc_info: bool = False) -> None:
+        """Count every failed tick; log the first of a run of identical failures, then
+        once a minute with the count (a fault that lasts would otherwise log a
+        traceback every tick)."""
         self.metrics.errors.inc()
         self.slot.offer(Fallback(cause, self.cfg.fallback_cap))
+        now = self.clock()
+        # an exception is one failure while its text stays; a slow or invalid decision
+        # is one whatever the value (its text carries the number)
+        key = (cause, error if cause == "controller_error" else "")
+        f = self._failing
+        if f is not None and f[0] == key and now - f[1] < FAIL_LOG_EVERY_S:
+            self._failing = (key, f[1], f[2] + 1)
+            return
+        repeats = f[2] if f is not None and f[0] == key else 0
+        self._failing = (key, now, 0)
         log.error("controller_error", cause=cause, error=error,
-                  fallback_cap=self.cfg.fallback_cap, exc_info=exc_info)
+                  fallback_cap=self.cfg.fallback_cap, exc_info=exc_info,
+                  **({"repeated_since_last_line": repeats} if repeats else {}))
 
     def observe(self) -> Observation:
         eng, m, cfg = self.engine, self.metrics, self.cfg
@@ -343,13 +368,22 @@ class Controller:
         running, waiting = eng.counts()
         self._export_queue(eng.queue_snapshot())
         if self.nvml is not None:
-            self._gpu = self.nvml.sample()
+            gpu = self.nvml.sample()
+            if gpu is None and self._gpu:
+                # NVML stopped answering: withdraw the series, not freeze the last value
+                m.gpu_used.clear()
+                m.gpu_total.clear()
+            self._gpu = gpu
             for g in self._gpu or ():
                 m.gpu_used.labels(str(g.index)).set(g.used_bytes)
                 m.gpu_total.labels(str(g.index)).set(g.total_bytes)
         m.running.set(running)
         m.waiting.set(waiting)
-        m.kv_usage.set(win.kv_usage)
+        # live where the engine can read it (vLLM: an abort frees blocks outside any
+        # step, so the newest step's figure goes stale once the engine idles)
+        live_kv = getattr(eng, "kv_usage_now", None)
+        kv_usage = live_kv() if live_kv is not None else win.kv_usage
+        m.kv_usage.set(kv_usage)
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
         self._obs = Observation(
@@ -357,7 +391,7 @@ class Controller:
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
             demand_mean=demand.mean, demand_std=demand.std, demand_samples=demand.n,
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
-            kv_usage=win.kv_usage, tbt_p90_s=win.tbt_p90_s,
+            kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
             decode_only_tbt_s=win.decode_only_tbt_s, binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
         return self._obs

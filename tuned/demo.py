@@ -1,262 +1,231 @@
-"""``tuned demo``: the embedded default end to end, in a couple of minutes on a CPU.
+"""``tuned demo``: the embedded default end to end on a CPU, then tuned and vLLM's
+default static cap side by side on the same load, through the benchmark's code.
 
-Builds the demo model, starts ``tuned serve`` (the embedded default config unless
-``--config`` is given), drives a light phase then a heavy phase of completions
-through the official ``openai`` client with N requests in flight, prints each
-decision as it changes, then a summary, and stops the server cleanly.
+1. Build the demo model (its dtype follows this CPU: bfloat16 only with AVX-512
+   BF16 or AMX, float32 elsewhere, where vLLM's bfloat16 matmuls fall back).
+2. Start ``tuned serve`` with the embedded default. Its TBT SLA is derived on this
+   host (``tbt_sla_auto``: a multiple of the decode step measured at batch 1), so
+   the demo tells the same story on a fast and on a slow machine; a short
+   calibration load (two requests in flight) lets the controller measure it.
+3. Size an open-loop, phase-shifting workload from that measurement (chat, then long
+   prompts with short answers, then heavier chat) and drive it through ``tuned``,
+   printing each decision that changes the cap or the token budget.
+4. Drive the very same arrivals through plain vLLM with its own default
+   ``max_num_seqs`` and token budget for this engine kind (the cap an operator gets
+   without tuning).
+5. Print both side by side with the benchmark's metrics (goodput, SLA attainment,
+   throughput, TTFT and TPOT percentiles), the SLO being the derived SLA for TPOT.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 from tuned import config as config_mod
 from tuned.config import ConfigError
-from tuned.serve import DEFAULT_MODEL_CACHE, endpoint_url
+from tuned.serve import DEFAULT_MODEL_CACHE
+
+CALIBRATION_TIMEOUT_S = 180.0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="run tuned serve on the embedded default and "
-                              "drive a light then a heavy load through it")
+    p = subparsers.add_parser(
+        "demo", help="tuned on the embedded default, then side by side with vLLM's "
+                     "default static cap on the same load",
+        description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="TOML config (default: the embedded demo)")
     p.add_argument("--model-cache", default=str(DEFAULT_MODEL_CACHE))
-    p.add_argument("--light", default="2x20", metavar="CONCxSECONDS",
-                   help="light phase: requests in flight x seconds (default %(default)s)")
-    p.add_argument("--heavy", default="32x40", metavar="CONCxSECONDS",
-                   help="heavy phase (default %(default)s)")
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--log", default="runs/demo-serve.log",
-                   help="where the server's own output goes (default %(default)s)")
+    p.add_argument("--phase-s", type=float, default=15.0,
+                   help="seconds of arrivals per phase of the side-by-side workload "
+                        "(default %(default)s)")
+    p.add_argument("--ttft-slo-s", type=float, default=0.0,
+                   help="TTFT SLO in seconds (default: 40 x the derived TBT SLA, at "
+                        "least 3 s)")
+    p.add_argument("--log-dir", default="runs/demo",
+                   help="where the servers' logs go (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     p.set_defaults(func=cmd_demo)
 
 
-def _phase(spec: str, name: str) -> tuple[int, float]:
-    try:
-        conc, secs = spec.lower().split("x")
-        c, s = int(conc), float(secs)
-    except ValueError:
-        raise SystemExit(f"--{name}: expected CONCURRENCYxSECONDS like 4x20, got {spec!r}")
-    if c < 1 or s <= 0:
-        raise SystemExit(f"--{name}: concurrency must be >= 1 and seconds > 0, got {spec!r}")
-    return c, s
+def _say(msg: str) -> None:
+    print(msg, flush=True)
 
 
-@dataclass
-class PhaseResult:
-    name: str
-    concurrency: int
-    seconds: float
-    sent: int = 0
-    completed: int = 0
-    failed: int = 0
-    tokens: int = 0
-    latencies: list = field(default_factory=list)
-    caps: list = field(default_factory=list)
-    tbts: list = field(default_factory=list)
+class _DecisionPrinter:
+    """Prints each decision that changes the applied cap or the token budget."""
 
-
-def _get_json(url: str, timeout: float = 2.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def _wait_ready(cfg, proc, timeout_s: float) -> None:
-    health = f"http://127.0.0.1:{cfg.port}/health"
-    t0 = time.monotonic()
-    last_print = 0.0
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tuned serve exited with code {proc.returncode} before it "
-                               "was ready")
-        try:
-            with urllib.request.urlopen(health, timeout=1) as r:
-                if r.status == 200:
-                    cur = _get_json(endpoint_url(cfg) + "/decisions?limit=0").get("current")
-                    if cur:
-                        return
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() - last_print > 10:
-            print(f"  waiting for the engine ... {time.monotonic() - t0:.0f}s", flush=True)
-            last_print = time.monotonic()
-        time.sleep(0.5)
-    raise RuntimeError(f"engine not ready after {timeout_s:.0f}s")
-
-
-class DecisionWatcher(threading.Thread):
-    """Prints each decision that changes the applied cap or token budget."""
-
-    def __init__(self, url: str, t0: float):
-        super().__init__(daemon=True, name="decision-watcher")
-        self.url = url
+    def __init__(self, t0: float) -> None:
         self.t0 = t0
-        self.phase: PhaseResult | None = None
-        self.stop_flag = threading.Event()
-        self.last_seq = 0
-        self.last_key = None
+        self.last = None
         self.reasons: dict[str, int] = {}
 
-    def run(self) -> None:
-        while not self.stop_flag.wait(0.5):
-            try:
-                d = _get_json(self.url + "/decisions?limit=50")
-            except (OSError, ValueError):
-                continue
-            tel = d["telemetry"]
-            if self.phase is not None:
-                self.phase.caps.append(d["applied"]["cap"])
-                if tel["tbt_mean_s"]:
-                    self.phase.tbts.append(tel["tbt_mean_s"])
-            for dec in d["recent"]:
-                if dec["seq"] <= self.last_seq:
-                    continue
-                self.last_seq = dec["seq"]
-                self.reasons[dec["reason"]] = self.reasons.get(dec["reason"], 0) + 1
-                key = (dec["cap"], dec["token_budget"])
-                if key != self.last_key:
-                    self.last_key = key
-                    tbt = dec["inputs"].get("tbt_mean_s")
-                    print(f"  [{time.monotonic() - self.t0:6.1f}s] "
-                          f"{self.phase.name if self.phase else '-':5s} cap={dec['cap']:3d} "
-                          f"budget={dec['token_budget']:5d} reason={dec['reason']:14s} "
-                          f"b_mem={dec['b_mem']} b_sla={dec['b_sla']} "
-                          f"tbt={'%.1fms' % (tbt * 1e3) if tbt else '-':>8s} "
-                          f"running={dec['inputs']['running']} "
-                          f"waiting={dec['inputs']['waiting']}", flush=True)
+    def __call__(self, d: dict) -> None:
+        self.reasons[d["reason"]] = self.reasons.get(d["reason"], 0) + 1
+        key = (d["cap"], d["token_budget"])
+        if key == self.last:
+            return
+        self.last = key
+        inp = d.get("inputs") or {}
+        tbt = inp.get("tbt_mean_s")
+        _say(f"  [{time.monotonic() - self.t0:6.1f}s] cap={d['cap']:3d} "
+             f"budget={d['token_budget']:5d} reason={d['reason']:16s} "
+             f"tbt={'%.1fms' % (tbt * 1e3) if tbt else '-':>8s} "
+             f"running={inp.get('running', '-')} waiting={inp.get('waiting', '-')}")
 
 
-def _drive(client, model: str, phase: PhaseResult, prompt_tokens: int, max_tokens: int,
-           seed: int) -> None:
-    deadline = time.monotonic() + phase.seconds
-    lock = threading.Lock()
+def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int,
+                  phase_s: float = 15.0):
+    """An open-loop, phase-shifting workload sized to this host's measured speed.
 
-    def worker(i: int) -> None:
-        rng = random.Random(seed * 1000 + i)
-        while time.monotonic() < deadline:
-            prompt = [rng.randrange(10, 1000) for _ in range(prompt_tokens)]
-            out_len = rng.randint(max_tokens // 2, max_tokens)
-            with lock:
-                phase.sent += 1
-            t = time.monotonic()
-            try:
-                r = client.completions.create(model=model, prompt=prompt, max_tokens=out_len,
-                                              temperature=0.0, extra_body={"ignore_eos": True})
-                n = r.usage.completion_tokens
-                with lock:
-                    phase.completed += 1
-                    phase.tokens += n
-                    phase.latencies.append(time.monotonic() - t)
-            except Exception as e:  # count, report, keep driving
-                with lock:
-                    phase.failed += 1
-                print(f"  request failed: {type(e).__name__}: {e}", file=sys.stderr)
+    With the fitted step model T(b, c) = a + beta*b + gamma*c (+ eta*kv), the SLA
+    holds up to about b_sla = (SLA - a) / (beta + eta*ctx) decodes; a request of O
+    output tokens at the SLA lives O*SLA seconds, so chat at rate lambda keeps about
+    lambda*O*SLA requests running. Prefill work is sized by gamma: long prompts of
+    P tokens at rate mu take mu*P*gamma of every second. The phases, ``phase_s``
+    each: chat at 0.5x b_sla; long prompts with short answers taking 40% of the
+    engine's time in prefill beside 0.3x b_sla of chat; chat at 1.5x b_sla. A static
+    cap sized for one phase is wrong for another, and a full token budget lets long
+    prompts stall every running decode.
+    """
+    from tuned.workloads import parse_workload
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True)
-               for i in range(phase.concurrency)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    a, beta, gamma, eta = (fit.get(k, 0.0) for k in ("a", "beta", "gamma", "eta"))
+    ctx = 160.0
+    per_seq = max(beta + eta * ctx, 1e-6)
+    b_sla = max((sla_s - a) / per_seq, 2.0)
+    life_s = 64.0 * sla_s          # output U(32,96): 64 tokens on average
+
+    def chat(load: float) -> tuple[float, int]:
+        r = max(load * b_sla / life_s, 0.05)
+        return round(r, 3), max(int(r * phase_s), 4)
+
+    r1, n1 = chat(0.5)
+    r3, n3 = chat(1.5)
+    r2 = round(max(0.4 / (max(gamma, 1e-6) * 500.0), 0.05), 3)   # prompts ~500 tokens
+    n2 = max(int(r2 * phase_s), 4)
+    rc, nc = chat(0.3)
+    spec = (f"phases:poisson:rate={r1},prompt=U(32,128),output=U(32,96),n={n1};"
+            f"poisson:rate={r2},prompt=U(300,700),output=U(16,48),n={n2};"
+            f"poisson:rate={r3},prompt=U(32,128),output=U(32,96),n={n3}")
+    return parse_workload(spec, seed, max_model_len=max_model_len), b_sla
+
+
+def _calibrate(server, cfg) -> dict:
+    """Two requests in flight until the controller has derived the SLA."""
+    import requests
+
+    from tuned.workloads import parse_workload
+
+    t_end = time.monotonic() + CALIBRATION_TIMEOUT_S
+    wl = parse_workload("poisson:rate=4,prompt=U(32,96),output=64,n=12", 0,
+                        max_model_len=cfg.max_model_len)
+    while time.monotonic() < t_end:
+        server.drive(wl)
+        d = requests.get(f"{server.endpoint}/decisions?limit=0", timeout=5).json()
+        derived = (d.get("config") or {}).get("derived_sla")
+        if derived:
+            return derived
+    raise RuntimeError("the controller did not derive an SLA within "
+                       f"{CALIBRATION_TIMEOUT_S:.0f}s of calibration load")
 
 
 def cmd_demo(args) -> int:
-    light = _phase(args.light, "light")
-    heavy = _phase(args.heavy, "heavy")
+    from tuned.bench.live import LiveServer, run_live
+    from tuned.bench.metrics import Slo, summarize
+    from tuned.bench.runner import Contender
+    from tuned.demo_model import resolve_model
+    from tuned.hostinfo import BF16_FLAGS, cpu_flags, preferred_cpu_dtype
+    from tuned.sim.hardware import VLLM_DEFAULTS
+
     try:
         cfg = config_mod.load(args.config) if args.config else config_mod.default()
     except ConfigError as e:
         for p in e.problems:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
         return 2
-    from openai import OpenAI
-
-    from tuned.demo_model import resolve_model
-
-    print(f"[1/4] demo model ({cfg.model})", flush=True)
-    resolve_model(cfg.model, Path(args.model_cache), log=lambda m: print("  " + m, flush=True))
-    log_path = Path(args.log)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "tuned", "serve", "--model-cache", args.model_cache]
-    if args.config:
-        cmd += ["--config", args.config]
-    print(f"[2/4] starting tuned serve (server output: {log_path})", flush=True)
-    with open(log_path, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+    flags = cpu_flags()
+    dtype = preferred_cpu_dtype(flags)
+    why = ("this CPU has " + "/".join(f for f in BF16_FLAGS if f in flags)
+           if dtype == "bfloat16" else "this CPU has no AVX-512 BF16 or AMX, where "
+           "vLLM's bfloat16 matmuls fall back to a slow path")
+    _say(f"[1/5] demo model ({cfg.model}), {dtype}: {why}")
+    model_path = str(resolve_model(cfg.model, Path(args.model_cache),
+                                   log=lambda m: _say("  " + m)))
+    log_dir = Path(args.log_dir)
     t0 = time.monotonic()
-    results: list[PhaseResult] = []
-    watcher = DecisionWatcher(endpoint_url(cfg), t0)
-    try:
-        _wait_ready(cfg, proc, args.startup_timeout_s)
-        print(f"  ready after {time.monotonic() - t0:.0f}s: API http://127.0.0.1:{cfg.port}/v1, "
-              f"metrics {endpoint_url(cfg)}/metrics", flush=True)
-        client = OpenAI(base_url=f"http://127.0.0.1:{cfg.port}/v1", api_key="none",
-                        max_retries=0, timeout=600)
-        model = client.models.list().data[0].id
-        print("[3/4] load: light then heavy; decisions as they change:", flush=True)
-        watcher.start()
-        for i, (name, (conc, secs)) in enumerate((("light", light), ("heavy", heavy))):
-            ph = PhaseResult(name, conc, secs)
-            watcher.phase = ph
-            print(f"  --- {name}: {conc} requests in flight for {secs:.0f}s", flush=True)
-            t = time.monotonic()
-            _drive(client, model, ph, args.prompt_tokens, args.max_tokens, seed=i)
-            ph.seconds = time.monotonic() - t
-            results.append(ph)
-        time.sleep(1.0)
-        watcher.stop_flag.set()
-        final = _get_json(endpoint_url(cfg) + "/decisions?limit=0")
-        metrics = urllib.request.urlopen(endpoint_url(cfg) + "/metrics", timeout=5).read().decode()
-    finally:
-        watcher.stop_flag.set()
-        print("[4/4] stopping tuned serve", flush=True)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    _summary(results, final, metrics, watcher.reasons, rc)
-    lost = sum(r.sent - r.completed for r in results)
-    return 0 if lost == 0 and rc == 0 else 1
+    tuned = Contender("tuned", "tuned", cfg)
+    _say(f"[2/5] starting tuned serve ({cfg.source_path or 'embedded default'}; logs in "
+         f"{log_dir}/) and measuring this host")
+    with LiveServer(tuned, model_path=model_path, log_dir=log_dir, seed=args.seed,
+                    startup_timeout_s=args.startup_timeout_s) as server:
+        _say(f"  ready after {time.monotonic() - t0:.0f}s")
+        if cfg.tbt_sla_s:
+            sla_s, fit = cfg.tbt_sla_s, {}
+            _say(f"  TBT SLA from the config: {sla_s * 1e3:.1f} ms")
+        else:
+            derived = _calibrate(server, cfg)
+            sla_s, fit = derived["sla_s"], derived.get("fit") or {}
+            _say(f"  TBT SLA derived on this host: {derived['factor']:g} x "
+                 f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1) = "
+                 f"{sla_s * 1e3:.1f} ms")
+        wl, b_sla = demo_workload(sla_s, fit, seed=args.seed, phase_s=args.phase_s,
+                                  max_model_len=cfg.max_model_len)
+        info = wl.describe()
+        _say(f"[3/5] tuned: {len(wl.requests)} requests open-loop over "
+             f"{info.get('duration_s', 0):.0f}s (chat, long prompts, heavier chat; sized "
+             f"for about {b_sla:.0f} decodes within the SLA); decisions as they change:")
+        printer = _DecisionPrinter(time.monotonic())
+        tuned_run = server.drive(wl, on_decision=printer)
+    seqs, toks = VLLM_DEFAULTS["cpu"]
+    static_cfg = replace(cfg, max_num_seqs=seqs, max_num_batched_tokens=toks,
+                         fallback_cap=min(cfg.fallback_cap, seqs))
+    static = Contender("vllm-default", "static", static_cfg, seqs)
+    _say(f"[4/5] vLLM's default static cap (max_num_seqs {seqs}, max_num_batched_tokens "
+         f"{toks}) on the same arrivals")
+    static_run = run_live(static, wl, model_path=model_path, log_dir=log_dir,
+                          seed=args.seed, startup_timeout_s=args.startup_timeout_s)
+    ttft = args.ttft_slo_s or max(3.0, round(40 * sla_s, 1))
+    slo = Slo(ttft_s=ttft, tpot_s=sla_s)
+    rows = [("tuned", summarize(tuned_run.results, slo)),
+            ("vllm-default", summarize(static_run.results, slo))]
+    _summary(rows, slo, printer.reasons, tuned_run, static_run)
+    (log_dir / "demo-summary.json").write_text(json.dumps(
+        {"slo": str(slo), "workload": wl.spec, "runs": dict(rows),
+         "reasons": printer.reasons}, indent=1, default=str))
+    lost = sum(r["submitted"] - r["completed"] for _, r in rows)
+    bad_exit = [r for r in (tuned_run, static_run) if r.server_returncode is not None]
+    return 0 if lost == 0 and not bad_exit else 1
 
 
-def _metric(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def _fmt_s(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1e3:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def _summary(results, final, metrics, reasons, rc) -> None:
-    print("\nsummary")
-    print(f"  {'phase':6s} {'in flight':>9s} {'done/sent':>10s} {'tok/s':>8s} "
-          f"{'p50 lat s':>9s} {'mean cap':>8s} {'mean TBT':>9s}")
-    for r in results:
-        lat = sorted(r.latencies)
-        p50 = lat[len(lat) // 2] if lat else float("nan")
-        cap = sum(r.caps) / len(r.caps) if r.caps else float("nan")
-        tbt = sum(r.tbts) / len(r.tbts) * 1e3 if r.tbts else float("nan")
-        print(f"  {r.name:6s} {r.concurrency:9d} {r.completed:>4d}/{r.sent:<5d} "
-              f"{r.tokens / r.seconds:8.1f} {p50:9.2f} {cap:8.1f} {tbt:7.1f}ms")
-    cfg = final["config"]
-    print(f"  decisions by reason: {json.dumps(reasons, sort_keys=True)}")
-    print(f"  SLA: {cfg['tbt_sla_s'] * 1e3:.0f} ms TBT" if cfg["tbt_sla_s"] else "  SLA: none")
-    print(f"  fallbacks: {_metric(metrics, 'tuned_fallbacks_total'):.0f}, controller errors: "
-          f"{_metric(metrics, 'tuned_controller_errors_total'):.0f}, preemptions: "
-          f"{_metric(metrics, 'tuned_preemptions_total'):.0f}")
-    lost = sum(r.sent - r.completed for r in results)
-    print(f"  requests lost: {lost}; server exit code: {rc}")
+def _summary(rows, slo, reasons, tuned_run, static_run) -> None:
+    _say(f"[5/5] side by side, SLO {slo} (TPOT = the derived SLA)")
+    _say(f"  {'run':13s} {'goodput':>9s} {'attain':>7s} {'out tok/s':>9s} {'TTFT p50':>9s} "
+         f"{'TTFT p99':>9s} {'TPOT p50':>9s} {'TPOT p99':>9s} {'preempt':>7s} {'done':>8s}")
+    for name, r in rows:
+        _say(f"  {name:13s} {r['goodput_rps'] or 0:8.3f}/s {r['attainment'] or 0:7.2f} "
+             f"{r['output_tok_s'] or 0:9.1f} {_fmt_s(r['ttft_p50_s']):>9s} "
+             f"{_fmt_s(r['ttft_p99_s']):>9s} {_fmt_s(r['tpot_p50_s']):>9s} "
+             f"{_fmt_s(r['tpot_p99_s']):>9s} {r['preemptions']:7d} "
+             f"{r['completed']:>3d}/{r['submitted']:<4d}")
+    (_, t), (_, s) = rows
+
+    def ratio(k):
+        return (t[k] or 0) / s[k] if s.get(k) else float("inf")
+
+    _say(f"  tuned vs vLLM's default: goodput x{ratio('goodput_rps'):.2f}, attainment "
+         f"x{ratio('attainment'):.2f}, throughput x{ratio('output_tok_s'):.2f}")
+    _say(f"  tuned's decisions by reason: {json.dumps(reasons, sort_keys=True)}")
+    lost = sum(r["submitted"] - r["completed"] for _, r in rows)
+    _say(f"  requests lost: {lost}; servers still serving at the end: "
+         f"{tuned_run.server_returncode is None and static_run.server_returncode is None}")

@@ -657,10 +657,13 @@ def start_engine(model: str, max_num_seqs: int, max_num_batched_tokens: int,
             from tuned.demo_model import resolve_model
 
             path = str(resolve_model(model, model_cache, log=_say))
+        from tuned.hostinfo import demo_dtype_args
+
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
                "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(max_num_seqs),
                "--max-model-len", str(max_model_len),
                "--max-num-batched-tokens", str(max_num_batched_tokens)] + list(vllm_args or [])
+        cmd += demo_dtype_args(model, list(vllm_args or []))
         metrics_url = None
     else:
         raise UsageError(f"--engine must be auto, tuned or vllm, got {engine!r}")

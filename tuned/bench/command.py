@@ -206,24 +206,45 @@ def _sim_capacity(i: int) -> dict:
     return res.as_dict()
 
 
-def _pool_map(fn, items, jobs: int, desc: str):
-    from tqdm import tqdm
+class _Progress:
+    """A tqdm bar on a terminal; one line per finished run otherwise (logs, CI)."""
 
-    bar = tqdm(total=len(items), desc=desc, unit="run", file=sys.stderr,
-               disable=not sys.stderr.isatty() and os.environ.get("TUNED_PROGRESS") != "1")
+    def __init__(self, total: int, desc: str) -> None:
+        from tqdm import tqdm
+
+        self.tty = sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr,
+                        disable=not self.tty)
+        self.total, self.done, self.desc, self.t0 = total, 0, desc, time.monotonic()
+
+    def update(self, name: str) -> None:
+        self.done += 1
+        self.bar.set_postfix_str(name)
+        self.bar.update(1)
+        if not self.tty:
+            print(f"[{self.desc} {self.done}/{self.total}] {name} "
+                  f"({time.monotonic() - self.t0:.0f}s)", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _pool_map(fn, items, jobs: int, desc: str):
+    prog = _Progress(len(items), desc)
+    names = [c.name for c in _JOB["field"]]
     out: dict[int, Any] = {}
     if jobs <= 1:
         for i in items:
             out[i] = fn(i)
-            bar.update(1)
+            prog.update(names[i])
     else:
         import multiprocessing as mp
 
         with mp.get_context("fork").Pool(jobs) as pool:
             for i, r in pool.imap_unordered(_indexed(fn), items):
                 out[i] = r
-                bar.update(1)
-    bar.close()
+                prog.update(names[i])
+    prog.close()
     return [out[i] for i in items]
 
 

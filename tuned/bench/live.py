@@ -16,7 +16,7 @@ How each request is timed (all times in seconds since the run start, on
 
 - ``arrival_s`` is the scheduled send time (the workload's), not the moment the
   client got round to sending, so client lag counts against the engine's latency as
-  it would for a real user; the largest lag is reported (``LiveRun.send_lag_max_s``).
+  it would for a real user; each send's lag is reported (``LiveRun.send_lags_s``).
 - Requests stream with ``stream_options = {include_usage, continuous_usage_stats}``:
   vLLM then puts the cumulative ``completion_tokens`` on every chunk, so the number
   of tokens a chunk carries is exact. A chunk carries several tokens when the API
@@ -55,18 +55,19 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from tuned.bench.metrics import RequestResult
+from tuned.bench.runner import Contender
 from tuned.config import FIELDS, Config
 from tuned.netutil import free_port
 from tuned.profiler import (EngineError, PromptFactory, server_info, stop_process,
                             wait_ready)
 from tuned.workloads import RequestSpec, Workload
 
-__all__ = ["Contender", "LiveRun", "LiveStartError", "run_live", "config_to_toml",
+__all__ = ["Contender", "LiveRun", "LiveServer", "LiveStartError", "run_live", "config_to_toml",
            "drive_open_loop", "vllm_command", "KINDS"]
 
 KINDS = ("static", "peer", "tuned")
@@ -77,19 +78,6 @@ REQUEST_TIMEOUT_S = 3600.0
 TUNED_STOP_GRACE_S = 90.0
 STATIC_STOP_GRACE_S = 30.0
 WARMUP = RequestSpec("warmup", 0.0, 8, 4, 4)
-
-
-@dataclass(frozen=True)
-class Contender:
-    """One configuration in a benchmark: a fixed ``--max-num-seqs`` (``static``:
-    ``cap``, or the config's ``max_num_seqs`` when None) on a plain vLLM server,
-    or ``tuned serve`` running ``config`` (``tuned``, and ``peer`` for the peers'
-    rules that tuned embeds, e.g. ``batch_policy = "trtllm"``)."""
-
-    name: str
-    kind: str
-    config: Config
-    cap: int | None = None
 
 
 @dataclass
@@ -103,10 +91,15 @@ class LiveRun:
     duration_s: float                      # start -> last request done
     server_log: Path
     client_cpu_s: float = 0.0              # this process's CPU over the run
-    send_lag_max_s: float = 0.0            # latest send behind its arrival
+    send_lags_s: list[float] = field(default_factory=list)  # per request: sent - arrival
     server_returncode: int | None = None   # None: still serving at the end, as it should
     config_path: Path | None = None        # the TOML `tuned serve` ran (tuned, peer)
     stream_chunks: int = 0                 # streamed chunks that carried tokens
+
+    @property
+    def send_lag_max_s(self) -> float:
+        """How far behind its arrival the latest send began (0 when none was late)."""
+        return max([0.0, *self.send_lags_s])
 
 
 class LiveStartError(EngineError):
@@ -235,8 +228,12 @@ def _start_server(c: Contender, model_path: str, log_dir: Path,
     log_file = open(log_path, "wb")
     log_file.write(f"# tuned bench: {c.name} ({c.kind}): {' '.join(cmd)}\n".encode())
     log_file.flush()
-    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    try:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    except BaseException:
+        log_file.close()
+        raise
     return _Server(proc, f"http://127.0.0.1:{port}", endpoint, log_path, config_path, grace,
                    log_file)
 
@@ -278,20 +275,21 @@ async def drive_open_loop(specs: Sequence[RequestSpec],
                           send: Callable[[int, RequestSpec], Awaitable[Any]], *,
                           clock: Callable[[], float] = time.monotonic,
                           sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                          t0: float | None = None) -> tuple[list[Any], float]:
+                          t0: float | None = None) -> tuple[list[Any], list[float]]:
     """Start ``send(i, spec)`` as its own task at ``t0 + spec.arrival_s`` (``t0``
     defaults to now), never waiting for earlier sends to finish; return their
-    results in order and the largest lag (how late behind its arrival a send began)."""
+    results in order and each send's lag (how late behind its arrival it began;
+    negative: early by the sleep's resolution)."""
     t0 = clock() if t0 is None else t0
     tasks = []
-    lag_max = 0.0
+    lags = []
     for i, spec in enumerate(specs):
         delay = t0 + spec.arrival_s - clock()
         if delay > 0:
             await sleep(delay)
-        lag_max = max(lag_max, clock() - t0 - spec.arrival_s)
+        lags.append(clock() - t0 - spec.arrival_s)
         tasks.append(asyncio.ensure_future(send(i, spec)))
-    return list(await asyncio.gather(*tasks)), lag_max
+    return list(await asyncio.gather(*tasks)), lags
 
 
 def _http():
@@ -310,7 +308,8 @@ class _Client:
 
     def __init__(self, base_url: str, model: str, endpoint: str | None, *,
                  timeout_s: float = REQUEST_TIMEOUT_S, openai: Any = None, http: Any = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 on_decision: Callable[[dict], None] | None = None):
         if http is None:
             httpx = _http()
             # Open loop: no pool limit (a limit would queue requests in the client),
@@ -325,6 +324,7 @@ class _Client:
                                  timeout=timeout_s, http_client=http)
         self.http = http
         self.openai = openai
+        self.on_decision = on_decision
         self.model = model
         self.endpoint = endpoint
         self.clock = clock
@@ -431,6 +431,8 @@ class _Client:
                 if isinstance(e.get("t"), (int, float)):
                     e["run_s"] = e["t"] - self._wall_offset - self.t0
                 self.decisions[seq] = e
+                if self.on_decision is not None:
+                    self.on_decision(e)
         seqs = [int(e["seq"]) for e in recent]
         return not (seqs and known and min(seqs) > known + 1 and len(seqs) >= limit)
 
@@ -453,7 +455,7 @@ class _Client:
 
 async def _run_async(client: _Client, workload: Workload, prompts: list[list[int]],
                      warm_prompt: list[int], progress: Callable[[int, int], None] | None
-                     ) -> tuple[list[RequestResult], float, float, float, int]:
+                     ) -> tuple[list[RequestResult], float, float, list[float], int]:
     total = len(workload.requests)
     warm = await client.send(WARMUP, warm_prompt)
     if warm.failed:
@@ -480,8 +482,8 @@ async def _run_async(client: _Client, workload: Workload, prompts: list[list[int
     if client.endpoint is not None:
         poll_task = asyncio.ensure_future(client.poller(stop))
     try:
-        results, lag_max = await drive_open_loop(workload.requests, send, t0=t0,
-                                                 clock=client.clock)
+        results, lags = await drive_open_loop(workload.requests, send, t0=t0,
+                                              clock=client.clock)
     finally:
         duration = client.clock() - t0
         stop.set()
@@ -490,7 +492,96 @@ async def _run_async(client: _Client, workload: Workload, prompts: list[list[int
     if client.endpoint is not None:
         await client.poll_decisions(200)  # the state at the end
     cpu = time.process_time() - cpu0
-    return results, duration, cpu, lag_max, client.chunks
+    return results, duration, cpu, lags, client.chunks
+
+
+class LiveServer:
+    """A contender's server, started and ready (tuned: its controller has decided),
+    with the model id and a prompt factory; :meth:`drive` runs workloads on it.
+    Use as a context manager: the server stops on exit."""
+
+    def __init__(self, contender: Contender, *, model_path: str, log_dir: Path,
+                 startup_timeout_s: float = 600.0, extra_vllm_args: Sequence[str] = (),
+                 seed: int = 0) -> None:
+        from tuned.hostinfo import demo_dtype_args
+
+        self.contender = contender
+        # the demo model's dtype follows this CPU, for plain vLLM and tuned alike
+        extra = list(extra_vllm_args)
+        extra += demo_dtype_args(contender.config.model, extra + list(contender.config.vllm_args))
+        self.srv = _start_server(contender, model_path, Path(log_dir), extra)
+        try:
+            try:
+                deadline = time.monotonic() + startup_timeout_s
+                wait_ready(self.srv.url, self.srv.proc, startup_timeout_s, self.srv.log_path)
+                if self.srv.endpoint is not None:
+                    _wait_decided(self.srv, deadline)
+                self.model_id = server_info(self.srv.url)["id"]
+                self.factory = PromptFactory.from_server(self.srv.url, self.model_id,
+                                                         seed=seed)
+            except EngineError as e:  # its message ends with the log's tail
+                raise LiveStartError(f"contender {contender.name!r} ({contender.kind}) did "
+                                     f"not start: {e}") from None
+            except Exception as e:  # the server answers, but not as vLLM should
+                raise LiveStartError(f"contender {contender.name!r} ({contender.kind}) did "
+                                     f"not start: {type(e).__name__}: {e}; last lines of "
+                                     f"{self.srv.log_path}:\n{_log_tail(self.srv.log_path)}"
+                                     ) from None
+        except BaseException:
+            self.srv.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        return self.srv.url
+
+    @property
+    def endpoint(self) -> str | None:
+        """tuned's /decisions base URL (None for plain vLLM)."""
+        return self.srv.endpoint
+
+    def __enter__(self) -> "LiveServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.srv.stop()
+
+    def drive(self, workload: Workload, *,
+              progress: Callable[[int, int], None] | None = None,
+              on_decision: Callable[[dict], None] | None = None) -> LiveRun:
+        """Replay ``workload`` open-loop on this server (one warm-up request first);
+        ``on_decision`` sees each new tuned decision as it is polled."""
+        contender, srv = self.contender, self.srv
+        prompts = [self.factory.make(s.prompt_tokens) for s in workload.requests]
+        warm_prompt = self.factory.make(WARMUP.prompt_tokens)
+        client = _Client(srv.url, self.model_id, srv.endpoint, on_decision=on_decision)
+
+        async def main():
+            try:
+                return await _run_async(client, workload, prompts, warm_prompt, progress)
+            finally:
+                await client.aclose()
+
+        try:
+            results, duration, cpu, lags, chunks = asyncio.run(main())
+        except EngineError as e:
+            raise LiveStartError(f"contender {contender.name!r} ({contender.kind}): {e}; "
+                                 f"last lines of {srv.log_path}:\n"
+                                 f"{_log_tail(srv.log_path)}") from None
+        returncode = srv.proc.poll()
+        if contender.kind == "static":
+            cap = contender.cap if contender.cap is not None else contender.config.max_num_seqs
+            timeline = [(0.0, cap), (duration, cap)]
+        else:
+            timeline = client.cap_timeline
+        return LiveRun(results=results, cap_timeline=timeline,
+                       decisions=[client.decisions[s] for s in sorted(client.decisions)],
+                       duration_s=duration, server_log=srv.log_path, client_cpu_s=cpu,
+                       send_lags_s=lags, server_returncode=returncode,
+                       config_path=srv.config_path, stream_chunks=chunks)
 
 
 def run_live(contender: Contender, workload: Workload, *, model_path: str, log_dir: Path,
@@ -502,45 +593,7 @@ def run_live(contender: Contender, workload: Workload, *, model_path: str, log_d
 
     Raises :class:`LiveStartError` naming the contender, with the log's tail, when
     the server does not come up or the warm-up request fails."""
-    log_dir = Path(log_dir)
-    srv = _start_server(contender, model_path, log_dir, extra_vllm_args)
-    try:
-        try:
-            deadline = time.monotonic() + startup_timeout_s
-            wait_ready(srv.url, srv.proc, startup_timeout_s, srv.log_path)
-            if srv.endpoint is not None:
-                _wait_decided(srv, deadline)
-            model_id = server_info(srv.url)["id"]
-            factory = PromptFactory.from_server(srv.url, model_id, seed=seed)
-        except EngineError as e:
-            raise LiveStartError(f"contender {contender.name!r} ({contender.kind}) did not "
-                                 f"start: {e}") from None
-        prompts = [factory.make(s.prompt_tokens) for s in workload.requests]
-        warm_prompt = factory.make(WARMUP.prompt_tokens)
-        client = _Client(srv.url, model_id, srv.endpoint)
-
-        async def main():
-            try:
-                return await _run_async(client, workload, prompts, warm_prompt, progress)
-            finally:
-                await client.aclose()
-
-        try:
-            results, duration, cpu, lag_max, chunks = asyncio.run(main())
-        except EngineError as e:
-            raise LiveStartError(f"contender {contender.name!r} ({contender.kind}): {e}; "
-                                 f"last lines of {srv.log_path}:\n"
-                                 f"{_log_tail(srv.log_path)}") from None
-        returncode = srv.proc.poll()
-    finally:
-        srv.stop()
-    if contender.kind == "static":
-        cap = contender.cap if contender.cap is not None else contender.config.max_num_seqs
-        timeline = [(0.0, cap), (duration, cap)]
-    else:
-        timeline = client.cap_timeline
-    return LiveRun(results=results, cap_timeline=timeline,
-                   decisions=[client.decisions[s] for s in sorted(client.decisions)],
-                   duration_s=duration, server_log=srv.log_path, client_cpu_s=cpu,
-                   send_lag_max_s=lag_max, server_returncode=returncode,
-                   config_path=srv.config_path, stream_chunks=chunks)
+    with LiveServer(contender, model_path=model_path, log_dir=log_dir,
+                    startup_timeout_s=startup_timeout_s, extra_vllm_args=extra_vllm_args,
+                    seed=seed) as server:
+        return server.drive(workload, progress=progress)

@@ -150,18 +150,27 @@ def itl_timeline(results: Sequence[RequestResult], bin_s: float = 1.0) -> list[t
 
 
 class SimBench:
-    """Runs contenders on the simulator for one hardware model."""
+    """Runs contenders on the simulator for one hardware model.
+
+    A run stops ``horizon_s`` of virtual time after the last arrival: a contender that
+    cannot keep up (a cap of 1 on an hour of traffic would otherwise simulate days)
+    leaves its backlog unfinished, and unfinished requests count as not good. With a
+    TTFT SLO far below the horizon none of them could have been good anyway.
+    """
 
     engine = "sim"
+    HORIZON_S = 300.0
 
-    def __init__(self, hardware) -> None:
+    def __init__(self, hardware, horizon_s: float = HORIZON_S) -> None:
         self.hardware = hardware
+        self.horizon_s = horizon_s
 
     def run(self, contender: Contender, requests: Sequence, *, timelines: bool = True
             ) -> RunOutput:
         from tuned.engines.sim import simulate
 
-        res = simulate(contender.config, self.hardware, requests, record_steps=timelines)
+        res = simulate(contender.config, self.hardware, requests, record_steps=timelines,
+                       horizon_s=self.horizon_s)
         out = RunOutput(results_from_sim(res), decisions=res.decisions if timelines else [],
                         duration_s=res.duration_s)
         if timelines:

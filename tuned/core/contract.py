@@ -93,3 +93,8 @@ class EngineView(Protocol):
         """The installed tuned queue's counters (``QueueCore.snapshot()``), or None
         when the engine runs its own FCFS queue."""
         ...
+
+    # Optional: ``kv_usage_now() -> float``, the fraction of usable KV blocks held
+    # right now (a live read, safe beside a step). Where an engine frees blocks
+    # outside its steps (vLLM: aborts), the controller reads this instead of the
+    # newest step sample, which would stay stale while the engine idles.

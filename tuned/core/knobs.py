@@ -85,6 +85,12 @@ class KnobSlot:
         self.fallback_cap = int(fallback_cap)
 
     def offer(self, item: Decision | Fallback) -> None:
+        if isinstance(item, Decision):
+            # A decision is only offered by a good tick: mark it before the engine can
+            # take it. Marked after (as the tick's end did alone), the step that applies
+            # it could still find the previous mark stale_after_s old and fall back
+            # again right after clearing the fallback.
+            self.last_ok = max(self.last_ok, self.clock())
         self.pending = item
 
     def mark_ok(self, t: float) -> None:

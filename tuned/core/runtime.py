@@ -42,8 +42,10 @@ class Runtime:
         self.controller.stop()
         if self.endpoint is not None:
             self.endpoint.stop()
-        if self.nvml is not None and hasattr(self.nvml, "shutdown"):
-            self.nvml.shutdown()
+        # NvmlSampler.stop() (nvmlShutdown); this asked for a `shutdown` method that the
+        # sampler never had, so NVML was never shut down
+        if self.nvml is not None and hasattr(self.nvml, "stop"):
+            self.nvml.stop()
 
 
 def build_runtime(cfg: Config, engine: EngineView, *,
@@ -73,7 +75,12 @@ def build_runtime(cfg: Config, engine: EngineView, *,
                                       if reload_token_sha256 else {})).start()
         except OSError as e:
             log.error("endpoint_failed", host=cfg.metrics_host, port=port, error=str(e),
-                      note="engine keeps serving; metrics, status and reload unavailable")
+                      message=(f"could not bind tuned's endpoint to {cfg.metrics_host}:{port} "
+                               f"({e.strerror or e}): /metrics, /decisions (tuned status), "
+                               "/steps and POST /reload (SIGHUP, systemctl reload) are off; "
+                               "the engine keeps serving under the controller. Free the port "
+                               "(or set metrics_port) and restart to get them back"),
+                      off=["/metrics", "/decisions", "/steps", "/healthz", "POST /reload"])
     return rt
 
 

@@ -258,16 +258,18 @@ class EvidenceSlaBound(SlaBound):
     evidence:
 
     * over the SLA (T > D_SLA + eps_D): the high end falls as in the paper, unless
-      the decode-only steps meet the SLA (T_decode <= D_SLA - eps_D) and the token
-      budget is controlled: then prefill chunks, not the batch, caused the
+      the decode-only steps meet the SLA (T_decode <= D_SLA - eps_D; measured, or
+      predicted by the online step model when every step carried prefill) and the
+      token budget is controlled: then prefill chunks, not the batch, caused the
       violation and the token budget is the knob (reason ``sla_over_prefill``,
       interval kept);
     * under or within the SLA: the paper's update only on ticks where the cap was
       binding (requests waited while the cap was full for at least ``bind_share``
       of the window's steps); otherwise the interval is kept (``sla_idle``);
-    * under the SLA at a collapsed interval (high - low <= alpha) while binding, the
-      high end grows by max(delta, high / 4) (``sla_expand``): the paper's delta = 1
-      per tick is a noise correction, too slow to follow a load that doubled.
+    * under the SLA while binding, once the low end has reached the top of the
+      interval (high - low <= 2 alpha + 1), the high end grows by max(delta, high / 4)
+      (``sla_expand``) instead of delta: the paper's delta = 1 per tick is a noise
+      correction, too slow to follow a load that doubled.
 
     ``statistic`` picks T: the mean step time of decode steps (the paper's) or their
     90th percentile (``p90``), which holds most requests' TPOT, not only the average.
@@ -303,6 +305,9 @@ class EvidenceSlaBound(SlaBound):
         binding = obs.binding >= self.bind_share
         if t > self.sla_s + self.eps_s:
             dec = obs.decode_only_tbt_s
+            if dec is None and obs.step_model is not None:
+                # every step carried prefill: what would the decodes alone take?
+                dec = obs.step_model.predict_step_s(bbar, 0.0, obs.kv_tokens_resident)
             if (self.budget_controlled and dec is not None
                     and dec <= self.sla_s - self.eps_s):
                 reason = "sla_over_prefill"
@@ -313,12 +318,12 @@ class EvidenceSlaBound(SlaBound):
         elif not binding:
             reason = "sla_idle"
         elif t < self.sla_s - self.eps_s:
-            if self.high - self.low <= self.alpha:
+            self.low = min(bb, self.high - self.alpha)
+            if self.high - self.low <= 2 * self.alpha + 1:
                 self.high = min(self.high + max(self.delta, math.ceil(self.high / 4)),
                                 self.b_max)
                 reason = "sla_expand"
             else:
-                self.low = min(bb, self.high - self.alpha)
                 self.high = min(self.high + self.delta, self.b_max)
                 reason = "sla_under"
         else:

@@ -21,7 +21,7 @@ definition: at least a fraction q of recent requests finished within it.
 Hints: :func:`parse_request_hints` reads ``tuned_output_tokens`` (integer ≥ 1),
 ``tuned_deadline_s`` (seconds after arrival, number > 0) and ``tuned_class`` (a
 name in the operator's SLA table, giving a deadline); it never raises and returns
-one warning string per ignored field.
+one warning string per ignored field (and one for any unknown ``tuned_*`` keys).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 HINT_OUTPUT_TOKENS = "tuned_output_tokens"
 HINT_DEADLINE_S = "tuned_deadline_s"
 HINT_CLASS = "tuned_class"
+_HINTS = (HINT_OUTPUT_TOKENS, HINT_DEADLINE_S, HINT_CLASS)
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,21 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _finite(v: int | float) -> bool:
+    """math.isfinite, False for an int beyond a float's range (10**400 would raise)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def _shown(v: Any, limit: int = 40) -> str:
     """``repr(v)`` cut to ``limit`` characters: warnings are logged, and a client may
     put anything (text included) in a hint."""
-    s = repr(v)
+    try:
+        s = repr(v)
+    except ValueError:  # an int past sys.get_int_max_str_digits()
+        s = f"<int of about {int(v.bit_length() * 0.30103)} digits>"
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
@@ -83,7 +95,7 @@ def parse_request_hints(extra_args: Mapping[str, Any] | None,
     out_tokens: int | None = None
     if HINT_OUTPUT_TOKENS in extra_args:
         v = extra_args[HINT_OUTPUT_TOKENS]
-        ok = (_is_number(v) and math.isfinite(v) and float(v).is_integer() and v >= 1)
+        ok = (_is_number(v) and _finite(v) and float(v).is_integer() and v >= 1)
         if ok:
             out_tokens = int(v)
         else:
@@ -93,7 +105,7 @@ def parse_request_hints(extra_args: Mapping[str, Any] | None,
     deadline: float | None = None
     if HINT_DEADLINE_S in extra_args:
         v = extra_args[HINT_DEADLINE_S]
-        if _is_number(v) and math.isfinite(v) and v > 0:
+        if _is_number(v) and _finite(v) and v > 0:
             deadline = float(v)
         else:
             warnings.append(f"{HINT_DEADLINE_S}: must be a number > 0, got {_shown(v)}; ignored")
@@ -111,6 +123,15 @@ def parse_request_hints(extra_args: Mapping[str, Any] | None,
             sla_class = v
             if deadline is None:
                 deadline = float(table[v])
+    # a misspelt hint (tuned_deadline) would otherwise be dropped without a word; keys
+    # outside the tuned_ prefix belong to vLLM or other plugins. One warning per
+    # request, whatever the number of keys, under the fixed field label "unknown".
+    unknown = [k for k in extra_args
+               if isinstance(k, str) and k.startswith("tuned_") and k not in _HINTS]
+    if unknown:
+        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        warnings.append(f"unknown: {_shown(unknown[0])}{more} is not a tuned hint (known: "
+                        f"{', '.join(_HINTS)}); ignored")
     return RequestHints(out_tokens, deadline, sla_class), warnings
 
 

@@ -31,7 +31,14 @@ class NvmlSampler:
 
     ``start()`` initialises NVML once. Where it fails (no driver, no device, no
     library) the sampler disables itself, logs one line saying telemetry is
-    engine-only, and ``sample()`` returns None from then on.
+    engine-only (``nvml_unavailable``), and ``sample()`` returns None from then on.
+
+    A query that raises mid-run (a driver hiccup, a device that fell off the bus:
+    ``NVML_ERROR_GPU_IS_LOST``) makes ``sample()`` return None and logs one
+    ``nvml_lost`` line; later calls keep asking (one cheap NVML call per controller
+    tick) and log one ``nvml_recovered`` line if the device answers again, so a
+    transient error does not cost the GPU series for the life of the service.
+    ``available`` says whether the last sample succeeded.
     """
 
     def __init__(self, pynvml: Any = None, device_indices: list[int] | None = None):
@@ -68,7 +75,7 @@ class NvmlSampler:
         return True
 
     def sample(self) -> list[GpuMemory] | None:
-        if not self.available:
+        if not self._handles:  # NVML never came up: engine-only for good
             return None
         out = []
         try:
@@ -76,17 +83,26 @@ class NvmlSampler:
                 m = self._pynvml.nvmlDeviceGetMemoryInfo(h)
                 out.append(GpuMemory(i, name, int(m.used), int(m.total)))
         except Exception as e:
-            # A device that stops answering mid-run: keep serving, report once.
-            self.available = False
-            self.reason = f"{type(e).__name__}: {e}"
-            log.warning("nvml_lost", telemetry="engine-only", reason=self.reason)
+            # A device that stops answering mid-run: keep serving, report once per
+            # episode, ask again next tick.
+            if self.available:
+                self.available = False
+                self.reason = f"{type(e).__name__}: {e}"
+                log.warning("nvml_lost", telemetry="engine-only", reason=self.reason,
+                            note="GPU memory series withdrawn; NVML is asked again every tick")
             return None
+        if not self.available:
+            self.available = True
+            log.info("nvml_recovered", gpus=[n for _, n, _ in self._handles],
+                     after=self.reason)
+            self.reason = "ok"
         return out
 
     def stop(self) -> None:
-        if self.available:
+        if self._handles:
+            self._handles = []
+            self.available = False
             try:
                 self._pynvml.nvmlShutdown()
             except Exception:
                 pass
-            self.available = False

@@ -1,1 +1,174 @@
-"""Paper scenarios: each reproduces one seed paper's own experiment and prints ours vs the paper's figures."""
+"""Paper scenarios: each reproduces one seed paper's own experiment and prints ours vs the paper's figures.
+
+``tuned bench --paper NAME --out DIR [--quick] [--seed N]`` calls :func:`run_paper`.
+A scenario is a module of this package with ``run(seed, quick=) -> dict`` and
+``format_table(result) -> str`` ("figure | ours | paper" rows); its tolerance
+checks are a list of ``{"figure", "ours", "target", "ok"}`` under the result's
+``"checks"`` key (:data:`SCENARIOS` names each module and its seed paper):
+
+* ``multibin`` (seed 001): throughput vs bins against Theorem 4.2, within 2%;
+* ``mcsf`` (seed 003): MC-SF's latency ratio to the hindsight optimum, Section 5.1;
+  its module defines no tolerance, so :func:`mcsf_checks` does (average ratio within
+  :data:`MCSF_AVG_TOLERANCE` of the paper's, every IP proven optimal);
+* ``pang`` (seed 000): Tables I/II, memory-aware throughput and SLA capacity;
+* ``saber`` (seed 002): goodput and completion-time CV against the best static cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+#: name -> (module, seed paper file)
+SCENARIOS: dict[str, tuple[str, str]] = {
+    "multibin": ("tuned.bench.papers.multibin", "001_2a3c0babda226cd1.txt"),
+    "mcsf": ("tuned.bench.papers.mcsf", "003_730bb3baf6ac1209.txt"),
+    "pang": ("tuned.bench.papers.pang", "000_9c922f4ecf264ae4.txt"),
+    "saber": ("tuned.bench.papers.saber", "002_56b8c98eae4faee6.txt"),
+}
+
+EXIT_OK, EXIT_OUT_OF_TOLERANCE, EXIT_USAGE = 0, 1, 2
+MCSF_AVG_TOLERANCE = 0.05
+
+
+def mcsf_checks(result: dict) -> list[dict]:
+    """Tolerance of the ``mcsf`` scenario: per arrival model, MC-SF's average latency
+    ratio to the optimum within ``MCSF_AVG_TOLERANCE`` of Section 5.1's (1.005 all at
+    once, 1.047 online), and the IP proven optimal on every instance (otherwise the
+    ratio is over fewer instances than were drawn)."""
+    out = []
+    for model, res in result["models"].items():
+        ours = res["algorithms"]["MC-SF"]["avg"]
+        paper = res["paper"]["avg"]
+        out.append({"figure": f"{model} MC-SF latency/OPT avg", "ours": ours,
+                    "target": f"{paper:g} ± {MCSF_AVG_TOLERANCE:g}",
+                    "ok": ours is not None and abs(ours - paper) <= MCSF_AVG_TOLERANCE})
+        ip = res["ip"]
+        out.append({"figure": f"{model} IP proven optimal",
+                    "ours": f"{ip['proven_optimal']}/{ip['instances']}",
+                    "target": f"{ip['instances']}/{ip['instances']}",
+                    "ok": ip["proven_optimal"] == ip["instances"]})
+    return out
+
+
+def format_checks(checks: Sequence[dict]) -> str:
+    """One 'tolerance <figure> | ours | target | ok' line per check."""
+    out = []
+    for c in checks:
+        v = c["ours"]
+        ours = v if isinstance(v, str) else "—" if v is None else f"{v:.4g}"
+        out.append(f"tolerance {c['figure']} | {ours} | {c['target']} | "
+                   f"{'ok' if c['ok'] else 'FAILED'}")
+    return "\n".join(out)
+
+
+def markdown(name: str, table: str, failed: Sequence[dict]) -> str:
+    """The table as Markdown: runs of 'a | b | c' lines become tables (the first line
+    of a run is its header), other lines paragraphs; then the verdict."""
+    lines = table.splitlines()
+    out = [f"# tuned bench --paper {name}", ""]
+    i = 0
+    while i < len(lines):
+        if " | " in lines[i]:
+            j = i
+            while j < len(lines) and " | " in lines[j]:
+                j += 1
+            block = lines[i:j]
+            ncol = block[0].count(" | ") + 1
+            if block[0].startswith("figure |"):
+                head, rows = block[0], block[1:]
+            else:
+                head = " | ".join(["figure", "ours", "target", "verdict"][:ncol]
+                                  + [""] * max(0, ncol - 4))
+                rows = block
+            out.append(f"| {head} |")
+            out.append("|" + "---|" * ncol)
+            out.extend(f"| {r} |" for r in rows)
+            out.append("")
+            i = j
+        else:
+            out.append(lines[i])
+            out.append("")
+            i += 1
+    out.append(verdict(failed))
+    return "\n".join(out) + "\n"
+
+
+def verdict(failed: Sequence[dict]) -> str:
+    if not failed:
+        return "All figures within tolerance."
+    return "Out of tolerance: " + "; ".join(
+        f"{c['figure']} = {c['ours'] if isinstance(c['ours'], str) else _short(c['ours'])} "
+        f"(target {c['target']})" for c in failed) + "."
+
+
+def _short(x: Any) -> str:
+    return "—" if x is None else f"{x:.4g}"
+
+
+def _jsonable(o: Any) -> Any:
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
+    if hasattr(o, "item"):          # numpy scalars
+        return o.item()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    return str(o)
+
+
+def _finite(o: Any) -> Any:
+    """NaN and infinities as None: JSON has no place for them."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def run_paper(name: str, out_dir: Path, *, quick: bool, seed: int,
+              stdout: TextIO | None = None, stderr: TextIO | None = None,
+              runner: Callable[..., dict] | None = None) -> int:
+    """Run scenario ``name``, write ``out_dir/paper-<name>.json`` (the result dict, its
+    ``"checks"`` and ``"passed"`` included) and ``out_dir/paper-<name>.md`` (the
+    table), print the table and the verdict.
+
+    Returns 0 when every check is within tolerance, 1 otherwise (the verdict names
+    the failing figures), 2 for an unknown name (message on ``stderr``).
+    ``runner`` replaces the scenario's ``run`` (tests).
+    """
+    stdout = stdout if stdout is not None else sys.stdout
+    stderr = stderr if stderr is not None else sys.stderr
+    if name not in SCENARIOS:
+        print(f"tuned bench: unknown paper scenario {name!r} (known: "
+              f"{', '.join(SCENARIOS)})", file=stderr)
+        return EXIT_USAGE
+    module = importlib.import_module(SCENARIOS[name][0])
+    result = (runner or module.run)(seed, quick=quick)
+    if name == "mcsf" and "checks" not in result:
+        result["checks"] = mcsf_checks(result)
+    checks = result.get("checks") or []
+    failed = [c for c in checks if not c["ok"]]
+    result["passed"] = not failed
+    table = module.format_table(result)
+    if name == "mcsf":
+        table += "\n" + format_checks(checks)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"paper-{name}.json").write_text(
+        json.dumps(_finite(json.loads(json.dumps(result, default=_jsonable))), indent=1)
+        + "\n")
+    (out_dir / f"paper-{name}.md").write_text(markdown(name, table, failed))
+    print(table, file=stdout)
+    print(verdict(failed), file=stdout)
+    return EXIT_OUT_OF_TOLERANCE if failed else EXIT_OK
+
+
+__all__ = ["SCENARIOS", "format_checks", "markdown", "mcsf_checks", "run_paper", "verdict"]

@@ -88,6 +88,10 @@ class Config:
                              "decode step time this host measures at batch 1 (when "
                              "tbt_sla_s = 0; 0 = off)", lo=0.0, hi=100.0)
     eps_d_s: float = _f(0.002, "SLA tolerance eps_D in seconds", lo=0.0, hi=10.0)
+    ttft_sla_s: float = _f(0.0, "time-to-first-token target in seconds: the token budget "
+                           "grows above the TBT-sized chunk when the waiting prompts could "
+                           "not otherwise be prefilled within half of it (0 = off)",
+                           lo=0.0, hi=3600.0)
     alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
     tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",

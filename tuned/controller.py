@@ -152,17 +152,25 @@ class Controller:
         sla = round(self.cfg.tbt_sla_auto * t1, 4)
         self.derived_sla = {"sla_s": sla, "step_s_batch1": t1, "factor": self.cfg.tbt_sla_auto,
                             "fit": fit.to_dict()}
-        self._build(self.cfg)
+        self._build(self.cfg, reuse_profile=True)
         log.info("sla_derived", sla_s=sla, step_s_batch1=round(t1, 5),
                  factor=self.cfg.tbt_sla_auto, fit_samples=fit.n_samples,
                  note="tbt_sla_auto: the TBT SLA follows this host's measured speed")
 
-    def _build(self, cfg: Config) -> None:
-        """(Re)build the policy objects from a validated config."""
+    def _build(self, cfg: Config, reuse_profile: bool = False) -> None:
+        """(Re)build the policy objects from a validated config. All or nothing: the
+        profile and the policy are built before anything is replaced, so a failure
+        leaves the running objects untouched (a rollback that re-read the old profile
+        from disk failed in turn when the file had been corrupted since)."""
+        eff = self._effective(cfg)
+        if reuse_profile:  # same file, already loaded: do not read it again
+            profile = self.profile
+        else:
+            profile = self.profile_loader(eff.profile) if eff.profile else None
+        policy, first_reason = self._make_policy(eff, profile)
         self.cfg = cfg
-        cfg = self._effective(cfg)
-        profile = self.profile_loader(cfg.profile) if cfg.profile else None
-        self.policy, self._first_reason = self._make_policy(cfg, profile)
+        cfg = eff
+        self.policy, self._first_reason = policy, first_reason
         self.profile = profile
         # one bound method for the queue's admission checks (SABER): a new object
         # every step would make it recompute its order every step
@@ -209,7 +217,8 @@ class Controller:
             feasibility=(None if paper or sla is None else
                          Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha)),
             budget_control=budget, decode_budget="batch" if paper else "running",
-            budget_margin_s=0.0 if paper else cfg.eps_d_s)
+            budget_margin_s=0.0 if paper else cfg.eps_d_s,
+            ttft_sla_s=0.0 if paper else cfg.ttft_sla_s)
         return policy, first_reason
 
     def _read_config_file(self) -> Config:
@@ -231,6 +240,8 @@ class Controller:
             new = self.reload_source()
         except ConfigError as e:
             return self._refuse(now, e.problems)
+        except Exception as e:  # an unreadable file that load() did not turn into problems
+            return self._refuse(now, [f"{type(e).__name__}: {e}"])
         restart = config_mod.restart_changes(self.cfg, new)
         if restart:
             # Keep the running engine's values for fields that size the engine.
@@ -238,14 +249,21 @@ class Controller:
         changed = [n for n in config_mod.FIELDS if getattr(self.cfg, n) != getattr(new, n)]
         with self._lock:
             old = self.cfg
+            kept = (self.cfg, self.policy, self._first_reason, self.profile, self.speed_fn)
             try:
-                self._build(new)
+                self._build(new)  # all or nothing
                 if (new.queue_policy, new.queue_options, new.class_deadlines_s,
                         new.queue_seed) != (old.queue_policy, old.queue_options,
                                             old.class_deadlines_s, old.queue_seed):
                     self.engine.set_queue_policy(new.queue_policy, new)
             except Exception as e:  # a profile that fails to load, a policy that fails
-                self._build(old)
+                # put the running objects back as they were (no re-read from disk)
+                (self.cfg, self.policy, self._first_reason, self.profile,
+                 self.speed_fn) = kept
+                eff = self._effective(old)
+                self.slot.configure(stale_after_s=eff.stale_after_s,
+                                    fallback_cap=eff.fallback_cap)
+                self.metrics.tbt_sla.set(eff.tbt_sla_s)
                 return self._refuse(now, [f"{type(e).__name__}: {e}"])
         if self._scheduler is not None and new.interval_s != old.interval_s:
             self._scheduler.reschedule_job("tuned-controller", trigger="interval",
@@ -386,6 +404,8 @@ class Controller:
         m.kv_usage.set(kv_usage)
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
+        backlog = (eng.prefill_backlog_tokens(max(self.slot.applied.cap - running, 0))
+                   if cfg.ttft_sla_s > 0 else 0)
         self._obs = Observation(
             num_running=running, num_waiting=waiting, active=active,
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
@@ -393,7 +413,8 @@ class Controller:
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
             kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
             decode_only_tbt_s=win.decode_only_tbt_s, binding=win.binding,
-            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
+            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
+            prefill_backlog_tokens=backlog)
         return self._obs
 
     def _export_queue(self, snap: dict | None) -> None:

@@ -43,8 +43,8 @@ def register(subparsers) -> None:
                    help="seconds of arrivals per phase of the side-by-side workload "
                         "(default %(default)s)")
     p.add_argument("--ttft-slo-s", type=float, default=0.0,
-                   help="TTFT SLO in seconds (default: 40 x the derived TBT SLA, at "
-                        "least 3 s)")
+                   help="TTFT SLO in seconds (default: the config's ttft_sla_s, else "
+                        "40 x the derived TBT SLA, at least 3 s)")
     p.add_argument("--log-dir", default="runs/demo",
                    help="where the servers' logs go (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -189,7 +189,7 @@ def cmd_demo(args) -> int:
          f"{toks}) on the same arrivals")
     static_run = run_live(static, wl, model_path=model_path, log_dir=log_dir,
                           seed=args.seed, startup_timeout_s=args.startup_timeout_s)
-    ttft = args.ttft_slo_s or max(3.0, round(40 * sla_s, 1))
+    ttft = args.ttft_slo_s or cfg.ttft_sla_s or max(3.0, round(40 * sla_s, 1))
     slo = Slo(ttft_s=ttft, tpot_s=sla_s)
     rows = [("tuned", summarize(tuned_run.results, slo)),
             ("vllm-default", summarize(static_run.results, slo))]

@@ -230,7 +230,11 @@ def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_diges
                 metrics.reloads.labels("forbidden").inc()
                 self._json(403, {"outcome": "forbidden", "error": why})
                 return
-            result = reload()
+            try:
+                result = reload()
+            except Exception as e:  # never leave the caller without an answer
+                self._json(500, {"outcome": "error", "error": f"{type(e).__name__}: {e}"})
+                return
             self._json(200 if result.get("outcome") == "ok" else 422, result)
 
     return Handler

@@ -40,6 +40,7 @@ budget) and runs until its last member ends.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -134,6 +135,7 @@ class SimResult:
     hardware: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
+    truncated: bool = False      # stopped at the horizon with requests unfinished
 
     def request_rows(self) -> list[dict]:
         return [{"id": r.request_id, "arrival_s": r.arrival_time,
@@ -148,7 +150,8 @@ class SimEngine:
     def __init__(self, cfg: Config, step_model: StepTimeModel, *, block_size: int,
                  num_gpu_blocks: int, static_batching: bool = False,
                  record_token_times: bool = False, record_steps: bool = True,
-                 max_sim_s: float = 30 * 24 * 3600.0) -> None:
+                 max_sim_s: float = 30 * 24 * 3600.0,
+                 horizon_s: float | None = None) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks: must be >= 2 (one is vLLM's null block), "
                              f"got {num_gpu_blocks}")
@@ -160,6 +163,9 @@ class SimEngine:
         self.record_token_times = record_token_times
         self.record_steps = record_steps
         self.max_sim_s = max_sim_s
+        # stop horizon_s after the last arrival, leaving the rest unfinished (None:
+        # run until every request finished, or fail past max_sim_s)
+        self.horizon_s = horizon_s
         # --- the EngineView the core reads
         self.steps = Ring(STEP_RING)
         self.finished = Ring(FINISHED_RING)
@@ -189,6 +195,17 @@ class SimEngine:
 
     def counts(self) -> tuple[int, int]:
         return len(self.running), len(self.waiting)
+
+    def prefill_backlog_tokens(self, max_waiting: int) -> int:
+        total = 0
+        q = self.waiting
+        pending = q._waiting.values() if isinstance(q, QueueCore) else q
+        for r in itertools.islice(pending, max(max_waiting, 0)):
+            total += r.num_tokens - r.num_computed_tokens
+        for r in self.running:
+            if r.num_computed_tokens < r.num_prompt_tokens:
+                total += r.num_prompt_tokens - r.num_computed_tokens
+        return total
 
     def active_requests(self) -> list[tuple[int, int]]:
         return [(r.num_prompt_tokens, r.max_tokens) for r in self.running]
@@ -384,6 +401,9 @@ class SimEngine:
     def run(self, requests: Iterable[RequestSpec]) -> SimResult:
         specs = sorted(requests, key=lambda s: (s.arrival_s, s.request_id))
         reqs = [SimRequest(s, self.record_token_times) for s in specs]
+        if self.horizon_s is not None and specs:
+            # stop a run that cannot keep up: horizon_s after the last arrival
+            self.max_sim_s = specs[-1].arrival_s + self.horizon_s
         self.failed: list[str] = []
         self._step_log: list[StepSample] = []
         self._knob_log: list[tuple[int, int]] = []
@@ -424,12 +444,14 @@ class SimEngine:
                 self._ticks_until(t_next)
                 self.now = max(self.now, t_next)
             if self.now > self.max_sim_s:
+                if self.horizon_s is not None:
+                    break      # the rest stays unfinished (counted so by the metrics)
                 raise RuntimeError(f"simulation passed {self.max_sim_s:.0f}s of virtual time "
                                    f"with {len(self.running)} running and {len(self.waiting)} "
                                    "waiting: the workload does not drain")
         self._ticks_until(self.now + 1e-9)
         return SimResult(reqs, self._step_log, self.decisions, self._knob_log, self.now,
-                         failed=list(self.failed))
+                         failed=list(self.failed), truncated=self.now > self.max_sim_s)
 
 
 def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) -> SimResult:

@@ -113,6 +113,18 @@ class _TunedMixin:
     def counts(self) -> tuple[int, int]:
         return self.get_request_counts()
 
+    def prefill_backlog_tokens(self, max_waiting: int) -> int:
+        # list() copies a deque or dict view in one C call under the GIL: no
+        # "mutated during iteration" against the scheduler thread
+        q = self.waiting
+        waiting = list(q._waiting.values()) if hasattr(q, "_waiting") else list(q)
+        total = 0
+        for r in waiting[:max(max_waiting, 0)]:
+            total += max(r.num_tokens - r.num_computed_tokens, 0)
+        for r in list(self.running):
+            total += max(r.num_prompt_tokens - r.num_computed_tokens, 0)
+        return total
+
     def active_requests(self) -> list[tuple[int, int]]:
         return [(r.num_prompt_tokens, r.max_tokens or 0) for r in list(self.running)]
 

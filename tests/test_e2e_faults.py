@@ -465,13 +465,13 @@ def test_client_disconnect_aborts_and_frees_kv(ctx):
     c, srv = ctx, ctx.srv
     wait_for("an idle engine", lambda: (lambda t: t["running"] == t["waiting"] == 0)(
         srv.decisions(0)["telemetry"]))
-    assert mval(metric_values(srv), "tuned_kv_usage_ratio") == 0.0
-    v0 = metric_values(srv)
+    v0 = wait_for("kv usage 0 before", lambda: (lambda v: v if mval(
+        v, "tuned_kv_usage_ratio") == 0.0 else None)(metric_values(srv)))
+    seq0 = next_step_seq(srv)
     max_tokens = 400
     body = {"model": c.model, "prompt": list(range(30, 130)), "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True}
     chunks = 0
-    kv_seen = 0.0
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", f"{srv.api}/completions", json=body) as r:
             assert r.status_code == 200
@@ -479,24 +479,25 @@ def test_client_disconnect_aborts_and_frees_kv(ctx):
                 if line.startswith("data:") and '"text"' in line:
                     chunks += 1
                 if chunks >= 5:
-                    kv_seen = max(kv_seen, mval(metric_values(srv), "tuned_kv_usage_ratio"))
-                if chunks >= 5 and kv_seen > 0:
                     break       # closing the stream mid-generation
     t_close = time.time()
-    idle = wait_for("the aborted request to leave", lambda: (
-        lambda d: d if d["telemetry"]["running"] == d["telemetry"]["waiting"] == 0 else None)(
-        srv.decisions(0)))
+    wait_for("the aborted request to leave", lambda: (
+        lambda t: t["running"] == t["waiting"] == 0)(srv.decisions(0)["telemetry"]))
     t_left = time.time()
     v1 = wait_for("kv usage 0 and the request counted", lambda: (lambda v: v if (
         mval(v, "tuned_kv_usage_ratio") == 0.0 and mval(v, "tuned_requests_finished_total")
         > mval(v0, "tuned_requests_finished_total")) else None)(metric_values(srv)))
-    generated = mval(v1, "tuned_generated_tokens_total") - \
-        mval(v0, "tuned_generated_tokens_total")
+    d = srv.decisions(0)
+    steps = steps_since(srv, seq0)
+    generated = sum(s["generated_tokens"] for s in steps)
     c.delays["disconnect"] = {"left_engine_after_close_s": round(t_left - t_close, 3),
-                              "tokens_generated": generated, "max_tokens": max_tokens}
-    assert kv_seen > 0                          # the request did hold KV blocks
+                              "tokens_generated": generated, "max_tokens": max_tokens,
+                              "kv_blocks_held_max": max(s["kv_used_blocks"] for s in steps)}
+    # the request held KV blocks while it ran (100 prompt tokens: one 128-token block,
+    # two once it passed 128 tokens)
+    assert max(s["kv_used_blocks"] for s in steps) >= 1
     assert 5 <= generated < max_tokens          # aborted, not run to the end
-    assert idle["telemetry"]["kv_usage"] == 0.0
+    assert d["telemetry"]["kv_usage"] == 0.0 and d["telemetry"]["running"] == 0
     assert mval(v1, "tuned_requests_finished_total") - \
         mval(v0, "tuned_requests_finished_total") == 1
     # and a new request gets the whole cache again: it is served in full

@@ -184,9 +184,20 @@ def test_pang_lognormal_has_the_papers_mean_and_cv_half():
         "poisson:rate=1,prompt=LN(256.6,229.5),output=LN(61.5,55.01),n=3000")
 
 
-@pytest.mark.slow
-def test_pang_quick_meets_its_tolerances():
-    res = pang.run(0, quick=True)
+@pytest.fixture(scope="module")
+def pang_quick():
+    from tuned import log
+
+    old = structlog.get_config()
+    log.configure("warning")
+    try:
+        return pang.run(0, quick=True)
+    finally:
+        structlog.configure(**old)
+
+
+def test_pang_quick_meets_its_tolerances(pang_quick):
+    res = pang_quick
     assert [p["gpu_memory_utilization"] for p in res["throughput"]] == [0.9, 0.5]
     for part in res["throughput"]:
         assert part["gain_vs_default"] >= 0.0
@@ -240,9 +251,20 @@ def test_saber_checks_count_mixes():
                                                   ("2 of 3 (W1, W3)", True)]
 
 
-@pytest.mark.slow
-def test_saber_quick_runs_every_mix_and_rate_with_a_fitted_profile():
-    res = saber.run(0, quick=True)
+@pytest.fixture(scope="module")
+def saber_quick():
+    from tuned import log
+
+    old = structlog.get_config()
+    log.configure("warning")
+    try:
+        return saber.run(0, quick=True)
+    finally:
+        structlog.configure(**old)
+
+
+def test_saber_quick_runs_every_mix_and_rate_with_a_fitted_profile(saber_quick):
+    res = saber_quick
     prof = res["profile"]
     assert prof["best"] == "usl" and prof["fits"]["usl"]["r2"] > 0.85
     assert prof["v_tok_s"][1] == pytest.approx(94, abs=5)   # A100 7B: one request alone
@@ -257,10 +279,21 @@ def test_saber_quick_runs_every_mix_and_rate_with_a_fitted_profile():
                                for k in saber.STATIC_CAPS)
 
 
-@pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="SABER's Algorithm 1 as published loses to the best "
                    "static cap on every mix in this simulator: a running request's recorded "
                    "required speed bounds every later admission (see paper-saber.md)")
-def test_saber_quick_meets_its_tolerances():
-    res = saber.run(0, quick=True)
-    assert all(c["ok"] for c in res["checks"])
+def test_saber_quick_meets_its_tolerances(saber_quick):
+    assert all(c["ok"] for c in saber_quick["checks"])
+
+
+def test_saber_quick_loses_goodput_because_it_holds_concurrency_down(saber_quick):
+    """What the xfail above is about, pinned: at 10 and 20 RPS SABER runs fewer
+    requests at once than the best static cap and demotes a large share."""
+    for mix in ("W1", "W2", "W3"):
+        for r in saber_quick["mixes"][mix]["per_rate"]:
+            if r["rps"] < 10:
+                continue
+            sa, best = r["contenders"]["saber"], r["contenders"][r["best_static"]]
+            assert sa["goodput"] < best["goodput"]
+            assert sa["mean_running"] < best["mean_running"]
+            assert sa["demoted_share"] > 0.25

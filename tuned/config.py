@@ -284,7 +284,7 @@ def cross_field_problems(cfg: Config) -> list[str]:
         from tuned.policies.queues import make_policy
 
         make_policy(cfg.queue_policy, cfg.queue_options)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         problems.append(f"queue_options: must be valid for queue_policy "
                         f"{cfg.queue_policy!r}: {e}")
     if cfg.profile and not Path(cfg.profile).is_file():

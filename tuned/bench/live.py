@@ -185,6 +185,8 @@ class _Server:
     log_file: Any = None
 
     def stop(self) -> None:
+        if self.proc is None:     # attached to a server someone else runs
+            return
         try:
             stop_process(self.proc, grace_s=self.stop_grace_s)
         finally:
@@ -531,6 +533,17 @@ class LiveServer:
             self.srv.stop()
             raise
 
+    @classmethod
+    def attach(cls, contender: Contender, *, url: str, endpoint: str | None,
+               log_path: Path, seed: int = 0) -> "LiveServer":
+        """Drive a server someone else started and stops (``stop`` leaves it running)."""
+        self = cls.__new__(cls)
+        self.contender = contender
+        self.srv = _Server(None, url, endpoint, Path(log_path), None, 0.0)
+        self.model_id = server_info(url)["id"]
+        self.factory = PromptFactory.from_server(url, self.model_id, seed=seed)
+        return self
+
     @property
     def url(self) -> str:
         return self.srv.url
@@ -571,7 +584,7 @@ class LiveServer:
             raise LiveStartError(f"contender {contender.name!r} ({contender.kind}): {e}; "
                                  f"last lines of {srv.log_path}:\n"
                                  f"{_log_tail(srv.log_path)}") from None
-        returncode = srv.proc.poll()
+        returncode = srv.proc.poll() if srv.proc is not None else None
         if contender.kind == "static":
             cap = contender.cap if contender.cap is not None else contender.config.max_num_seqs
             timeline = [(0.0, cap), (duration, cap)]

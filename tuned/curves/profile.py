@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from tuned.curves.fit import (FitError, FitResult, KvDemand, fit_speed_models, fit_step_time,
-                              fit_usl, kv_demand, r_squared)
+from tuned.curves.fit import (FitError, FitResult, KvDemand, _is_number, fit_speed_models,
+                              fit_step_time, fit_usl, kv_demand, r_squared)
 from tuned.curves.models import usl_peak_concurrency, usl_speed
 
 SCHEMA_VERSION = 2
@@ -468,14 +468,6 @@ def _want(d: dict, key: str, kind: str, where: str, required: bool = True) -> An
     return v
 
 
-def _is_number(v: Any) -> bool:
-    """A finite number that converts to a float (JSON allows integers of any size)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
 
 
 def _short(v: Any) -> str:

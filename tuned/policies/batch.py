@@ -232,20 +232,31 @@ class SlaBound:
         else:
             bb = int(math.floor(bbar + 0.5))
             if t > self.sla_s + self.eps_s:
-                self.high = max(bb, self.low + self.alpha)
-                self.low = max(self.low - self.delta, self.b_min)
-                reason = "sla_over"
+                reason = self._fall(bb)
             elif t < self.sla_s - self.eps_s:
                 self.low = min(bb, self.high - self.alpha)
                 self.high = min(self.high + self.delta, self.b_max)
                 reason = "sla_under"
             else:
-                self.high = min(bb + math.ceil(self.alpha / 2), self.b_max)
-                self.low = max(bb - self.alpha // 2, self.b_min)
-                reason = "sla_hold"
+                reason = self._narrow(bb)
+        return self._midpoint(), reason
+
+    # the paper's branches, shared with EvidenceSlaBound
+    def _fall(self, bb: int) -> str:
+        self.high = max(bb, self.low + self.alpha)
+        self.low = max(self.low - self.delta, self.b_min)
+        return "sla_over"
+
+    def _narrow(self, bb: int) -> str:
+        self.high = min(bb + math.ceil(self.alpha / 2), self.b_max)
+        self.low = max(bb - self.alpha // 2, self.b_min)
+        return "sla_hold"
+
+    def _midpoint(self) -> int:
+        """Clamp the interval into [B_min, B_max], ordered; its midpoint b_t."""
         self.low = min(max(self.low, self.b_min), self.b_max)
         self.high = min(max(self.high, self.low), self.b_max)
-        return (self.low + self.high) // 2, reason
+        return (self.low + self.high) // 2
 
 
 class EvidenceSlaBound(SlaBound):
@@ -315,9 +326,7 @@ class EvidenceSlaBound(SlaBound):
                     and dec <= self.sla_s - self.eps_s):
                 reason = "sla_over_prefill"
             else:
-                self.high = max(bb, self.low + self.alpha)
-                self.low = max(self.low - self.delta, self.b_min)
-                reason = "sla_over"
+                reason = self._fall(bb)
         elif not binding:
             reason = "sla_idle"
         elif t < self.sla_s - self.eps_s:
@@ -330,12 +339,8 @@ class EvidenceSlaBound(SlaBound):
                 self.high = min(self.high + self.delta, self.b_max)
                 reason = "sla_under"
         else:
-            self.high = min(bb + math.ceil(self.alpha / 2), self.b_max)
-            self.low = max(bb - self.alpha // 2, self.b_min)
-            reason = "sla_hold"
-        self.low = min(max(self.low, self.b_min), self.b_max)
-        self.high = min(max(self.high, self.low), self.b_max)
-        return (self.low + self.high) // 2, reason
+            reason = self._narrow(bb)
+        return self._midpoint(), reason
 
 
 class Feasibility:

@@ -1,0 +1,122 @@
+"""Fidelity of the simulator against the real vLLM CPU engine (issue 8).
+
+One ``tuned serve`` on this host: a profile is measured on it (`tuned profile --url`),
+then the same open-loop workload runs through it at static caps 2, 4, 8, 16
+(``batch_policy = "static"``, ``b_max`` = the cap, set by live reloads) and under
+tuned with a TBT SLA; the simulator runs the very same configs on the profile just
+measured. Thresholds are the issue's: throughput within 10 % and mean TPOT within
+15 % for every cap; the controller's cap moves the same way and ends within 2.
+Nothing here assumes this host's speed: the workload's rate and the SLA are derived
+from the profile measured in the test.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from serve_harness import tuned_serve
+
+pytestmark = pytest.mark.slow
+
+CEILING = 16
+BLOCKS = 65          # 64 usable blocks of 128 tokens: memory never binds here
+CAPS = (2, 4, 8, 16)
+
+
+def base_config(model) -> dict:
+    return {"model": str(model), "max_num_seqs": CEILING, "max_num_batched_tokens": 512,
+            "max_model_len": 512, "num_gpu_blocks": BLOCKS, "interval_s": 0.25,
+            "stale_after_s": 5.0, "fallback_cap": CEILING, "min_demand_samples": 4,
+            "log_level": "warning"}
+
+
+def toml(d: dict) -> str:
+    return "".join(f"{k} = {json.dumps(v)}\n" for k, v in d.items())
+
+
+def reload_to(srv, d: dict, want_cap: int | None = None) -> None:
+    srv.config_path.write_text(toml(d))
+    srv.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        dec = srv.decisions(1)
+        ok = dec["last_reload"]["outcome"] == "ok"
+        if ok and (want_cap is None or dec["applied"]["cap"] == want_cap):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"reload not applied: {srv.decisions(1)}")
+
+
+def test_simulator_matches_the_real_engine(tmp_path, tiny_model):
+    from tuned import config as config_mod
+    from tuned.bench.live import LiveServer
+    from tuned.bench.metrics import Slo, summarize
+    from tuned.bench.runner import Contender, results_from_sim
+    from tuned.cli import main as tuned_main
+    from tuned.curves.profile import load_profile
+    from tuned.engines.sim import simulate
+    from tuned.sim.hardware import profile_hardware
+    from tuned.workloads import parse_workload
+
+    static = {**base_config(tiny_model), "batch_policy": "static",
+              "token_budget_policy": "max"}
+    with tuned_serve(tmp_path, toml({**static, "b_max": CEILING})) as srv:
+        # ---- the profile of this host, measured on this very engine
+        prof_path = tmp_path / "profile.json"
+        rc = tuned_main(["profile", "--url", srv.base, "--metrics-url", srv.endpoint,
+                         "--out", str(prof_path), "--levels", "1,2,4,8,16",
+                         "--level-seconds", "6", "--no-plot",
+                         "--workload", "synthetic:prompt=U(16,64),output=U(16,48)"])
+        assert rc == 0
+        prof = load_profile(prof_path)
+        model = prof.step_model()
+        assert model is not None and model.r2 > 0.5, prof.summary()
+        # ---- a workload below saturation at cap 4, from the measured speed
+        t4 = model.predict_step_s(4, 0, 4 * 60)
+        rate = round(0.5 * 4 / (t4 * 32), 3)        # 32 output tokens on average
+        wl = parse_workload(f"poisson:rate={rate},prompt=U(16,64),output=U(16,48),n=40",
+                            seed=3, max_model_len=512)
+        hw = profile_hardware(prof_path)
+        live, sim = {}, {}
+        for cap in CAPS:
+            d = {**static, "b_max": cap}
+            reload_to(srv, d, want_cap=cap)
+            cfg = config_mod.validate(d)
+            c = Contender(f"static-{cap}", "tuned", cfg)
+            run = LiveServer.attach(c, url=srv.base, endpoint=srv.endpoint,
+                                    log_path=srv.log_path).drive(wl)
+            live[cap] = summarize(run.results, Slo())
+            sim[cap] = summarize(results_from_sim(simulate(cfg, hw, wl.requests)), Slo())
+        # ---- tuned with a TBT SLA binding between caps 4 and 16 on this host
+        sla = round(model.predict_step_s(8, 0, 8 * 60), 4)
+        d = {**base_config(tiny_model), "tbt_sla_s": sla, "eps_d_s": round(sla / 20, 5)}
+        reload_to(srv, d)
+        cfg = config_mod.validate(d)
+        tuned_run = LiveServer.attach(Contender("tuned", "tuned", cfg), url=srv.base,
+                                      endpoint=srv.endpoint, log_path=srv.log_path).drive(wl)
+        tuned_sim = simulate(cfg, hw, wl.requests)
+
+    rows = []
+    for cap in CAPS:
+        lt, st = live[cap]["output_tok_s"], sim[cap]["output_tok_s"]
+        lp, sp = live[cap]["tpot_mean_s"], sim[cap]["tpot_mean_s"]
+        rows.append((cap, lt, st, lp, sp))
+    print("\ncap  live tok/s  sim tok/s  live TPOT  sim TPOT")
+    for cap, lt, st, lp, sp in rows:
+        print(f"{cap:3d} {lt:11.1f} {st:10.1f} {lp * 1e3:8.2f}ms {sp * 1e3:7.2f}ms")
+    for cap, lt, st, lp, sp in rows:
+        assert abs(st - lt) <= 0.10 * lt, (cap, lt, st)
+        assert abs(sp - lp) <= 0.15 * lp, (cap, lp, sp)
+    # decisions made during the run (the first poll also returns older ones)
+    live_caps = [d["cap"] for d in tuned_run.decisions if d.get("run_s", -1.0) >= 0]
+    sim_caps = [d["cap"] for d in tuned_sim.decisions]
+    print(f"tuned caps: live {live_caps[0]} -> {live_caps[-1]}, "
+          f"sim {sim_caps[0]} -> {sim_caps[-1]}")
+    sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+    assert sign(live_caps[-1] - live_caps[0]) == sign(sim_caps[-1] - sim_caps[0])
+    assert abs(live_caps[-1] - sim_caps[-1]) <= 2

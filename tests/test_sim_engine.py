@@ -529,3 +529,33 @@ def test_the_sim_engine_holds_the_core_objects_themselves():
     assert type(eng.waiting) is QueueCore
     assert eng.controller.engine is eng
     assert (eng.cap, eng.token_budget) == tuple(eng.controller.slot.applied)
+
+
+def test_give_up_stops_a_run_once_attainment_cannot_reach_the_target():
+    """A capacity probe stops as soon as more than max_bad requests missed an SLO for
+    sure; the attainment it reports is below the target either way."""
+    from tuned import config as config_mod
+    from tuned.bench.metrics import Slo, summarize
+    from tuned.bench.runner import results_from_sim
+    from tuned.engines.sim import simulate
+    from tuned.sim.hardware import gpu_hardware
+    from tuned.workloads import parse_workload
+
+    hw = gpu_hardware("a100-llama2-7b")
+    cfg = config_mod.validate({"max_num_seqs": 2, "max_num_batched_tokens": 2048,
+                               "max_model_len": 4096, "batch_policy": "static",
+                               "token_budget_policy": "max", "fallback_cap": 2})
+    wl = parse_workload("poisson:rate=20,prompt=U(200,400),output=U(100,200),n=400", 0)
+    slo = Slo(ttft_s=1.0, tpot_s=0.05)
+    full = simulate(cfg, hw, wl.requests, record_steps=False)
+    cut = simulate(cfg, hw, wl.requests, record_steps=False, give_up=(slo, 40))
+    a_full = summarize(results_from_sim(full), slo)["attainment"]
+    a_cut = summarize(results_from_sim(cut), slo)["attainment"]
+    assert a_full < 0.9 and a_cut < 0.9
+    assert cut.truncated and not full.truncated
+    assert cut.duration_s < full.duration_s / 4
+    # a run that meets the target is not cut
+    easy = parse_workload("poisson:rate=0.5,prompt=U(200,400),output=U(100,200),n=40", 0)
+    ok = simulate(cfg, hw, easy.requests, record_steps=False, give_up=(slo, 4))
+    assert not ok.truncated
+    assert summarize(results_from_sim(ok), slo)["attainment"] >= 0.9

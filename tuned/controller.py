@@ -39,8 +39,8 @@ __all__ = ["Controller", "EngineView", "Fallback"]
 log = structlog.get_logger("tuned.controller")
 
 #: the online step-time fit: refreshed this often, over this many recent steps
-STEP_FIT_EVERY_S = 2.0
-STEP_FIT_SAMPLES = 2048
+STEP_FIT_EVERY_S = 4.0
+STEP_FIT_SAMPLES = 1024
 #: a failure that repeats tick after tick is logged again this often (with the count)
 FAIL_LOG_EVERY_S = 60.0
 
@@ -368,7 +368,8 @@ class Controller:
         m.preemptions.inc(pre)
         win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
                           cap=self.slot.applied.cap)
-        if now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto):
+        if (now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto)
+                and cfg.batch_policy in ("tuned", "sla")):
             # the online step model: refreshed every few seconds from this engine's
             # own recent steps (tuned.curves.online)
             self._fit_t = now

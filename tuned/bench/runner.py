@@ -165,12 +165,12 @@ class SimBench:
         self.hardware = hardware
         self.horizon_s = horizon_s
 
-    def run(self, contender: Contender, requests: Sequence, *, timelines: bool = True
-            ) -> RunOutput:
+    def run(self, contender: Contender, requests: Sequence, *, timelines: bool = True,
+            give_up: tuple | None = None) -> RunOutput:
         from tuned.engines.sim import simulate
 
         res = simulate(contender.config, self.hardware, requests, record_steps=timelines,
-                       horizon_s=self.horizon_s)
+                       horizon_s=self.horizon_s, give_up=give_up)
         out = RunOutput(results_from_sim(res), decisions=res.decisions if timelines else [],
                         duration_s=res.duration_s)
         if timelines:
@@ -186,13 +186,16 @@ class SimBench:
 
 
 def attainment_at(bench: SimBench, contender: Contender, workload, slo,
-                  base_rate: float) -> Callable[[float], float]:
+                  base_rate: float, target: float = 0.9) -> Callable[[float], float]:
     """``rate -> attainment`` of ``contender`` on ``workload`` scaled to that rate."""
     from tuned.bench.metrics import summarize
 
     def run(rate: float) -> float:
         wl = workload.scaled_rate(rate / base_rate)
-        out = bench.run(contender, wl.requests, timelines=False)
+        # a probe stops once attainment is sure to miss the target (unfinished
+        # requests count as not good, so the answer is the same, sooner)
+        max_bad = int((1.0 - target) * len(wl.requests))
+        out = bench.run(contender, wl.requests, timelines=False, give_up=(slo, max_bad))
         return float(summarize(out.results, slo)["attainment"] or 0.0)
 
     return run

@@ -151,7 +151,8 @@ class SimEngine:
                  num_gpu_blocks: int, static_batching: bool = False,
                  record_token_times: bool = False, record_steps: bool = True,
                  max_sim_s: float = 30 * 24 * 3600.0,
-                 horizon_s: float | None = None) -> None:
+                 horizon_s: float | None = None,
+                 give_up: tuple | None = None) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks: must be >= 2 (one is vLLM's null block), "
                              f"got {num_gpu_blocks}")
@@ -166,6 +167,11 @@ class SimEngine:
         # stop horizon_s after the last arrival, leaving the rest unfinished (None:
         # run until every request finished, or fail past max_sim_s)
         self.horizon_s = horizon_s
+        # (slo, max_bad): stop as soon as more than max_bad requests have missed an
+        # SLO for sure (a late first token, a slow finish): a capacity probe needs
+        # only to know that attainment fell below its target
+        self.give_up = give_up
+        self.bad = 0
         # --- the EngineView the core reads
         self.steps = Ring(STEP_RING)
         self.finished = Ring(FINISHED_RING)
@@ -282,9 +288,17 @@ class SimEngine:
         if self.static_batching:
             budget = 1 << 62
         i = 0
+        bs = self.block_size
         while i < len(running) and budget > 0:
             r = running[i]
-            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            n = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+            if n > budget:
+                n = budget
+            if r.num_computed_tokens + n <= r.num_blocks * bs:   # fits its blocks
+                scheduled.append((r, n))
+                budget -= n
+                i += 1
+                continue
             ok = True
             while not self._allocate(r, n):
                 victim = running.pop()
@@ -320,6 +334,19 @@ class SimEngine:
             budget -= n
         return scheduled, preempted
 
+    def _met(self, r: SimRequest, end: float) -> bool:
+        """At its finish: False when ``r`` missed the TPOT or E2E SLO with a timely
+        first token (a late first token was counted when it came)."""
+        slo = self.give_up[0]
+        if slo.ttft_s is not None and r.first_token_s - r.arrival_time > slo.ttft_s:
+            return True           # already counted
+        if slo.e2el_s is not None and end - r.arrival_time > slo.e2el_s:
+            return False
+        if slo.tpot_s is not None and r.num_output_tokens > 1 and \
+                (end - r.first_token_s) / (r.num_output_tokens - 1) > slo.tpot_s:
+            return False
+        return True
+
     def _fail(self, r: SimRequest, why: str) -> None:
         self.failed.append(r.request_id)
         self._finish_queue(r, learn=False)
@@ -341,10 +368,10 @@ class SimEngine:
                 n_pre += 1
                 pre_tok += n
                 pairs += n * (p + (n + 1) / 2)
-        resident_after = 0
+        resident_before = 0
         for r in self.running:
-            resident_after += r.num_computed_tokens
-        resident_after += n_dec + pre_tok
+            resident_before += r.num_computed_tokens
+        resident_after = resident_before + n_dec + pre_tok
         dt = self.step_model.step_s(StepShape(n_dec, dec_ctx, pre_tok, n_pre, pairs,
                                               resident_after))
         end = self.now + dt
@@ -354,16 +381,24 @@ class SimEngine:
         done: list[SimRequest] = []
         for r, n in scheduled:
             r.num_computed_tokens += n
-            if r.num_computed_tokens >= r.num_tokens:
+            if r.num_computed_tokens >= r.num_prompt_tokens + r.num_output_tokens:
                 r.num_output_tokens += 1
                 gen += 1
                 if r.first_token_s is None:
                     r.first_token_s = end
+                    if self.give_up is not None:
+                        slo = self.give_up[0]
+                        if slo.ttft_s is not None and end - r.arrival_time > slo.ttft_s:
+                            self.bad += 1
                 if r.token_times is not None:
                     r.token_times.append(end)
                 if r.num_output_tokens >= r.target_output:
                     done.append(r)
+        resident = resident_after
         for r in done:
+            if self.give_up is not None and not self._met(r, end):
+                self.bad += 1     # (a late first token was counted when it came)
+            resident -= r.num_computed_tokens
             self.running.remove(r)
             r.finish_s = end
             self._free(r)
@@ -373,9 +408,6 @@ class SimEngine:
             self._finish_queue(r, learn=True)
         usable = self.num_gpu_blocks - 1      # vLLM's null block is never in use
         used = usable - self.free_blocks
-        resident = 0
-        for r in self.running:
-            resident += r.num_computed_tokens
         # decodes counted as the vLLM adapter counts them: requests given one token
         if isinstance(self.waiting, QueueCore):
             self.waiting.step_done(n_dec, preempted)
@@ -443,6 +475,8 @@ class SimEngine:
                     t_next = reqs[nxt].arrival_time
                 self._ticks_until(t_next)
                 self.now = max(self.now, t_next)
+            if self.give_up is not None and self.bad > self.give_up[1]:
+                break          # attainment is below the target whatever comes next
             if self.now > self.max_sim_s:
                 if self.horizon_s is not None:
                     break      # the rest stays unfinished (counted so by the metrics)
@@ -451,7 +485,9 @@ class SimEngine:
                                    "waiting: the workload does not drain")
         self._ticks_until(self.now + 1e-9)
         return SimResult(reqs, self._step_log, self.decisions, self._knob_log, self.now,
-                         failed=list(self.failed), truncated=self.now > self.max_sim_s)
+                         failed=list(self.failed),
+                         truncated=self.now > self.max_sim_s or (
+                             self.give_up is not None and self.bad > self.give_up[1]))
 
 
 def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) -> SimResult:

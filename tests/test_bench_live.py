@@ -318,10 +318,13 @@ def test_static_and_tuned_contenders_run_the_same_workload(tiny_model, tmp_path)
         [(r.arrival_s, r.output_tokens) for r in workload]
     cfg = validate({"num_gpu_blocks": 32})
     model = str(tiny_model)
+    from serve_harness import dtype_args  # TUNED_TEST_DTYPE, else this CPU's choice
+
+    dtype = dtype_args()
 
     progress: list[tuple[int, int]] = []
     static = run_live(Contender("static-4", "static", cfg, cap=4), cut_workload,
-                      model_path=model, log_dir=tmp_path,
+                      model_path=model, log_dir=tmp_path, extra_vllm_args=dtype,
                       progress=lambda d, n: progress.append((d, n)))
     _check_results(static, cut_workload)
     assert static.cap_timeline == [(0.0, 4), (static.duration_s, 4)]
@@ -331,7 +334,7 @@ def test_static_and_tuned_contenders_run_the_same_workload(tiny_model, tmp_path)
     assert "--max-num-seqs 4" in static.server_log.read_text(errors="replace").splitlines()[0]
 
     tuned = run_live(Contender("tuned", "tuned", cfg), workload, model_path=model,
-                     log_dir=tmp_path)
+                     log_dir=tmp_path, extra_vllm_args=dtype)
     _check_results(tuned, workload)
     assert tuned.server_log == tmp_path / "tuned.log"
     ran = config_mod.load(tuned.config_path)

@@ -198,8 +198,10 @@ def test_tiny_generates_in_vllm(tiny, monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     from vllm import LLM, SamplingParams
 
+    from serve_harness import engine_dtype  # TUNED_TEST_DTYPE, else this CPU's choice
+
     llm = LLM(model=str(tiny), tokenizer=str(tiny), max_model_len=512, max_num_seqs=4,
-              enforce_eager=True, dtype=demo_model.TORCH_DTYPE, seed=0)
+              enforce_eager=True, dtype=engine_dtype(), seed=0)
     try:
         outs = llm.generate(["Hello world", "The scheduler sent a batch"],
                             SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)

@@ -121,8 +121,9 @@ def mval(values: dict, name: str, **labels) -> float:
     return values.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def wait_metrics(srv, cond, timeout_s: float = 6.0) -> dict:
-    """Metrics once ``cond(values)`` holds (the controller exports every 0.25 s)."""
+def wait_metrics(srv, cond, timeout_s: float = 30.0) -> dict:
+    """Metrics once ``cond(values)`` holds (the controller exports every 0.25 s); the
+    timeout is a guard against a hang, not a bound on this host's speed."""
     deadline = time.monotonic() + timeout_s
     while True:
         v = metric_values(srv)
@@ -227,6 +228,27 @@ def post(url: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int
         return r.status, json.loads(r.read() or b"{}")
 
 
+def wait_ticks(srv, n: int, timeout_s: float = 60.0) -> None:
+    """Until the controller has decided ``n`` more times (so a whole tick ran after
+    this call): a state to wait for instead of a sleep sized for this host."""
+    seq0 = srv.decisions(1)["current"]["seq"]
+    deadline = time.monotonic() + timeout_s
+    while srv.decisions(1)["current"]["seq"] < seq0 + n:
+        assert time.monotonic() < deadline, f"the controller did not tick {n} times"
+        time.sleep(0.05)
+
+
+def hold_after_first_admission(c: "Ctx", step0: int) -> None:
+    """Pause the engine (mode keep) once /steps shows the first admission of the
+    phase, so that the rest of the backlog is still waiting while the test reads the
+    queue's gauges: on a fast host the whole backlog drains within one tick."""
+    deadline = time.monotonic() + 60
+    while len(admissions(steps_since(c, step0))) < 1:
+        assert time.monotonic() < deadline, "no admission after resume"
+        time.sleep(0.01)
+    engine_pause(c)
+
+
 def settle(c: Ctx) -> None:
     """Idle engine and the controller's counters exported (two ticks later)."""
     deadline = time.monotonic() + 60
@@ -236,7 +258,7 @@ def settle(c: Ctx) -> None:
             break
         assert time.monotonic() < deadline, tel
         time.sleep(0.05)
-    time.sleep(0.6)
+    wait_ticks(c.srv, 2)
 
 
 def run_backlog(c: Ctx, reqs: list[Req], before_resume=None, after_resume=None) -> Phase:
@@ -300,7 +322,7 @@ def run_backlog(c: Ctx, reqs: list[Req], before_resume=None, after_resume=None) 
     fin0 = mval(v0, "tuned_requests_finished_total")
     wait_metrics(srv, lambda v: mval(v, "tuned_requests_finished_total") >= fin0 + n)
     # one more tick so that the queue counters of the last admissions are exported
-    time.sleep(0.6)
+    wait_ticks(srv, 2)
     v1 = metric_values(srv)
     assert mval(v1, "tuned_requests_finished_total") == fin0 + n
     adm_delta = {}
@@ -472,7 +494,10 @@ def test_multibin_serves_bin_by_bin(ctx):
     bins_seen = []
 
     def watch(c, reqs, step0):
-        v = wait_metrics(c.srv, lambda v: mval(v, "tuned_queue_bins_in_use") == 2, 2.0)
+        # 7 of the 8 still wait in both bins while the engine is held; run_backlog
+        # resumes it after this hook
+        hold_after_first_admission(c, step0)
+        v = wait_metrics(c.srv, lambda v: mval(v, "tuned_queue_bins_in_use") == 2)
         bins_seen.append(mval(v, "tuned_queue_bins_in_use"))
 
     ph = run_backlog(c, reqs, after_resume=watch)
@@ -509,7 +534,8 @@ def test_bucket_serves_bucket_by_bucket(ctx):
     buckets_seen = []
 
     def watch(c, reqs, step0):
-        v = wait_metrics(c.srv, lambda v: mval(v, "tuned_queue_buckets_in_use") == 2, 2.0)
+        hold_after_first_admission(c, step0)   # L40 admitted, 2 longs + 5 shorts wait
+        v = wait_metrics(c.srv, lambda v: mval(v, "tuned_queue_buckets_in_use") == 2)
         buckets_seen.append(mval(v, "tuned_queue_buckets_in_use"))
 
     ph = run_backlog(c, reqs, after_resume=watch)
@@ -528,7 +554,8 @@ def test_saber_demotes_expired_deadlines(ctx):
     dem0 = mval(metric_values(c.srv), "tuned_queue_demoted_total", policy="saber")
     reqs = [Req("A", 20), Req("D1", 12, xargs={"tuned_deadline_s": 0.3}),
             Req("B", 24), Req("D2", 16, xargs={"tuned_deadline_s": 0.5}),
-            Req("C", 28, xargs={"tuned_deadline_s": 120})]
+            # C's deadline is out of reach of any host's backlog (A and B, 44 tokens)
+            Req("C", 28, xargs={"tuned_deadline_s": 3600})]
 
     def let_deadlines_pass(c, reqs):
         # D1 and D2 expire while they wait in the paused engine

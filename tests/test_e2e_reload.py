@@ -2,9 +2,11 @@
 
 One server, requests in flight the whole time, four reloads in a row:
 
-1. valid: ``tbt_sla_s`` 0 -> 0.0002 (below any step time). Applied live; within two
-   controller ticks of the reload's time stamp a decision carries the SLA bound
-   (``b_sla`` set, reason ``sla_*``), and every later one does too.
+1. valid: ``tbt_sla_s`` 0 -> a tenth of the fastest decode step measured under the
+   same load just before (below any step time on whatever host runs the test).
+   Applied live; within two controller ticks of the reload's time stamp (a tick's
+   length as measured between the decisions before it) a decision carries the SLA
+   bound (``b_sla`` set, reason ``sla_*``), and every later one does too.
 2. invalid, cross-field: ``b_min = 100`` above the ceiling. Refused with config.py's
    exact message; ``tuned_reloads_total{outcome="refused"}`` is 1; the old config stays
    and decisions keep coming under it.
@@ -24,20 +26,20 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_harness import Load, tuned_serve
+from serve_harness import Load, get_json, tuned_serve
 
 pytestmark = pytest.mark.slow
 
 CEILING = 16
 BLOCKS = 11        # CPU blocks hold 128 tokens: 10 usable blocks, one request each
 INTERVAL_S = 0.5
-SLA_S = 0.0002
 
 
 def config(model) -> str:
     return (f'model = "{model}"\nmax_num_seqs = {CEILING}\nmax_num_batched_tokens = 512\n'
             f"max_model_len = 512\nnum_gpu_blocks = {BLOCKS}\ninterval_s = {INTERVAL_S}\n"
-            f"stale_after_s = 5.0\ntbt_sla_s = 0.0\neps_d_s = 0.0001\nalpha = 1\n"
+            # eps_d_s 0: any SLA derived below (> 0) passes eps_d_s < tbt_sla_s
+            f"stale_after_s = 5.0\ntbt_sla_s = 0.0\neps_d_s = 0.0\nalpha = 1\n"
             # the published Algorithm 2 walks down from an SLA no step can meet; the
             # default (evidence) mode would report it infeasible and keep the cap
             f'sla_mode = "paper"\n'
@@ -113,29 +115,40 @@ def test_reload_under_load(tmp_path, tiny_model):
                        for e in pre), pre
             assert d0["config"]["tbt_sla_s"] == 0.0
             assert d0["last_reload"]["outcome"] == "none"
+            # this host's decode steps and tick spacing under this load
+            seq0 = get_json(f"{srv.endpoint}/steps?since=0")["next"]
+            measured = decisions_after(srv, d0["current"]["t"], 8)
+            tick_gap_s = max(b["t"] - a["t"] for a, b in zip(measured, measured[1:]))
+            steps = [st for st in get_json(f"{srv.endpoint}/steps?since={seq0}")["samples"]
+                     if st["num_decode"]]
+            assert steps, "no decode step under load"
+            sla_s = round(min(st["step_s"] for st in steps) / 10, 7)
+            sent_before = load.completed
 
             # ---- 1. valid change, applied live within two ticks
-            sla_text = base.replace("tbt_sla_s = 0.0\n", f"tbt_sla_s = {SLA_S}\n")
+            sla_text = base.replace("tbt_sla_s = 0.0\n", f"tbt_sla_s = {sla_s}\n")
             assert sla_text != base
             d = sighup_reload(srv, load, sla_text)
             rl = d["last_reload"]
             assert rl["outcome"] == "ok", rl
             assert rl["changed"] == ["tbt_sla_s"] and rl["restart_needed"] == [], rl
             assert rl["problems"] == []
-            assert d["config"]["tbt_sla_s"] == SLA_S
+            assert d["config"]["tbt_sla_s"] == sla_s
             after = decisions_after(srv, rl["t"], 6)
             # A tick already running when the reload came in may still finish under
             # the old config (its stamp falls after the reload's): at most one such.
             first = next(i for i, e in enumerate(after)
                          if e["b_sla"] is not None and e["reason"].startswith("sla_"))
             assert first <= 1, after
-            # two ticks, plus scheduling slack on a loaded 2-core box
-            assert after[first]["t"] - rl["t"] <= 2 * INTERVAL_S + 0.5, (rl["t"], after)
+            # the tick in progress and the next one, each as long as the longest gap
+            # measured between two decisions before the reload
+            assert after[first]["t"] - rl["t"] <= 2 * tick_gap_s, (rl["t"], tick_gap_s,
+                                                                   after)
             assert all(e["b_sla"] is not None and e["reason"].startswith("sla_")
                        for e in after[first:]), after
             assert max(e["b_sla"] for e in after[first:]) < CEILING
             assert reloads(srv, "ok") == 1 and reloads(srv, "refused") == 0
-            assert metric_values(srv)[("tuned_tbt_sla_seconds", ())] == SLA_S
+            assert metric_values(srv)[("tuned_tbt_sla_seconds", ())] == sla_s
             kept_config = srv.decisions(0)["config"]
 
             # ---- 2. invalid (cross-field): refused with config.py's message, old kept
@@ -152,7 +165,7 @@ def test_reload_under_load(tmp_path, tiny_model):
             assert all(e["cap"] < CEILING for e in kept), kept
 
             # ---- 3. invalid (type): refused the same way
-            d = sighup_reload(srv, load, sla_text.replace(f"tbt_sla_s = {SLA_S}\n",
+            d = sighup_reload(srv, load, sla_text.replace(f"tbt_sla_s = {sla_s}\n",
                                                           'tbt_sla_s = "fast"\n'))
             rl = d["last_reload"]
             assert rl["outcome"] == "refused", rl
@@ -192,4 +205,5 @@ def test_reload_under_load(tmp_path, tiny_model):
         finally:
             load.stop()
         assert load.errors == [], load.errors[:5]
-        assert load.sent == load.completed and load.completed >= sent_during > 40
+        # every request completed, and requests completed through all four reloads
+        assert load.sent == load.completed and load.completed >= sent_during > sent_before

@@ -41,7 +41,7 @@ def test_short_soak_meets_every_criterion(tmp_path, tiny_model):
     assert req["cancelled"] >= 1 and req["completed"] >= REQUESTS * 0.8
     assert req["engine_finished"] == REQUESTS
     assert doc["kv_usage_idle"] == 0.0 and doc["idle_telemetry"]["kv_usage"] == 0.0
-    for role in ("supervisor", "api_server", "engine_core", "total"):
+    for role in ("supervisor", "api_server", "engine_core", "server_total"):
         assert doc["rss"][role]["growth"] < 0.05, (role, doc["rss"][role])
     tick = doc["controller_tick"]
     assert tick["ticks"] >= DURATION_S / 0.5 / 2 and tick["share_le_10ms"] >= 0.99, tick

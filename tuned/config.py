@@ -88,9 +88,9 @@ class Config:
                              "decode step time this host measures at batch 1 (when "
                              "tbt_sla_s = 0; 0 = off)", lo=0.0, hi=100.0)
     eps_d_s: float = _f(0.002, "SLA tolerance eps_D in seconds", lo=0.0, hi=10.0)
-    ttft_sla_s: float = _f(0.0, "time-to-first-token target in seconds: the token budget "
-                           "grows above the TBT-sized chunk when the waiting prompts could "
-                           "not otherwise be prefilled within half of it (0 = off)",
+    ttft_sla_s: float = _f(0.0, "time-to-first-token target in seconds: with the fcfs "
+                           "queue, requests that waited longer (late already) are served "
+                           "after those that can still make it (0 = off)",
                            lo=0.0, hi=3600.0)
     alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
@@ -124,6 +124,20 @@ class Config:
 
     # Where this config was read from ('' for the embedded default); not a TOML key.
     source_path: str = field(default="", compare=False, metadata={"internal": True})
+
+    def queue_spec(self) -> tuple[str, dict]:
+        """The queue policy and its options as installed: fcfs with a TTFT target
+        demotes late requests (``late_after_s``) unless its options say otherwise."""
+        opts = dict(self.queue_options)
+        if self.queue_policy == "fcfs" and self.ttft_sla_s > 0:
+            opts.setdefault("late_after_s", self.ttft_sla_s)
+        return self.queue_policy, opts
+
+    @property
+    def native_queue(self) -> bool:
+        """True when the engine may keep its own FCFS queue (no tuned queue needed)."""
+        name, opts = self.queue_spec()
+        return name == "fcfs" and not opts
 
     @property
     def effective_b_max(self) -> int:
@@ -283,7 +297,7 @@ def cross_field_problems(cfg: Config) -> list[str]:
     try:
         from tuned.policies.queues import make_policy
 
-        make_policy(cfg.queue_policy, cfg.queue_options)
+        make_policy(*cfg.queue_spec())
     except (ValueError, TypeError, OverflowError) as e:
         problems.append(f"queue_options: must be valid for queue_policy "
                         f"{cfg.queue_policy!r}: {e}")
@@ -312,11 +326,12 @@ def load(path: str | Path) -> Config:
 # model on a CPU host. Hosts of this kind differ 3-10x in decode speed, so the TBT
 # SLA is not a number but 2.5 x the decode step this host measures at batch 1
 # (tbt_sla_auto): about 30 ms on an AVX-512 host, 60 ms on an AVX2-only one, in both
-# cases between the step at batch 1 and at 32. 48 KV blocks of 128 tokens hold about
-# 24 demo requests, so both bounds of seed 000 have something to do.
+# cases between the step at batch 1 and at 32. With a 3 s TTFT target, requests that
+# already missed it wait behind those that can still make it. 48 KV blocks of 128
+# tokens hold about 24 demo requests, so both bounds of seed 000 have something to do.
 EMBEDDED_DEFAULT = {"model": "demo:small", "max_num_seqs": 32, "max_num_batched_tokens": 2048,
                     "max_model_len": 1024, "num_gpu_blocks": 48, "tbt_sla_auto": 2.5,
-                    "eps_d_s": 0.002}
+                    "eps_d_s": 0.002, "ttft_sla_s": 3.0}
 
 
 def default() -> Config:

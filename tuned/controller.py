@@ -217,8 +217,7 @@ class Controller:
             feasibility=(None if paper or sla is None else
                          Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha)),
             budget_control=budget, decode_budget="batch" if paper else "running",
-            budget_margin_s=0.0 if paper else cfg.eps_d_s,
-            ttft_sla_s=0.0 if paper else cfg.ttft_sla_s)
+            budget_margin_s=0.0 if paper else cfg.eps_d_s)
         return policy, first_reason
 
     def _read_config_file(self) -> Config:
@@ -252,8 +251,8 @@ class Controller:
             kept = (self.cfg, self.policy, self._first_reason, self.profile, self.speed_fn)
             try:
                 self._build(new)  # all or nothing
-                if (new.queue_policy, new.queue_options, new.class_deadlines_s,
-                        new.queue_seed) != (old.queue_policy, old.queue_options,
+                if (new.queue_spec(), new.class_deadlines_s,
+                        new.queue_seed) != (old.queue_spec(),
                                             old.class_deadlines_s, old.queue_seed):
                     self.engine.set_queue_policy(new.queue_policy, new)
             except Exception as e:  # a profile that fails to load, a policy that fails
@@ -405,8 +404,6 @@ class Controller:
         m.kv_usage.set(kv_usage)
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
-        backlog = (eng.prefill_backlog_tokens(max(self.slot.applied.cap - running, 0))
-                   if cfg.ttft_sla_s > 0 else 0)
         self._obs = Observation(
             num_running=running, num_waiting=waiting, active=active,
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
@@ -414,8 +411,7 @@ class Controller:
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
             kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
             decode_only_tbt_s=win.decode_only_tbt_s, binding=win.binding,
-            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
-            prefill_backlog_tokens=backlog)
+            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
         return self._obs
 
     def _export_queue(self, snap: dict | None) -> None:

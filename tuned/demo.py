@@ -87,8 +87,8 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int,
     output tokens at the SLA lives O*SLA seconds, so chat at rate lambda keeps about
     lambda*O*SLA requests running. Prefill work is sized by gamma: long prompts of
     P tokens at rate mu take mu*P*gamma of every second. The phases, ``phase_s``
-    each: chat at 0.5x b_sla; long prompts with short answers taking 40% of the
-    engine's time in prefill beside 0.3x b_sla of chat; chat at 1.5x b_sla. A static
+    each: chat at 0.5x b_sla; long prompts with short answers taking a quarter of
+    the engine's time in prefill; chat at 1.3x b_sla. A static
     cap sized for one phase is wrong for another, and a full token budget lets long
     prompts stall every running decode.
     """
@@ -105,10 +105,9 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int,
         return round(r, 3), max(int(r * phase_s), 4)
 
     r1, n1 = chat(0.5)
-    r3, n3 = chat(1.5)
-    r2 = round(max(0.4 / (max(gamma, 1e-6) * 500.0), 0.05), 3)   # prompts ~500 tokens
+    r3, n3 = chat(1.3)
+    r2 = round(max(0.25 / (max(gamma, 1e-6) * 500.0), 0.05), 3)  # prompts ~500 tokens
     n2 = max(int(r2 * phase_s), 4)
-    rc, nc = chat(0.3)
     spec = (f"phases:poisson:rate={r1},prompt=U(32,128),output=U(32,96),n={n1};"
             f"poisson:rate={r2},prompt=U(300,700),output=U(16,48),n={n2};"
             f"poisson:rate={r3},prompt=U(32,128),output=U(32,96),n={n3}")

@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="fewer contenders and probes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", help="base config of tuned's runs (TOML); the SLO's tpot "
-                   "sets tbt_sla_s unless the file sets it")
+                   "and ttft set tbt_sla_s and ttft_sla_s unless the file sets them")
     p.add_argument("--contenders", help="comma-separated run names to keep (default: all)")
     p.add_argument("--caps", help="comma-separated static caps (default: the sweep)")
     p.add_argument("--capacity", choices=("auto", "on", "off"), default="auto",
@@ -83,6 +83,8 @@ def base_config(args, slo, defaults: tuple[int, int], *, num_gpu_blocks: int = 0
     if slo.tpot_s and "tbt_sla_s" not in raw:
         raw["tbt_sla_s"] = slo.tpot_s
         raw.setdefault("eps_d_s", round(slo.tpot_s * 0.04, 6))
+    if slo.ttft_s and "ttft_sla_s" not in raw:
+        raw["ttft_sla_s"] = slo.ttft_s
     raw.setdefault("fallback_cap", min(4, raw["max_num_seqs"]))
     return config_mod.validate(raw, source=str(args.config or ""))
 

@@ -11,7 +11,9 @@ standard field from a base config:
   them in hindsight is picked per metric by the report;
 * ``trtllm``: TensorRT-LLM's dynamic batch-size tuner as the batch policy;
 * ``sglang``: SGLang's new_token_ratio admission as the queue policy, cap at the ceiling;
-* ``tuned`` (memory and SLA bounds, token budget against the SLA),
+* ``tuned`` (memory and SLA bounds, token budget against the SLA, and with a TTFT
+  SLO the fcfs queue serving requests that can still make it before late ones),
+  ``tuned-fifo`` (the same without that demotion: plain FCFS order),
   ``tuned-memory``, ``tuned-sla``, ``tuned-paper`` (Algorithm 2 as published) and
   ``tuned-<queue policy>`` for mcsf, multibin, bucket, saber.
 
@@ -91,7 +93,9 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
     replaces the sweep; a sweep cap equal to vLLM's default is not run twice (the
     ``vllm-default`` run is that static cap)."""
     ceiling = base.max_num_seqs
-    static = dict(batch_policy="static", token_budget_policy="max", queue_policy="fcfs")
+    # static caps and peers run vLLM's own FCFS queue: no TTFT demotion
+    static = dict(batch_policy="static", token_budget_policy="max", queue_policy="fcfs",
+                  queue_options={}, ttft_sla_s=0.0)
     out: list[Contender] = []
 
     def static_run(name: str, cap: int, tokens: int) -> Contender:
@@ -107,18 +111,25 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
             raise ValueError(f"--caps: {cap} is outside [1, {max(ceiling, default_seqs)}]")
         out.append(static_run(f"static-{cap}", cap, default_tokens))
     peer_tokens = dict(max_num_batched_tokens=max(default_tokens, ceiling + base.min_chunk_tokens),
-                       token_budget_policy="max")
+                       token_budget_policy="max", ttft_sla_s=0.0)
     out.append(Contender("trtllm", "peer", _with(base, batch_policy="trtllm",
-                                                   queue_policy="fcfs", **peer_tokens)))
+                                                   queue_policy="fcfs", queue_options={},
+                                                   **peer_tokens)))
     out.append(Contender("sglang", "peer", _with(base, batch_policy="static",
-                                                   queue_policy="sglang", **peer_tokens)))
+                                                   queue_policy="sglang", queue_options={},
+                                                   **peer_tokens)))
     out.append(Contender("tuned", "tuned", base))
+    if base.ttft_sla_s:
+        # the batch-size and token-budget control alone, in vLLM's plain FCFS order
+        out.append(Contender("tuned-fifo", "tuned", _with(base, ttft_sla_s=0.0)))
     if not quick:
         out.append(Contender("tuned-memory", "tuned", _with(base, batch_policy="memory")))
         out.append(Contender("tuned-sla", "tuned", _with(base, batch_policy="sla")))
         out.append(Contender("tuned-paper", "tuned", _with(base, sla_mode="paper")))
         for q in ("mcsf", "multibin", "bucket", "saber"):
-            out.append(Contender(f"tuned-{q}", "tuned", _with(base, queue_policy=q)))
+            if q != base.queue_policy:
+                out.append(Contender(f"tuned-{q}", "tuned",
+                                     _with(base, queue_policy=q, queue_options={})))
     if only:
         known = {c.name for c in out}
         missing = [n for n in only if n not in known]

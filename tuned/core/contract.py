@@ -84,13 +84,6 @@ class EngineView(Protocol):
         policies that ask for it, e.g. TensorRT-LLM's tuner)."""
         ...
 
-    def prefill_backlog_tokens(self, max_waiting: int) -> int:
-        """Tokens the engine may prefill without admitting beyond the cap: running
-        requests' unfinished prompts plus the whole sequences of the first
-        ``max_waiting`` waiting requests in arrival order (a preempted one recomputes
-        its outputs too). Read only when ``ttft_sla_s`` sizes the token budget."""
-        ...
-
     def set_queue_policy(self, name: str, cfg: Config) -> None:
         """Validate ``name`` and ask the engine to install that queue policy at the top
         of its next step (raise ``ValueError`` here, on the caller's thread)."""

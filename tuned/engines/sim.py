@@ -40,7 +40,6 @@ budget) and runs until its last member ends.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -190,7 +189,7 @@ class SimEngine:
         self.runtime: Runtime = build_runtime(cfg, self, clock=self._clock, wall=self._clock,
                                               on_decision=self.decisions.append)
         self.controller = self.runtime.controller
-        if cfg.queue_policy != "fcfs":
+        if not cfg.native_queue:
             self.set_queue_policy(cfg.queue_policy, cfg)
             self._apply_queue_policy()
         self.cap, self.token_budget = self.controller.slot.applied
@@ -202,22 +201,11 @@ class SimEngine:
     def counts(self) -> tuple[int, int]:
         return len(self.running), len(self.waiting)
 
-    def prefill_backlog_tokens(self, max_waiting: int) -> int:
-        total = 0
-        q = self.waiting
-        pending = q._waiting.values() if isinstance(q, QueueCore) else q
-        for r in itertools.islice(pending, max(max_waiting, 0)):
-            total += r.num_tokens - r.num_computed_tokens
-        for r in self.running:
-            if r.num_computed_tokens < r.num_prompt_tokens:
-                total += r.num_prompt_tokens - r.num_computed_tokens
-        return total
-
     def active_requests(self) -> list[tuple[int, int]]:
         return [(r.num_prompt_tokens, r.max_tokens) for r in self.running]
 
     def set_queue_policy(self, name: str, cfg: Config) -> None:
-        make_policy(name, cfg.queue_options)
+        make_policy(name, cfg.queue_spec()[1])
         self._pending_queue = (name, cfg)
 
     def queue_snapshot(self) -> dict | None:
@@ -229,7 +217,7 @@ class SimEngine:
         self._pending_queue = None
         self.controller.queue_switched(self.queue_snapshot())
         q = self.waiting
-        policy = make_policy(name, cfg.queue_options, cfg.queue_seed)
+        policy = make_policy(name, cfg.queue_spec()[1], cfg.queue_seed)
         if isinstance(q, QueueCore):
             q.class_deadlines_s = dict(cfg.class_deadlines_s)
             q.switch_policy(policy)

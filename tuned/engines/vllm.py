@@ -98,7 +98,7 @@ class _TunedMixin:
         # schedule(), on this thread.
         self.queue_policy = "fcfs"
         self._pending_queue: tuple[str, Config] | None = None
-        if cfg.queue_policy != "fcfs":
+        if not cfg.native_queue:
             self.set_queue_policy(cfg.queue_policy, cfg)
             self._apply_queue_policy()
         self._write_knobs(self.controller.slot.applied)
@@ -113,18 +113,6 @@ class _TunedMixin:
     def counts(self) -> tuple[int, int]:
         return self.get_request_counts()
 
-    def prefill_backlog_tokens(self, max_waiting: int) -> int:
-        # list() copies a deque or dict view in one C call under the GIL: no
-        # "mutated during iteration" against the scheduler thread
-        q = self.waiting
-        waiting = list(q._waiting.values()) if hasattr(q, "_waiting") else list(q)
-        total = 0
-        for r in waiting[:max(max_waiting, 0)]:
-            total += max(r.num_tokens - r.num_computed_tokens, 0)
-        for r in list(self.running):
-            total += max(r.num_prompt_tokens - r.num_computed_tokens, 0)
-        return total
-
     def active_requests(self) -> list[tuple[int, int]]:
         return [(r.num_prompt_tokens, r.max_tokens or 0) for r in list(self.running)]
 
@@ -135,7 +123,7 @@ class _TunedMixin:
         """Ask for a queue policy; the scheduler thread installs it next step."""
         from tuned.policies.queues import make_policy
 
-        make_policy(name, cfg.queue_options)  # raise here, on the caller's thread
+        make_policy(name, cfg.queue_spec()[1])  # raise here, on the caller's thread
         self._pending_queue = (name, cfg)
 
     def _apply_queue_policy(self) -> None:

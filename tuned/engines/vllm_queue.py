@@ -90,11 +90,13 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
 
     If it already is one, the policy is switched in place (live reload); otherwise
     the requests of vLLM's queue move over in their order, preempted ones pinned in
-    front. Reads ``cfg.queue_options`` (mapping of options for the policy),
+    front. Reads ``cfg.queue_spec()`` (the policy's options, ``late_after_s`` from
+    ``ttft_sla_s`` for fcfs) or ``cfg.queue_options`` (mapping of options for the policy),
     ``cfg.class_deadlines_s`` (SLA table) and ``cfg.queue_seed`` when the config
     has them. Scheduler thread only, like :meth:`PolicyQueue.switch_policy`.
     """
-    options = getattr(cfg, "queue_options", None) or {}
+    spec = getattr(cfg, "queue_spec", None)
+    options = spec()[1] if spec is not None else (getattr(cfg, "queue_options", None) or {})
     classes = getattr(cfg, "class_deadlines_s", None) or {}
     seed = int(getattr(cfg, "queue_seed", 0) or 0)
     q = scheduler.waiting

@@ -61,9 +61,6 @@ class Observation:
                                      # waiting while the cap was full (the cap was binding)
     kv_tokens_resident: int = 0      # KV tokens held by running requests (newest step)
     step_model: object = None        # T(b, c, kv) fitted online on the step ring, or None
-    prefill_backlog_tokens: int = 0  # prompt tokens the cap lets in but not yet prefilled:
-                                     # running requests' unfinished prompts and the next
-                                     # (cap - running) waiting requests (ttft_sla_s)
 
 
 @dataclass(frozen=True)
@@ -396,26 +393,6 @@ class StepTimeModel(Protocol):
                              kv_tokens: float = 0.0) -> int: ...
 
 
-def backlog_chunk(backlog_tokens: int, horizon_s: float, model, batch: int,
-                  kv_tokens: float = 0.0) -> int:
-    """The prefill chunk that clears ``backlog_tokens`` within ``horizon_s``.
-
-    In chunks of c tokens beside ``batch`` decodes the backlog B takes B/c steps of
-    T(b, c) = T(b, 0) + (gamma + eta) c each, i.e. B T(b, 0) / c + (gamma + eta) B
-    seconds; within H that needs c >= B T(b, 0) / (H - (gamma + eta) B). When even
-    unlimited chunks cannot (H <= (gamma + eta) B) the answer is "as large as
-    allowed" (a huge number the caller clamps). 0 without a backlog or a model.
-    """
-    if backlog_tokens <= 0 or model is None or horizon_s <= 0:
-        return 0
-    per_token = max(model.gamma + model.eta, 0.0)
-    room = horizon_s - per_token * backlog_tokens
-    if room <= 0:
-        return 1 << 30
-    t_dec = max(model.predict_step_s(batch, 0.0, kv_tokens), 0.0)
-    return int(math.ceil(backlog_tokens * t_dec / room))
-
-
 def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
                  sla_s: float = 0.0, step_model: StepTimeModel | None = None,
                  kv_tokens: float = 0.0) -> int:
@@ -456,8 +433,6 @@ class BatchPolicy:
     decode_budget: str = "running"            # b of the budget: running decodes (tuned)
                                               # or the batch b_t (the paper's PD fusion)
     budget_margin_s: float = 0.0              # size chunks for D_SLA minus this
-    ttft_sla_s: float = 0.0                   # > 0: chunks also clear the prefill
-                                              # backlog within half of it
 
     wants_active = False
 
@@ -471,11 +446,6 @@ class BatchPolicy:
         feasible = True
         if self.sla is not None and self.feasibility is not None:
             feasible = self.feasibility.update(obs, model)
-        b_run = min(max(obs.num_running, 1), self.b_max)
-        need = 0
-        if self.ttft_sla_s > 0 and self.budget_control and feasible:
-            need = backlog_chunk(obs.prefill_backlog_tokens, self.ttft_sla_s / 2, model,
-                                 b_run, obs.kv_tokens_resident)
         if self.sla is not None and feasible:
             b_sla, sla_reason = self.sla.update(obs)
             lower, upper = self.sla.low, min(self.sla.high, b_mem)
@@ -499,18 +469,10 @@ class BatchPolicy:
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
         budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
                               sla_s, model, obs.kv_tokens_resident)
-        if need and sla_s > 0:
-            budget = max(budget, min(b_budget + need, self.max_num_batched_tokens))
-            inputs_need = need
-        else:
-            inputs_need = None
         # what the engine applies: room for every admitted decode plus a token
         budget = min(max(budget, cap + 1), self.max_num_batched_tokens)
         inputs = _inputs(obs, self)
         inputs["draining"] = obs.num_running > cap
-        if self.ttft_sla_s > 0:
-            inputs["prefill_backlog_tokens"] = obs.prefill_backlog_tokens
-            inputs["backlog_chunk"] = inputs_need
         if self.feasibility is not None:
             inputs["sla_feasible"] = feasible
             if not feasible:

@@ -146,7 +146,10 @@ def cmd_bench(args) -> int:
             base, default_seqs=defaults[0], default_tokens=defaults[1],
             quick=args.quick or args.engine == "vllm",
             caps=([int(c) for c in args.caps.split(",")] if args.caps
-                  else [2, 4, 8, 16, 32] if args.engine == "vllm" else None),
+                  else ([4, 8, 16] if args.quick else [2, 4, 8, 16, 32])
+                  if args.engine == "vllm" else None),
+            # a real engine run costs minutes: --quick keeps the static sweep and tuned
+            peers=not (args.engine == "vllm" and args.quick),
             only=args.contenders.split(",") if args.contenders else None)
     except ValueError as e:
         return _fail(str(e))
@@ -284,8 +287,6 @@ def _bench_sim(hw, field, wl, slo, capacity: bool, args):
 # ---------------------------------------------------------------- real engine
 
 def _bench_live(field, wl, slo, args):
-    from tqdm import tqdm
-
     from tuned.bench import report as report_mod
     from tuned.bench.live import run_live
     from tuned.bench.metrics import summarize
@@ -297,16 +298,16 @@ def _bench_live(field, wl, slo, args):
     log_dir = Path(args.out) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     runs, timelines = [], {}
-    bar = tqdm(total=len(field), desc="runs", unit="run", file=sys.stderr)
+    _JOB["field"] = field
+    prog = _Progress(len(field), "runs")
     for c in field:
-        bar.set_postfix_str(c.name)
-        live = run_live(c, wl, model_path=model_path, log_dir=log_dir)
+        live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed)
         s = summarize(live.results, slo)
         caps = [cap for _, cap in live.cap_timeline]
         s["mean_cap"] = sum(caps) / len(caps) if caps else None
         runs.append(report_mod.run_row(c, s))
         timelines[c.name] = {"cap": live.cap_timeline, "tbt": itl_timeline(live.results)}
         (log_dir / f"{c.name}.decisions.json").write_text(json.dumps(live.decisions))
-        bar.update(1)
-    bar.close()
+        prog.update(c.name)
+    prog.close()
     return runs, timelines, {}, {}

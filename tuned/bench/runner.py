@@ -86,7 +86,7 @@ def _with(cfg: Config, **changes: Any) -> Config:
 
 
 def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: bool = False,
-               caps: Sequence[int] | None = None,
+               caps: Sequence[int] | None = None, peers: bool = True,
                only: Sequence[str] | None = None) -> list[Contender]:
     """The standard field (see the module docstring) around ``base``, whose
     ``max_num_seqs`` is the ceiling and whose ``tbt_sla_s`` is the TPOT SLO. ``caps``
@@ -112,14 +112,15 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
         out.append(static_run(f"static-{cap}", cap, default_tokens))
     peer_tokens = dict(max_num_batched_tokens=max(default_tokens, ceiling + base.min_chunk_tokens),
                        token_budget_policy="max", ttft_sla_s=0.0)
-    out.append(Contender("trtllm", "peer", _with(base, batch_policy="trtllm",
-                                                   queue_policy="fcfs", queue_options={},
-                                                   **peer_tokens)))
-    out.append(Contender("sglang", "peer", _with(base, batch_policy="static",
-                                                   queue_policy="sglang", queue_options={},
-                                                   **peer_tokens)))
+    if peers:
+        out.append(Contender("trtllm", "peer", _with(base, batch_policy="trtllm",
+                                                       queue_policy="fcfs", queue_options={},
+                                                       **peer_tokens)))
+        out.append(Contender("sglang", "peer", _with(base, batch_policy="static",
+                                                       queue_policy="sglang",
+                                                       queue_options={}, **peer_tokens)))
     out.append(Contender("tuned", "tuned", base))
-    if base.ttft_sla_s:
+    if base.ttft_sla_s and peers:
         # the batch-size and token-budget control alone, in vLLM's plain FCFS order
         out.append(Contender("tuned-fifo", "tuned", _with(base, ttft_sla_s=0.0)))
     if not quick:

@@ -410,7 +410,8 @@ class Controller:
             demand_mean=demand.mean, demand_std=demand.std, demand_samples=demand.n,
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
             kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
-            decode_only_tbt_s=win.decode_only_tbt_s, binding=win.binding,
+            decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
+            binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
         return self._obs
 

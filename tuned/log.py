@@ -12,6 +12,10 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 
 def configure(level: str = "info", stream=None) -> None:
+    # apscheduler warns in plain text on every tick it skips while one runs long (a
+    # line per interval_s through a stall); tuned reports the same once, in JSON
+    # (slow_decision, stale)
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,

@@ -30,6 +30,7 @@ class StepWindow(NamedTuple):
     binding_steps: int = 0          # steps that ended with requests waiting and the cap full
     prefill_steps: int = 0          # decode steps that also carried prefill tokens
     decode_only_tbt_s: float | None = None  # mean time of decode steps without prefill
+    mixed_tbt_s: float | None = None        # mean time of decode steps with prefill
     kv_tokens_resident: int = 0     # of the newest step
 
     @property
@@ -46,7 +47,7 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
     only as far back as the window reaches. ``cap``: the admission cap applied; a
     step is *binding* when requests were left waiting with ``cap`` running.
     """
-    tbt_sum = b_sum = dec_sum = 0.0
+    tbt_sum = b_sum = dec_sum = mix_sum = 0.0
     n = steps = binding = prefill = dec_n = 0
     kv_usage = None
     kv_res = 0
@@ -67,6 +68,7 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
             times.append(s.step_s)
             if s.prefill_tokens:
                 prefill += 1
+                mix_sum += s.step_s
             else:
                 dec_sum += s.step_s
                 dec_n += 1
@@ -76,7 +78,8 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
         p90 = times[min(math.ceil(0.9 * (len(times) - 1)), len(times) - 1)]
     return StepWindow(tbt_sum / n if n else None, b_sum / n if n else None, n,
                       kv_usage or 0.0, p90, steps, binding, prefill,
-                      dec_sum / dec_n if dec_n else None, kv_res)
+                      dec_sum / dec_n if dec_n else None, mix_sum / prefill if prefill else None,
+                      kv_res)
 
 
 class DemandMoments(NamedTuple):

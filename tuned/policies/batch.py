@@ -61,6 +61,7 @@ class Observation:
                                      # waiting while the cap was full (the cap was binding)
     kv_tokens_resident: int = 0      # KV tokens held by running requests (newest step)
     step_model: object = None        # T(b, c, kv) fitted online on the step ring, or None
+    mixed_tbt_s: float | None = None # mean time of the window's decode steps with prefill
 
 
 @dataclass(frozen=True)
@@ -433,6 +434,8 @@ class BatchPolicy:
     decode_budget: str = "running"            # b of the budget: running decodes (tuned)
                                               # or the batch b_t (the paper's PD fusion)
     budget_margin_s: float = 0.0              # size chunks for D_SLA minus this
+    budget_bias_s: float = 0.0                # learnt: how much the model under-predicts
+                                              # mixed steps (integral of the excess)
 
     wants_active = False
 
@@ -466,6 +469,12 @@ class BatchPolicy:
         sla_s = self.sla.sla_s - self.budget_margin_s if (self.sla and feasible) else 0.0
         if not self.budget_control:
             sla_s = 0.0
+        elif sla_s > 0 and self.decode_budget == "running" and obs.mixed_tbt_s is not None:
+            # close the loop on the model: mixed steps measured above the chunk's
+            # target shrink the next chunks by the excess (integral action, bounded)
+            err = obs.mixed_tbt_s - (sla_s - self.budget_bias_s)
+            self.budget_bias_s = min(max(self.budget_bias_s + 0.5 * err, 0.0), sla_s / 2)
+            sla_s -= self.budget_bias_s
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
         budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
                               sla_s, model, obs.kv_tokens_resident)
@@ -492,6 +501,7 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
          "demand_samples": obs.demand_samples, "tbt_mean_s": obs.tbt_mean_s,
          "tbt_p90_s": obs.tbt_p90_s, "decode_only_tbt_s": obs.decode_only_tbt_s,
          "binding": round(obs.binding, 3), "kv_tokens_resident": obs.kv_tokens_resident,
+         "mixed_tbt_s": obs.mixed_tbt_s, "budget_bias_s": round(pol.budget_bias_s, 6),
          "decode_batch_mean": obs.decode_batch_mean,
          "safety_buffer_blocks": round(pol.memory.last_l0, 2) if pol.memory else None}
     if pol.sla is not None:

@@ -100,12 +100,15 @@ def test_cap_follows_sla_then_memory_bound(tmp_path, tiny_model):
                 time.sleep(0.25)
             caps = [c for _, c, _, _ in sla_log]
             assert min(caps) <= 2, caps
-            # the walk down takes a few 0.25 s ticks and can finish before the first
-            # sample, so read it from the controller's own history: the decisions
-            # after the reload began above 2 and Alg. 2 brought the cap down on sla_over
-            hist = [e for e in srv.decisions(200)["recent"] if e["t"] > t_sla]
-            walk = [e["cap"] for e in hist if e["b_sla"] is not None]
-            assert walk and walk[0] > 2, walk
+            # the walk down takes a tick or a few and can finish before the first
+            # sample, so read it from the controller's own history: the cap was above
+            # 2 when the SLA came in, and Alg. 2 brought it down on sla_over (how many
+            # ticks it takes depends on the decode batch this host ran at that moment:
+            # the first sla_over halves the interval below it)
+            recent = srv.decisions(200)["recent"]
+            before = [e for e in recent if e["t"] <= t_sla]
+            assert before and before[-1]["cap"] > 2 and before[-1]["b_sla"] is None, before[-3:]
+            hist = [e for e in recent if e["t"] > t_sla]
             first_low = next(e for e in hist if e["b_sla"] is not None and e["cap"] <= 2)
             assert first_low["reason"] == "sla_over", first_low
             # once the cap is low, the running count comes down to it and stays there

@@ -48,7 +48,9 @@ def reload_to(srv, d: dict, want_cap: int | None = None) -> None:
     while time.monotonic() < deadline:
         dec = srv.decisions(1)
         ok = dec["last_reload"]["outcome"] == "ok"
-        if ok and (want_cap is None or dec["applied"]["cap"] == want_cap):
+        # the engine takes the decided cap at its next schedule() call, i.e. before
+        # the first request of the next run is admitted; an idle engine never steps
+        if ok and (want_cap is None or (dec["current"] or {}).get("cap") == want_cap):
             return
         time.sleep(0.2)
     raise AssertionError(f"reload not applied: {srv.decisions(1)}")

@@ -14,6 +14,22 @@ MODEL_CACHE = ROOT / ".cache" / "test-models"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+@pytest.fixture
+def logs():
+    """tuned's JSON log lines, captured: call the fixture's value to read them."""
+    import io
+    import json
+
+    import structlog
+
+    from tuned import log as log_mod
+
+    buf = io.StringIO()
+    log_mod.configure("info", stream=buf)
+    yield lambda: [json.loads(line) for line in buf.getvalue().splitlines()]
+    structlog.reset_defaults()
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     from tuned.demo_model import build_demo_model

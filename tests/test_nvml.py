@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import io
-import json
 from types import SimpleNamespace
 
 import pynvml
 import pytest
-import structlog
 
 from tuned import config
-from tuned import log as log_mod
 from tuned.controller import Controller
 from tuned.metrics import Metrics
 from tuned.telemetry.nvml import NvmlSampler
@@ -19,12 +15,6 @@ from tuned.telemetry.nvml import NvmlSampler
 GIB = 1 << 30
 
 
-@pytest.fixture
-def logs():
-    buf = io.StringIO()
-    log_mod.configure("info", stream=buf)
-    yield lambda: [json.loads(line) for line in buf.getvalue().splitlines()]
-    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ that always answers a reload."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import time
@@ -15,11 +14,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import structlog
 
 from test_controller import FakeEngine
 from tuned import config
-from tuned import log as log_mod
 from tuned.controller import Controller
 from tuned.core.knobs import KnobSlot
 from tuned.core.runtime import Runtime
@@ -31,12 +28,6 @@ from tuned.telemetry.nvml import NvmlSampler
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def logs():
-    buf = io.StringIO()
-    log_mod.configure("info", stream=buf)
-    yield lambda: [json.loads(line) for line in buf.getvalue().splitlines()]
-    structlog.reset_defaults()
 
 
 # ------------------------------------------------------------------ hints

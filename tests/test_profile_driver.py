@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tuned import profiler as P
-from tuned.curves.profile import load_profile, save_profile, build_profile
+from tuned.curves.profile import Profile, build_profile, load_profile, save_profile
 
 from test_profile_io import META, V1, make_samples
 
@@ -269,6 +269,25 @@ def test_step_collector_tags_levels_and_skips_repeats_and_idle():
     assert col.columns["step_s"] == [0.011, 0.02]
     assert col.columns["concurrency"] == [1, 2]
     assert col.dropped == 0
+
+
+def test_step_collector_measures_the_gap_between_back_to_back_steps():
+    fake = FakeSteps()
+    col = P.StepCollector(fake)
+    col.since, col.level = 0, 1
+    fake.add(num_decode=1, t=10.0, step_s=0.02)                   # no step before it
+    fake.add(num_decode=1, t=10.025, step_s=0.02)                 # 5 ms unmeasured
+    fake.add(num_decode=1, t=10.050, step_s=0.02, num_running=0)  # 5 ms; then nothing ran
+    fake.add(num_decode=1, t=11.0, step_s=0.02)                   # after an idle wait
+    fake.add(num_decode=1, t=11.019, step_s=0.02)                 # overlapped: 0, not < 0
+    col.poll()
+    assert col.columns["gap_s"] == [-1.0, 0.005, 0.005, -1.0, 0.0]
+    def prof(gaps):
+        return Profile(meta={}, requests={}, steps={"gap_s": gaps}, levels=[])
+
+    assert prof([-1.0] * 9 + [0.004] * 21).step_gap_s == 0.004
+    assert prof([0.004] * 19).step_gap_s == 0.0             # too few to say
+    assert prof([]).step_gap_s == 0.0                       # profiles made before the column
 
 
 def test_step_collector_counts_dropped_samples():

@@ -359,6 +359,17 @@ def test_one_request_prefill_is_free_then_one_step_per_token():
     assert res.duration_s == 1.0
 
 
+def test_the_gap_between_steps_moves_the_clock_but_not_the_step_time():
+    model = ConstantStepModel(0.25)
+    model.gap_s = 0.05           # what a profile measured between back-to-back steps
+    _, res, _ = run_engine(make_cfg(max_num_seqs=4, fallback_cap=4),
+                           [RequestSpec("a", 0.0, 10, 3, 3)], step_model=model,
+                           block_size=16, num_gpu_blocks=64)
+    (r,) = res.requests
+    assert r.token_times == pytest.approx([0.05, 0.35, 0.65])
+    assert [s.step_s for s in res.steps] == [0.0, 0.25, 0.25]
+
+
 def test_a_one_token_prompt_is_counted_and_charged_as_a_decode():
     _, res, _ = const_run([RequestSpec("a", 0.0, 1, 3, 3)])
     assert res.requests[0].token_times == [0.25, 0.5, 0.75]

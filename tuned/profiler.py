@@ -304,6 +304,28 @@ class StepsClient:
             return False, f"{type(e).__name__}: {e}"
 
 
+def _seq_end_running(s: dict) -> tuple[int, float, int] | None:
+    try:
+        return int(s["seq"]), float(s["t"]), int(s.get("num_running", 0))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _step_gap(prev: tuple[int, float, int] | None, s: dict) -> float:
+    """Engine time between two back-to-back steps that no step measured: from the end
+    of the previous step (its ``update_from_output``) to the start of this one (the end
+    of its ``schedule()``): the scheduler itself, output processing, the busy loop.
+    -1 where unknown: the previous step is not the one just before, or it left nothing
+    running (the engine may have waited for a request)."""
+    try:
+        seq, t, step_s = int(s["seq"]), float(s["t"]), float(s["step_s"])
+    except (KeyError, TypeError, ValueError):
+        return -1.0
+    if prev is None or prev[0] != seq - 1 or prev[2] < 1:
+        return -1.0
+    return round(max(t - step_s - prev[1], 0.0), 7)
+
+
 class StepCollector:
     """Polls ``/steps`` in a background thread and keeps the busy steps as columns,
     each tagged with the concurrency level that was running when it was fetched;
@@ -312,8 +334,9 @@ class StepCollector:
     def __init__(self, client: StepsClient, poll_s: float = 0.25):
         self.client = client
         self.poll_s = poll_s
-        self.columns = empty_columns(STEP_COLUMNS + ("concurrency",))
+        self.columns = empty_columns(STEP_COLUMNS + ("concurrency", "gap_s"))
         self.level = 0
+        self._prev: tuple[int, float, int] | None = None   # seq, end time, running after
         self.since: int | None = None
         self.dropped = 0
         self.errors = 0
@@ -348,16 +371,19 @@ class StepCollector:
             samples = [s for s in d["samples"] if int(s.get("seq", since)) >= since]
             if samples and int(samples[0].get("seq", since)) > since:
                 self.dropped += int(samples[0]["seq"]) - since  # the ring wrapped
-            if self.level:
-                for s in samples:
-                    if not s.get("num_decode") and not s.get("prefill_tokens"):
-                        continue  # idle step
-                    for k in STEP_COLUMNS:
-                        v = s.get(k, 0)
-                        self.columns[k].append(round(float(v), 7) if k == "step_s"
-                                               else int(v))
-                    self.columns["concurrency"].append(self.level)
-                    kept += 1
+            for s in samples:
+                prev, self._prev = self._prev, _seq_end_running(s)
+                if not self.level:
+                    continue
+                if not s.get("num_decode") and not s.get("prefill_tokens"):
+                    continue  # idle step
+                for k in STEP_COLUMNS:
+                    v = s.get(k, 0)
+                    self.columns[k].append(round(float(v), 7) if k == "step_s"
+                                           else int(v))
+                self.columns["concurrency"].append(self.level)
+                self.columns["gap_s"].append(_step_gap(prev, s))
+                kept += 1
             last = int(samples[-1].get("seq", since)) + 1 if samples else since
             self.since = max(int(d["next"]), last)
             return kept

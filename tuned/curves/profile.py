@@ -53,7 +53,7 @@ REQUEST_COLUMNS = ("concurrency", "prompt_tokens", "output_tokens", "duration_s"
 REQUEST_OPTIONAL = ("start_s", "load")
 STEP_COLUMNS = ("num_decode", "prefill_tokens", "step_s", "kv_tokens_resident",
                 "kv_used_blocks")
-STEP_OPTIONAL = ("concurrency",)
+STEP_OPTIONAL = ("concurrency", "gap_s")
 LEVEL_KEYS = ("concurrency", "num_requests", "throughput_tok_s", "speed_tok_s_mean")
 SPEED_NAMES = {"usl": "usl_speed", "linear": "linear_speed", "logistic": "logistic_speed"}
 
@@ -138,6 +138,16 @@ class Profile:
         if not p:
             return 0.0
         return float(np.mean(np.asarray(p, dtype=float) + np.asarray(o, dtype=float) / 2))
+
+    @property
+    def step_gap_s(self) -> float:
+        """Median engine time between back-to-back steps that no step measured (the
+        scheduler, output processing, the engine's busy loop: the ``gap_s`` step column,
+        -1 where unknown); 0 for profiles without that column or fewer than 20 known
+        gaps. A client sees it in every token's time; the step time excludes it."""
+        g = np.asarray(self.steps.get("gap_s") or [], dtype=float)
+        g = g[g >= 0]
+        return float(np.median(g)) if g.size >= 20 else 0.0
 
     def kv_demand_blocks(self, block_size: int):
         """Mean and std of the profiled requests' KV demand in blocks, the very moments
@@ -269,6 +279,9 @@ class Profile:
                          f"(n={f.n_samples})")
             if f.note:
                 lines.append(f"    {f.note}")
+            if self.step_gap_s > 0:
+                lines.append(f"    between back-to-back steps, unmeasured by them: median "
+                             f"{self.step_gap_s * 1e3:.2f} ms (scheduler, output handling)")
         else:
             lines.append("  step time: none (predictions use 1 / v(b))")
         if self.kv is not None:

@@ -22,7 +22,10 @@ adapter does, and schedules each step as vLLM 0.32's ``Scheduler.schedule`` does
   reach its length (prompt + outputs so far): the last prefill chunk samples the
   first token, each decode the next. It finishes when it has generated its
   ``output_tokens`` (``ignore_eos``); its blocks are freed at the end of that step.
-* The step takes ``step_model.step_s(shape)`` of virtual time. Controller ticks
+* The step takes ``step_model.step_s(shape)`` of virtual time, after the model's
+  ``gap_s`` (the engine's own time between steps, which the step time as vLLM's
+  adapter measures it leaves out: 0 for the GPU models, measured by `tuned
+  profile` for a profile); the step ring reports ``step_s``. Controller ticks
   run every ``interval_s`` of virtual time, seeing the steps that ended before
   them, exactly like apscheduler's thread beside vLLM's busy loop; their decision
   is applied at the top of the next step.
@@ -157,6 +160,7 @@ class SimEngine:
                              f"got {num_gpu_blocks}")
         self.cfg = cfg
         self.step_model = step_model
+        self._gap_s = float(getattr(step_model, "gap_s", 0.0) or 0.0)
         self.block_size = int(block_size)
         self.num_gpu_blocks = int(num_gpu_blocks)
         self.static_batching = static_batching
@@ -362,7 +366,7 @@ class SimEngine:
         resident_after = resident_before + n_dec + pre_tok
         dt = self.step_model.step_s(StepShape(n_dec, dec_ctx, pre_tok, n_pre, pairs,
                                               resident_after))
-        end = self.now + dt
+        end = self.now + self._gap_s + dt
         self._ticks_until(end)
         self.now = end
         gen = 0

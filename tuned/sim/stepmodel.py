@@ -37,7 +37,12 @@ class StepShape(NamedTuple):
 
 
 class StepTimeModel(Protocol):
-    """Seconds one engine step takes. Pure: same shape, same time."""
+    """Seconds one engine step takes. Pure: same shape, same time.
+
+    ``gap_s`` (optional, 0 when absent): engine time between back-to-back steps that
+    the step time does not include (vLLM's ``schedule()``, output handling, the
+    busy loop). The simulator adds it to the clock before each step but reports
+    only ``step_s`` as the step's time, as the vLLM adapter measures it."""
 
     name: str
 
@@ -67,6 +72,7 @@ class ProfileStepModel:
         p = st.params
         self._a, self._beta, self._gamma = p["a"], p["beta"], p["gamma"]
         self._eta = p.get("eta", 0.0) if st.name == "step_time_kv" else 0.0
+        self.gap_s = profile.step_gap_s
 
     def step_s(self, shape: StepShape) -> float:
         t = (self._a + self._beta * shape.num_decode + self._gamma * shape.prefill_tokens
@@ -75,7 +81,8 @@ class ProfileStepModel:
 
     def describe(self) -> dict:
         st = self.profile.step_time
-        return {"kind": "profile", "source": self.profile.source, "fit": st.to_dict()}
+        return {"kind": "profile", "source": self.profile.source, "fit": st.to_dict(),
+                "gap_s": self.gap_s}
 
 
 class ConstantStepModel:

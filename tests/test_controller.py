@@ -308,6 +308,8 @@ def test_shipped_profile_gives_the_first_cap_before_telemetry():
     assert 1 < want < 32
     assert (d.cap, d.reason) == (want, "profile_initial")
     # the token budget: one decode (nothing runs yet) plus the step model's largest
-    # chunk within the SLA less its tolerance eps_D (2 ms)
-    chunk = prof.step_model().largest_chunk_within(1, 0.025 - 0.002, 32, 2047, 0)
-    assert d.token_budget == max(1 + chunk, want + 1)
+    # chunk within the SLA less its tolerance eps_D (2 ms); on this CPU profile not
+    # even the smallest chunk (32 tokens) fits, so chunking cannot hold the SLA and
+    # the budget is the full one
+    assert prof.step_model().predict_step_s(1, 32, 32) > 0.025 - 0.002
+    assert d.token_budget == 2048

@@ -43,14 +43,17 @@ def toml(d: dict) -> str:
 
 def reload_to(srv, d: dict, want_cap: int | None = None) -> None:
     srv.config_path.write_text(toml(d))
+    seq = (srv.decisions(1)["current"] or {}).get("seq", -1)
     srv.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         dec = srv.decisions(1)
-        ok = dec["last_reload"]["outcome"] == "ok"
-        # the engine takes the decided cap at its next schedule() call, i.e. before
-        # the first request of the next run is admitted; an idle engine never steps
-        if ok and (want_cap is None or (dec["current"] or {}).get("cap") == want_cap):
+        cur = dec["current"] or {}
+        ok = dec["last_reload"]["outcome"] == "ok" and cur.get("seq", -1) > seq + 1
+        # a decision made under the new config (the tick after the reload); the engine
+        # takes its cap at its next schedule() call, i.e. before the first request of
+        # the next run is admitted (an idle engine never steps, so 'applied' waits)
+        if ok and (want_cap is None or cur.get("cap") == want_cap):
             return
         time.sleep(0.2)
     raise AssertionError(f"reload not applied: {srv.decisions(1)}")
@@ -125,12 +128,13 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
         # at the batch the load reaches would leave the course to the host's noise)
         sla = round(model.predict_step_s(3, 0, 3 * 60), 4)
         d = {**base_config(small_model), "tbt_sla_s": sla, "eps_d_s": round(sla / 20, 5)}
-        reload_to(srv, d)
         cfg = config_mod.validate(d)
-        # let the static runs' steps age out of the TBT window (the simulator starts
-        # with an empty one): otherwise the first tick reads cap-16 steps and drops
-        # the cap before the run has sent anything
+        # let the static runs' steps age out of the TBT window before the SLA comes in
+        # (the simulator starts with an empty one): otherwise the first ticks read the
+        # cap-16 steps and drop the cap before the run has sent anything
         time.sleep(cfg.tbt_window_s + 2 * cfg.interval_s)
+        reload_to(srv, d)
+        live_start = srv.decisions(1)["current"]["cap"]     # the warm start, idle
         tuned_run = LiveServer.attach(Contender("tuned", "tuned", cfg), url=srv.base,
                                       endpoint=srv.endpoint, log_path=srv.log_path).drive(wl)
         tuned_sim = simulate(cfg, hw, wl.requests)
@@ -148,10 +152,14 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
         assert abs(st - lt) <= 0.10 * lt, (cap, lt, st)
         assert abs(sp - lp) <= 0.15 * lp, (cap, lp, sp)
     # decisions made during the run (the first poll also returns older ones)
-    live_caps = [d["cap"] for d in tuned_run.decisions if d.get("run_s", -1.0) >= 0]
+    live_caps = [live_start] + [d["cap"] for d in tuned_run.decisions
+                                if d.get("run_s", -1.0) >= 0]
     sim_caps = [d["cap"] for d in tuned_sim.decisions]
     print(f"tuned (SLA {sla * 1e3:.1f} ms) caps: live {live_caps[0]} -> {live_caps[-1]}, "
           f"sim {sim_caps[0]} -> {sim_caps[-1]}")
+    changes = lambda caps: [c for i, c in enumerate(caps) if i == 0 or c != caps[i - 1]]  # noqa: E731
+    print(f"  live course {changes(live_caps)}\n  sim course  {changes(sim_caps)}")
+    assert live_caps[0] == sim_caps[0], (live_caps[:3], sim_caps[:3])   # one warm start
     sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
     assert sign(live_caps[-1] - live_caps[0]) == sign(sim_caps[-1] - sim_caps[0])
     assert abs(live_caps[-1] - sim_caps[-1]) <= 2

@@ -170,6 +170,28 @@ def test_token_budget_sized_for_the_running_decodes_against_the_sla():
     assert d.token_budget == max(290, d.cap + 1)
 
 
+def test_token_budget_is_the_full_one_when_no_chunk_can_hold_the_sla():
+    """A CPU host: 20 ms fixed, 2.6 ms per decode, 1.9 ms per prefill token (measured
+    here). Even one decode beside the smallest chunk (32 tokens) makes an 83 ms step,
+    so chunking cannot hold a 50 ms SLA and only pays the fixed cost again per chunk:
+    the budget is the full one. A model where that step fits keeps the SLA chunk, also
+    at a batch where 32 tokens no longer fit (there the cap makes room, not the budget)."""
+    cpu = LinearStepModel(0.020, 0.0026, 0.0019, 0.0)
+    d = policy().decide(obs(4, 2, 0.090, 4.0, binding=1.0, dec_only=0.030, model=cpu))
+    assert cpu.predict_step_s(1, 32, 32) > SLA - EPS
+    assert d.token_budget == 2048
+    # 32 tokens beside 4 decodes just fit in 48 ms: the SLA chunk, 33 tokens
+    fits = LinearStepModel(0.020, 0.0026, (SLA - EPS - 0.020 - 4 * 0.0026) / 33, 0.0)
+    d = policy().decide(obs(4, 2, 0.040, 4.0, binding=1.0, dec_only=0.030, model=fits))
+    assert d.token_budget == 4 + 33
+    # a GPU-like model at 14 decodes: 32 tokens do not fit beside them, one decode
+    # beside 32 tokens does: the smallest chunk, not the full budget
+    gpu = LinearStepModel(0.010, 0.0026, 0.0005, 0.0)
+    d = policy().decide(obs(14, 2, 0.049, 14.0, binding=1.0, dec_only=0.046, model=gpu))
+    assert gpu.predict_step_s(14, 32, 0) > SLA - EPS > gpu.predict_step_s(1, 32, 32)
+    assert d.token_budget == max(14 + 32, d.cap + 1)
+
+
 def test_online_fit_recovers_a_linear_step_model():
     import random
 

@@ -79,33 +79,34 @@ class _DecisionPrinter:
 
 
 def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int,
-                  phase_s: float = 15.0):
+                  phase_s: float = 15.0, ceiling: int = 32):
     """An open-loop, phase-shifting workload sized to this host's measured speed.
 
     With the fitted step model T(b, c) = a + beta*b + gamma*c (+ eta*kv), the SLA
-    holds up to about b_sla = (SLA - a) / (beta + eta*ctx) decodes; a request of O
-    output tokens at the SLA lives O*SLA seconds, so chat at rate lambda keeps about
-    lambda*O*SLA requests running. Prefill work is sized by gamma: long prompts of
-    P tokens at rate mu take mu*P*gamma of every second. The phases, ``phase_s``
-    each: chat at 0.5x b_sla; long prompts with short answers taking a quarter of
-    the engine's time in prefill; chat at 1.3x b_sla. A static
-    cap sized for one phase is wrong for another, and a full token budget lets long
-    prompts stall every running decode.
+    holds up to about b_sla = (SLA - a) / (beta + eta*ctx) decodes (at most
+    ``ceiling``). One chat request (prompts U(32,128), 80 tokens on average; outputs
+    U(32,96), 64) costs the engine 80*gamma of prefill plus 64 decode steps shared
+    with b_sla - 1 others, so the engine serves at most mu = 1 / (80*gamma +
+    64*SLA/b_sla) chat requests a second within the SLA. The phases, ``phase_s``
+    each: chat at 0.4 mu; long prompts (U(300,700)) with short answers taking a
+    quarter of the engine's time in prefill; chat at 0.8 mu. A CPU host spends most
+    of a chat request in its prefill (80 tokens at 1.9 ms here: 150 ms, five decode
+    steps), so leaving prefill out sized the load past what any cap could serve.
     """
     from tuned.workloads import parse_workload
 
     a, beta, gamma, eta = (fit.get(k, 0.0) for k in ("a", "beta", "gamma", "eta"))
     ctx = 160.0
     per_seq = max(beta + eta * ctx, 1e-6)
-    b_sla = max((sla_s - a) / per_seq, 2.0)
-    life_s = 64.0 * sla_s          # output U(32,96): 64 tokens on average
+    b_sla = min(max((sla_s - a) / per_seq, 2.0), float(ceiling))
+    mu = 1.0 / (80.0 * max(gamma, 0.0) + 64.0 * sla_s / b_sla)
 
     def chat(load: float) -> tuple[float, int]:
-        r = max(load * b_sla / life_s, 0.05)
+        r = max(load * mu, 0.05)
         return round(r, 3), max(int(r * phase_s), 4)
 
-    r1, n1 = chat(0.5)
-    r3, n3 = chat(1.3)
+    r1, n1 = chat(0.4)
+    r3, n3 = chat(0.8)
     r2 = round(max(0.25 / (max(gamma, 1e-6) * 500.0), 0.05), 3)  # prompts ~500 tokens
     n2 = max(int(r2 * phase_s), 4)
     spec = (f"phases:poisson:rate={r1},prompt=U(32,128),output=U(32,96),n={n1};"
@@ -173,7 +174,8 @@ def cmd_demo(args) -> int:
                  f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1) = "
                  f"{sla_s * 1e3:.1f} ms")
         wl, b_sla = demo_workload(sla_s, fit, seed=args.seed, phase_s=args.phase_s,
-                                  max_model_len=cfg.max_model_len)
+                                  max_model_len=cfg.max_model_len,
+                                  ceiling=cfg.max_num_seqs)
         info = wl.describe()
         _say(f"[3/5] tuned: {len(wl.requests)} requests open-loop over "
              f"{info.get('duration_s', 0):.0f}s (chat, long prompts, heavier chat; sized "

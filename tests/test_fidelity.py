@@ -59,6 +59,12 @@ def reload_to(srv, d: dict, want_cap: int | None = None) -> None:
     raise AssertionError(f"reload not applied: {srv.decisions(1)}")
 
 
+def settled(caps: list[int]) -> int:
+    """The median of the second half of a run's per-tick caps (the lower middle)."""
+    tail = sorted(caps[len(caps) // 2:])
+    return tail[(len(tail) - 1) // 2]
+
+
 def live_over_model(client, since: int, model) -> float:
     """Mean measured step time over the model's prediction, for the busy steps since
     ``since``: how far this host drifted from its profile during a run (printed, so a
@@ -155,11 +161,15 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
     live_caps = [live_start] + [d["cap"] for d in tuned_run.decisions
                                 if d.get("run_s", -1.0) >= 0]
     sim_caps = [d["cap"] for d in tuned_sim.decisions]
-    print(f"tuned (SLA {sla * 1e3:.1f} ms) caps: live {live_caps[0]} -> {live_caps[-1]}, "
-          f"sim {sim_caps[0]} -> {sim_caps[-1]}")
+    # where the controller settled: the median cap over the second half of the run's
+    # ticks (the very last tick reads the drain, where a live run's last few requests
+    # let the evidence rise again: one CI run ended 2, 3, 2, 3, 5)
+    live_end, sim_end = settled(live_caps), settled(sim_caps)
+    print(f"tuned (SLA {sla * 1e3:.1f} ms) caps: live {live_caps[0]} -> {live_end}, "
+          f"sim {sim_caps[0]} -> {sim_end}")
     changes = lambda caps: [c for i, c in enumerate(caps) if i == 0 or c != caps[i - 1]]  # noqa: E731
     print(f"  live course {changes(live_caps)}\n  sim course  {changes(sim_caps)}")
     assert live_caps[0] == sim_caps[0], (live_caps[:3], sim_caps[:3])   # one warm start
     sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
-    assert sign(live_caps[-1] - live_caps[0]) == sign(sim_caps[-1] - sim_caps[0])
-    assert abs(live_caps[-1] - sim_caps[-1]) <= 2
+    assert sign(live_end - live_caps[0]) == sign(sim_end - sim_caps[0])
+    assert abs(live_end - sim_end) <= 2

@@ -133,6 +133,7 @@ def _grafana_to_promql(expr: str) -> str:
             .replace('"$job"', '".*"').replace('"$instance"', '".*"'))
 
 
+@pytest.mark.slow  # a real Prometheus scraping for several seconds
 def test_every_query_returns_data_from_tunes_metrics(prometheus):
     """Expose tuned's real metrics registry, let Prometheus scrape it, and run every
     dashboard query: each must parse and return at least one series."""

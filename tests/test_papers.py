@@ -161,6 +161,7 @@ def test_a_service_time_is_an_output_of_l_times_s_tokens_after_a_one_token_promp
     assert hw.step_model.describe() == {"kind": "constant", "step_s": 0.1}
 
 
+@pytest.mark.slow  # 9.5 s of simulation: keeps the fast part under 2 minutes
 def test_multibin_quick_is_within_2_percent_of_theorem_4_2():
     res = mb.run(0, quick=True)
     assert [r["k"] for r in res["rows"]] == [1, 2, 4, 8]

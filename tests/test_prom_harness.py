@@ -20,6 +20,7 @@ def exporter():
     thread.join(timeout=5)
 
 
+@pytest.mark.slow  # a real Prometheus scraping for several seconds
 def test_prometheus_scrapes_a_gauge(prometheus, exporter):
     registry, target = exporter
     Gauge("tuned_test_cap_seqs", "test cap", registry=registry).set(7)

@@ -85,6 +85,7 @@ def test_cap_follows_sla_then_memory_bound(tmp_path, tiny_model):
             done_measured = load.completed
 
             # ---- SLA phase: an SLA below every step, so Alg. 2 walks down
+            pre = srv.decisions(1)["current"]      # the last decision without an SLA
             d = reload_config(srv, config(tiny_model, sla_s, eps_s))
             assert d["last_reload"]["outcome"] == "ok", d["last_reload"]
             t_sla = d["last_reload"]["t"]
@@ -105,9 +106,9 @@ def test_cap_follows_sla_then_memory_bound(tmp_path, tiny_model):
             # 2 when the SLA came in, and Alg. 2 brought it down on sla_over (how many
             # ticks it takes depends on the decode batch this host ran at that moment:
             # the first sla_over halves the interval below it)
+            # (read before the reload: a long walk scrolls it out of the 200 kept here)
+            assert pre["cap"] > 2 and pre["b_sla"] is None, pre
             recent = srv.decisions(200)["recent"]
-            before = [e for e in recent if e["t"] <= t_sla]
-            assert before and before[-1]["cap"] > 2 and before[-1]["b_sla"] is None, before[-3:]
             hist = [e for e in recent if e["t"] > t_sla]
             first_low = next(e for e in hist if e["b_sla"] is not None and e["cap"] <= 2)
             assert first_low["reason"] == "sla_over", first_low

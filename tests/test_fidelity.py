@@ -15,6 +15,7 @@ from the profile measured in the test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import time
@@ -98,7 +99,6 @@ class AtHostSpeed:
 
 
 def at_host_speed(hw, scale: float):
-    import dataclasses
     return dataclasses.replace(hw, step_model=AtHostSpeed(hw.step_model, scale))
 
 
@@ -201,8 +201,8 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
     # ticks (the very last tick reads the drain, where a live run's last few requests
     # let the evidence rise again: one CI run ended 2, 3, 2, 3, 5)
     live_end, sim_end = settled(live_caps), settled(sim_caps)
-    print(f"tuned (SLA {sla * 1e3:.1f} ms, live steps / profile {tuned_drift:.3f}) caps: live {live_caps[0]} -> {live_end}, "
-          f"sim {sim_caps[0]} -> {sim_end}")
+    print(f"tuned (SLA {sla * 1e3:.1f} ms, live steps / profile {tuned_drift:.3f}) caps: "
+          f"live {live_caps[0]} -> {live_end}, sim {sim_caps[0]} -> {sim_end}")
     changes = lambda caps: [c for i, c in enumerate(caps) if i == 0 or c != caps[i - 1]]  # noqa: E731
     print(f"  live course {changes(live_caps)}\n  sim course  {changes(sim_caps)}")
     assert live_caps[0] == sim_caps[0], (live_caps[:3], sim_caps[:3])   # one warm start

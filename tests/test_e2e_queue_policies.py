@@ -359,13 +359,13 @@ def test_fcfs_native_arrival_order(ctx):
     native = not queue_installed(c)
     reqs = [Req(f"r{n}", n) for n in SCRAMBLED]
     ph = run_backlog(c, reqs)
+    record(c, ph)
     assert ph.order == [r.name for r in reqs]          # arrival order
     if native:  # first test of the module: no PolicyQueue, so no queue counters
         assert ph.admitted_delta == {}
         assert not queue_installed(c)
     else:
         assert ph.admitted_delta == {"fcfs": len(reqs)}
-    record(c, ph)
 
 
 def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
@@ -382,7 +382,10 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
     c = ctx
     use_policy(c, "fcfs")
     srv = c.srv
-    lengths = [300, 260, 220, 180, 140, 100, 80, 60]     # arrival = longest first
+    # arrival = longest first; the head is long (8 of the 10 usable KV blocks) so that
+    # the pause lands while it still runs: on a loaded CI host the pause once took
+    # effect only after a 300-token head and the next one had finished
+    lengths = [900, 260, 220, 180, 140, 100, 80, 60]
     reqs = [hinted(f"r{n}", n) for n in lengths]
     seen: dict = {}
     native = not queue_installed(c)     # first switch: vLLM's queue -> PolicyQueue
@@ -397,6 +400,7 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
         use_policy(c, "mcsf")       # run_backlog resumes the engine after this hook
 
     ph = run_backlog(c, reqs, after_resume=switch)
+    record(c, ph)
     d = srv.decisions(0)
     assert d["config"]["queue_policy"] == "mcsf"
     assert d["last_reload"]["outcome"] == "ok" and "queue_policy" in d["last_reload"]["changed"]
@@ -416,18 +420,20 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
     assert kept == ev["waiting_before"], ev
     k = len(reqs) - kept                    # admitted under fcfs
     # nothing is admitted while paused, so the switch landed exactly where the pause
-    # did; with cap 1 and a 300-token head that is normally after r300 alone
+    # did; with cap 1 and a 900-token head that is normally after r900 alone
     assert seen["admitted_at_hup"] == k and 1 <= k <= len(reqs) - 3, (seen, ev)
     # before the switch: arrival order; after: ascending length (hint = max_tokens)
     assert ph.order == [f"r{n}" for n in lengths[:k]] + [f"r{n}" for n in sorted(lengths[k:])]
     # metrics: the mcsf label counts exactly the requests admitted after the switch
     assert ph.admitted_delta == ({"mcsf": kept} if native else {"fcfs": k, "mcsf": kept})
     assert mval(ph.values, "tuned_queue_policy_info", policy="mcsf", queue="tuned") == 1.0
-    # every request is scored once, when it finished: the waiting ones got their
-    # prediction when the PolicyQueue took them over, the one running at the switch
-    # when MC-SF's look-ahead first read the running requests
-    assert ph.predictor_delta == len(reqs)
-    record(c, ph)
+    # every request is scored once, when it finished, if it had a prediction: the
+    # waiting ones got theirs when the PolicyQueue took them over, the one running at
+    # the switch when MC-SF's look-ahead first read the running requests. Under
+    # vLLM's own queue nothing predicted the ones that finished before the switch
+    # (on a loaded CI host the pause once landed after 3 admissions: 6 scored, not 8).
+    scored = kept + ev["running"] if native else len(reqs)
+    assert ev["running"] <= 1 and ph.predictor_delta == scored, (ev, ph.predictor_delta)
 
 
 def test_mcsf_admits_shortest_first(ctx):
@@ -439,10 +445,10 @@ def test_mcsf_admits_shortest_first(ctx):
     use_policy(c, "mcsf")
     reqs = [hinted(f"r{n}", n) for n in SCRAMBLED]
     ph = run_backlog(c, reqs)
+    record(c, ph)
     assert ph.order == [f"r{n}" for n in sorted(SCRAMBLED)]
     assert ph.admitted_delta == {"mcsf": len(reqs)}
     assert ph.predictor_delta == len(reqs)
-    record(c, ph)
 
 
 def test_malformed_hints_are_served_and_counted(ctx):
@@ -501,12 +507,12 @@ def test_multibin_serves_bin_by_bin(ctx):
         bins_seen.append(mval(v, "tuned_queue_bins_in_use"))
 
     ph = run_backlog(c, reqs, after_resume=watch)
+    record(c, ph)
     longs = [n for n in arrival if n >= 40]
     shorts = [n for n in arrival if n < 40]
     assert ph.order == [f"r{n}" for n in longs + shorts]
     assert bins_seen == [2.0]
     assert ph.admitted_delta == {"multibin": len(reqs)}
-    record(c, ph)
 
 
 def test_bucket_serves_bucket_by_bucket(ctx):
@@ -539,10 +545,10 @@ def test_bucket_serves_bucket_by_bucket(ctx):
         buckets_seen.append(mval(v, "tuned_queue_buckets_in_use"))
 
     ph = run_backlog(c, reqs, after_resume=watch)
+    record(c, ph)
     assert ph.order == ["L40", "L24", "L32", "S20", "S12", "S28", "S16", "S8"]
     assert buckets_seen == [2.0]
     assert ph.admitted_delta == {"bucket": len(reqs)}
-    record(c, ph)
 
 
 def test_saber_demotes_expired_deadlines(ctx):
@@ -562,12 +568,12 @@ def test_saber_demotes_expired_deadlines(ctx):
         time.sleep(max(0.0, reqs[3].t_sent + 0.5 + 0.3 - time.monotonic()))
 
     ph = run_backlog(c, reqs, before_resume=let_deadlines_pass)
+    record(c, ph)
     assert ph.order == ["A", "B", "C", "D1", "D2"]
     v = wait_metrics(c.srv, lambda v: mval(v, "tuned_queue_demoted_total", policy="saber")
                      >= dem0 + 2)
     assert mval(v, "tuned_queue_demoted_total", policy="saber") == dem0 + 2
     assert ph.admitted_delta == {"saber": len(reqs)}
-    record(c, ph)
 
 
 def test_fcfs_policy_in_tuned_queue(ctx):
@@ -578,12 +584,12 @@ def test_fcfs_policy_in_tuned_queue(ctx):
     installed = queue_installed(c)
     reqs = [hinted(f"r{n}", n) for n in SCRAMBLED]
     ph = run_backlog(c, reqs)
+    record(c, ph)
     assert ph.order == [r.name for r in reqs]
     if installed:
         # a PolicyQueue was installed earlier in the module: the switch kept it
         assert ph.admitted_delta == {"fcfs": len(reqs)}
         assert mval(ph.values, "tuned_queue_policy_info", policy="fcfs", queue="tuned") == 1.0
-    record(c, ph)
 
 
 def test_per_policy_admitted_totals_and_predictor(ctx):

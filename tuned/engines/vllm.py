@@ -136,7 +136,7 @@ class _TunedMixin:
         self.controller.queue_switched(self.queue_snapshot())
         vllm_queue.install(self, name, cfg, on_warning=self._hint_warning)
         log.info("queue_policy", old=self.queue_policy, new=name, waiting_kept=len(self.waiting),
-                 waiting_before=before)
+                 waiting_before=before, running=len(self.running))
         self.queue_policy = name
 
     def _hint_warning(self, request_id: str, message: str) -> None:

@@ -484,18 +484,20 @@ def test_malformed_hints_are_served_and_counted(ctx):
 def test_multibin_serves_bin_by_bin(ctx):
     """multibin, k = 2. The policy's sample of predicted lengths is the backlog
     (the policy is installed at the first step after resume, with all of it
-    waiting): {60, 14, 44, 8, 52, 18, 40, 10}; the equal-mass boundary is the value
+    waiting): {900, 14, 44, 8, 52, 18, 40, 10}; the equal-mass boundary is the value
     of rank ⌊n/2⌋ = 4 of the sorted sample, 40, so bin 1 = {8, 10, 14, 18} and
-    bin 2 = {40, 44, 52, 60}. With the cap B = 1 every non-empty bin holds a
+    bin 2 = {40, 44, 52, 900}. With the cap B = 1 every non-empty bin holds a
     completed batch; bins are ranked by the arrival of their B-th (= oldest)
-    member, so the long bin (r60 arrived first) comes first, arrival order inside.
+    member, so the long bin (r900 arrived first) comes first, arrival order inside.
     The adapter recomputes the order only when the waiting set changes or
     refresh() asks (multibin: the 30 s starvation bound), not on admissions, so the
-    backlog is served bin by bin: 60 44 52 40 | 14 8 18 10 (fcfs would alternate
-    long/short, mcsf would sort)."""
+    backlog is served bin by bin: 900 44 52 40 | 14 8 18 10 (fcfs would alternate
+    long/short, mcsf would sort). The head is long so that the engine is held while
+    it runs: on a loaded 2-core host a pause once took effect only after ~560
+    decode steps."""
     c = ctx
     use_policy(c, "multibin", "k = 2")
-    arrival = [60, 14, 44, 8, 52, 18, 40, 10]
+    arrival = [900, 14, 44, 8, 52, 18, 40, 10]
     reqs = [hinted(f"r{n}", n) for n in arrival]
     bins_seen = []
 
@@ -519,14 +521,15 @@ def test_bucket_serves_bucket_by_bucket(ctx):
     """bucket (BucketServe), online mode, L_max = 1024, min_width_tokens = 513.
 
     S = prompt + predicted output: shorts S in [432, 450] (prompts 420-424), longs S
-    in [545, 560] (prompts 520-522). N_max = ⌊0.9·free KV / mean S⌋ ≤ ⌊0.9·1280/432⌋ = 2
-    whatever runs, so with the backlog queued (8 ≥ N_max) the first AdjustBuckets
+    in [545, 920] (prompts 520-522; the head L400 is long so that the engine is held
+    while it runs, see the multibin test).
+    N_max = ⌊0.9·free KV / mean S⌋ ≤ ⌊0.9·1280/432⌋ = 2 whatever runs, so with the backlog queued (8 ≥ N_max) the first AdjustBuckets
     pass splits [0, 1024] at 512 (5 of 8 below the midpoint > θ = 0.5, 8 > N_max);
     the halves are narrower than min_width so they never split again, and they
     merge back only when fewer than N_max ≤ 2 requests wait (one left: harmless).
     The bounds therefore do not change during the drain and the order computed on
-    the full backlog holds: the bucket holding the earliest arrival (long, L40)
-    first, arrival order inside: L40 L24 L32 | S20 S12 S28 S16 S8."""
+    the full backlog holds: the bucket holding the earliest arrival (long, L400)
+    first, arrival order inside: L400 L24 L32 | S20 S12 S28 S16 S8."""
     c = ctx
     use_policy(c, "bucket", "max_len_tokens = 1024, min_width_tokens = 513")
 
@@ -536,17 +539,17 @@ def test_bucket_serves_bucket_by_bucket(ctx):
     def S(n, i):
         return hinted(f"S{n}", n, 420 + i)
 
-    reqs = [L(40, 0), S(20, 0), S(12, 1), L(24, 1), S(28, 2), L(32, 2), S(16, 3), S(8, 4)]
+    reqs = [L(400, 0), S(20, 0), S(12, 1), L(24, 1), S(28, 2), L(32, 2), S(16, 3), S(8, 4)]
     buckets_seen = []
 
     def watch(c, reqs, step0):
-        hold_after_first_admission(c, step0)   # L40 admitted, 2 longs + 5 shorts wait
+        hold_after_first_admission(c, step0)   # L400 admitted, 2 longs + 5 shorts wait
         v = wait_metrics(c.srv, lambda v: mval(v, "tuned_queue_buckets_in_use") == 2)
         buckets_seen.append(mval(v, "tuned_queue_buckets_in_use"))
 
     ph = run_backlog(c, reqs, after_resume=watch)
     record(c, ph)
-    assert ph.order == ["L40", "L24", "L32", "S20", "S12", "S28", "S16", "S8"]
+    assert ph.order == ["L400", "L24", "L32", "S20", "S12", "S28", "S16", "S8"]
     assert buckets_seen == [2.0]
     assert ph.admitted_delta == {"bucket": len(reqs)}
 

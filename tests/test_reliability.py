@@ -172,25 +172,27 @@ def test_reload_reads_the_file_under_the_lock(tmp_path):
     order: list[str] = []
     real = ctrl._read_config_file
     first = threading.Event()
+    release = threading.Event()
 
     def source():
         order.append("read")
         cfg = real()
         if not first.is_set():
             first.set()
-            time.sleep(0.2)       # the first reload is still being applied
+            release.wait(10)      # the first reload is still being applied
         return cfg
 
     ctrl.reload_source = source
     a = threading.Thread(target=ctrl.reload)
     a.start()
-    first.wait(5)
+    assert first.wait(10)
     b = threading.Thread(target=ctrl.reload)
     b.start()
-    time.sleep(0.05)
-    assert order == ["read"]      # b waits for a
-    a.join(5)
-    b.join(5)
+    b.join(0.2)                   # without the lock b would read and finish at once
+    assert b.is_alive() and order == ["read"]      # b waits for a
+    release.set()
+    a.join(10)
+    b.join(10)
     assert order == ["read", "read"]
 
 

@@ -319,7 +319,9 @@ def test_every_queue_and_batch_policy_runs_to_completion(queue_policy, batch_pol
                    interval_s=0.125)
     eng, res, log = run_engine(cfg, list(wl.requests), num_gpu_blocks=48)
     assert eng.queue_policy == queue_policy
-    assert isinstance(eng.waiting, QueueCore if queue_policy != "fcfs" else FcfsQueue)
+    # fcfs keeps the plain queue only without the TPOT admission guard (on: SLA set)
+    assert cfg.guards_admission and not cfg.native_queue
+    assert isinstance(eng.waiting, QueueCore)
     check_invariants(eng, res, log, wl.requests)
     check_knobs_are_the_controllers(eng, res)
 

@@ -24,6 +24,7 @@ BATCH_POLICIES = ("tuned", "memory", "sla", "trtllm", "static")
 SLA_MODES = ("evidence", "paper")
 SLA_STATISTICS = ("mean", "p90")
 TOKEN_BUDGET_POLICIES = ("sla", "max")
+ADMISSION_GUARDS = ("tpot", "off")
 QUEUE_POLICIES = ("fcfs", "mcsf", "multibin", "bucket", "saber", "sglang")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -111,6 +112,11 @@ class Config:
                                   "chunk that keeps the predicted step time within "
                                   "tbt_sla_s) or max (max_num_batched_tokens)",
                                   choices=TOKEN_BUDGET_POLICIES)
+    admission_guard: str = _f("tpot", "tpot: with a TBT SLA and a tuned waiting queue, "
+                              "a new prompt waits while its prefill would push a running "
+                              "request that still meets the SLA over it (per-request TPOT, "
+                              "vLLM's benchmark definition); off: admit on the cap alone",
+                              choices=ADMISSION_GUARDS)
 
     # --- policies and curves ---
     queue_policy: str = _f("fcfs", "waiting-queue and admission policy", choices=QUEUE_POLICIES)
@@ -137,7 +143,12 @@ class Config:
     def native_queue(self) -> bool:
         """True when the engine may keep its own FCFS queue (no tuned queue needed)."""
         name, opts = self.queue_spec()
-        return name == "fcfs" and not opts
+        return name == "fcfs" and not opts and not self.guards_admission
+
+    @property
+    def guards_admission(self) -> bool:
+        """Whether the per-request TPOT admission guard is on (it needs an SLA)."""
+        return self.admission_guard == "tpot" and bool(self.tbt_sla_s or self.tbt_sla_auto)
 
     @property
     def effective_b_max(self) -> int:

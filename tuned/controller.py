@@ -124,6 +124,16 @@ class Controller:
             return self.cfg.tbt_sla_s
         return self.derived_sla["sla_s"] if self.derived_sla else 0.0
 
+    def admission_guard(self) -> tuple[Any, float]:
+        """(step model, TPOT SLA) for the queue's per-request TPOT admission guard
+        (:meth:`tuned.core.queue.QueueCore._tpot_room`), or (None, 0.0) while it is
+        off: ``admission_guard = "off"``, no SLA yet, or no step fit yet. Read by the
+        engine's scheduling thread once per step."""
+        fit = self._step_fit
+        if fit is None or self.cfg.admission_guard != "tpot":
+            return None, 0.0
+        return fit, self.sla_s
+
     def sla_source(self) -> str:
         if self.cfg.tbt_sla_s:
             return "config"
@@ -251,9 +261,9 @@ class Controller:
             kept = (self.cfg, self.policy, self._first_reason, self.profile, self.speed_fn)
             try:
                 self._build(new)  # all or nothing
-                if (new.queue_spec(), new.class_deadlines_s,
-                        new.queue_seed) != (old.queue_spec(),
-                                            old.class_deadlines_s, old.queue_seed):
+                if (new.queue_spec(), new.class_deadlines_s, new.queue_seed) != (
+                        old.queue_spec(), old.class_deadlines_s, old.queue_seed) or (
+                        old.native_queue and not new.native_queue):
                     self.engine.set_queue_policy(new.queue_policy, new)
             except Exception as e:  # a profile that fails to load, a policy that fails
                 # put the running objects back as they were (no re-read from disk)
@@ -368,7 +378,7 @@ class Controller:
         win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
                           cap=self.slot.applied.cap)
         if (now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto)
-                and cfg.batch_policy in ("tuned", "sla")):
+                and (cfg.batch_policy in ("tuned", "sla") or cfg.guards_admission)):
             # the online step model: refreshed every few seconds from this engine's
             # own recent steps (tuned.curves.online)
             self._fit_t = now

@@ -14,7 +14,8 @@ standard field from a base config:
 * ``tuned`` (memory and SLA bounds, token budget against the SLA, and with a TTFT
   SLO the fcfs queue serving requests that can still make it before late ones),
   ``tuned-fifo`` (the same without that demotion: plain FCFS order),
-  ``tuned-memory``, ``tuned-sla``, ``tuned-paper`` (Algorithm 2 as published) and
+  ``tuned-memory``, ``tuned-sla``, ``tuned-paper`` (Algorithm 2 as published),
+  ``tuned-noguard`` (without the per-request TPOT admission guard) and
   ``tuned-<queue policy>`` for mcsf, multibin, bucket, saber.
 
 Engines: :class:`SimBench` runs a contender on the simulator; the real-engine one is
@@ -95,7 +96,7 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
     ceiling = base.max_num_seqs
     # static caps and peers run vLLM's own FCFS queue: no TTFT demotion
     static = dict(batch_policy="static", token_budget_policy="max", queue_policy="fcfs",
-                  queue_options={}, ttft_sla_s=0.0)
+                  queue_options={}, ttft_sla_s=0.0, admission_guard="off")
     out: list[Contender] = []
 
     def static_run(name: str, cap: int, tokens: int) -> Contender:
@@ -111,7 +112,7 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
             raise ValueError(f"--caps: {cap} is outside [1, {max(ceiling, default_seqs)}]")
         out.append(static_run(f"static-{cap}", cap, default_tokens))
     peer_tokens = dict(max_num_batched_tokens=max(default_tokens, ceiling + base.min_chunk_tokens),
-                       token_budget_policy="max", ttft_sla_s=0.0)
+                       token_budget_policy="max", ttft_sla_s=0.0, admission_guard="off")
     if peers:
         out.append(Contender("trtllm", "peer", _with(base, batch_policy="trtllm",
                                                        queue_policy="fcfs", queue_options={},
@@ -127,6 +128,8 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
         out.append(Contender("tuned-memory", "tuned", _with(base, batch_policy="memory")))
         out.append(Contender("tuned-sla", "tuned", _with(base, batch_policy="sla")))
         out.append(Contender("tuned-paper", "tuned", _with(base, sla_mode="paper")))
+        if base.guards_admission:
+            out.append(Contender("tuned-noguard", "tuned", _with(base, admission_guard="off")))
         for q in ("mcsf", "multibin", "bucket", "saber"):
             if q != base.queue_policy:
                 out.append(Contender(f"tuned-{q}", "tuned",

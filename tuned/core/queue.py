@@ -111,6 +111,8 @@ class QueueCore(Generic[R]):
         self._popped: dict[str, _Popped] = {}
         self._deferred_ids: set[str] = set()
         self._step = 0
+        self._first_token_s: dict[str, float] = {}   # running: when its first token was seen
+        self.guard_holds = 0                          # steps the TPOT guard held the head
 
     # ------------------------------------------------------------ per step
     def begin_step(self, ctx: AdmitContext, running_requests: list[R]) -> None:
@@ -126,6 +128,13 @@ class QueueCore(Generic[R]):
             ctx = dataclasses.replace(ctx, under_prediction=excess)
         self._ctx = ctx
         self._running = running_requests
+        if ctx.step_model is not None and ctx.tpot_sla_s > 0:
+            # the TPOT guard's clock: a request's first token came out in the step
+            # that just ended (cost: one dict lookup per running request)
+            first = self._first_token_s
+            for r in running_requests:
+                if r.num_output_tokens >= 1 and r.request_id not in first:
+                    first[r.request_id] = ctx.now_s
         self._n_running_at_gate = None
         self._running_infos = None
         self._deferred_ids.clear()
@@ -182,6 +191,7 @@ class QueueCore(Generic[R]):
         if rid in self._waiting:
             self._remove_ids({rid})
         info = self._infos.pop(rid, None)
+        self._first_token_s.pop(rid, None)
         if learn:
             self.predictor.observe(request.num_prompt_tokens, request.num_output_tokens,
                                    predicted=info.predicted_output if info else None,
@@ -202,7 +212,8 @@ class QueueCore(Generic[R]):
         errs = self.predictor.error_stats()
         d = self.policy.stats.as_dict()
         d.update(policy=self.policy.name, waiting=len(self._waiting), pinned=len(self._pinned),
-                 hint_warnings=self.hint_warnings, prediction_count=errs.count,
+                 hint_warnings=self.hint_warnings, guard_holds=self.guard_holds,
+                 prediction_count=errs.count,
                  prediction_mae_tokens=errs.mean_abs_error_tokens,
                  prediction_mean_error_tokens=errs.mean_error_tokens)
         return d
@@ -410,8 +421,58 @@ class QueueCore(Generic[R]):
                 self.policy.on_deferred(info, sel.verdict)
         self.last_verdict = sel.verdict
         if sel.chosen is not None:
+            if not self._tpot_room(sel.chosen, ctx):
+                self.guard_holds += 1
+                self.policy.stats.deferred += 1
+                self.policy.stats.last_reason = "tpot_guard"
+                self.last_verdict = Verdict(False, "tpot_guard")
+                return None
             self._head = self._waiting[sel.chosen.request_id]
         return self._head
+
+    def _tpot_room(self, cand: ReqInfo, ctx: AdmitContext) -> bool:
+        """The per-request TPOT admission guard: may ``cand``'s prefill run now?
+
+        vLLM's benchmark judges a request by its TPOT = (e2e - TTFT) / (output - 1),
+        the mean of every step it decodes in. A prefill of p tokens lengthens the steps
+        it runs in by about gamma * p (the step model's prefill term), for every
+        request decoding then. For each running request past its first token, with g
+        tokens out of a predicted n, the guard projects its TPOT as (time since its
+        first token + (n - g) * T(b)) / (n - 1) without the newcomer and adds
+        gamma * p + beta * (n - g) with it; the newcomer waits if that pushes a request
+        that still meets ``ctx.tpot_sla_s`` over it. Requests already past the SLA
+        are not protected (they are lost either way), so one slow request cannot
+        block admission; with nothing to protect the newcomer is admitted, so nothing
+        waits forever. Off (always True) without a step model or an SLA."""
+        model, sla = ctx.step_model, ctx.tpot_sla_s
+        run = self._running
+        if model is None or not sla > 0 or not run:
+            return True
+        now = ctx.now_s
+        first = self._first_token_s
+        t_step = model.predict_step_s(len(run), 0.0)
+        extra_prefill = model.gamma * max(cand.prompt_tokens, 0)
+        beta = model.beta
+        for r in run:
+            g = r.num_output_tokens
+            if g < 1:
+                continue            # still in its prefill: its TPOT clock has not started
+            rid = r.request_id
+            t1 = first.get(rid)
+            if t1 is None:
+                # first seen past its first token now; it started at most g - 1 steps ago
+                t1 = first[rid] = now - (g - 1) * t_step
+            info = self._infos.get(rid)
+            n = max(info.predicted_output if info is not None else 0,
+                    int(r.max_tokens or 0) if info is None else 0, g + 1)
+            rem = n - g
+            denom = max(n - 1, 1)
+            base = (now - t1 + rem * t_step) / denom
+            if base > sla:
+                continue            # past saving: not protected
+            if base + (extra_prefill + beta * rem) / denom > sla:
+                return False
+        return True
 
     def _head_or_first(self) -> R | None:
         """The gate's choice, else the first waiting request in policy order."""
@@ -451,3 +512,5 @@ class QueueCore(Generic[R]):
         live = set(self._waiting) | {r.request_id for r in self._running}
         for rid in [rid for rid in self._infos if rid not in live]:
             del self._infos[rid]
+        for rid in [rid for rid in self._first_token_s if rid not in live]:
+            del self._first_token_s[rid]

@@ -221,7 +221,7 @@ class _TunedMixin:
             if self.queue_policy != "fcfs" or self._queue_installed():
                 from tuned.engines.vllm_queue import begin_step
 
-                begin_step(self, self.controller.speed_fn)
+                begin_step(self, self.controller.speed_fn, self.controller.admission_guard())
         except Exception as e:
             self._tuned_guard("apply", e)
         out = super().schedule(*args, **kwargs)

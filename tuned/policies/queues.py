@@ -113,6 +113,9 @@ class AdmitContext:
     block_size: int = 1
     under_prediction: float = 0.0    # expected memory share beyond the predicted output
                                      # (the predictor's measured under-prediction)
+    step_model: Any = None           # the engine's step time T(b, c, kv) (.predict_step_s,
+                                     # .beta, .gamma), for the TPOT admission guard
+    tpot_sla_s: float = 0.0          # per-request TPOT target of that guard (0 = off)
 
 
 @dataclass

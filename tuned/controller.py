@@ -130,7 +130,7 @@ class Controller:
         off: ``admission_guard = "off"``, no SLA yet, or no step fit yet. Read by the
         engine's scheduling thread once per step."""
         fit = self._step_fit
-        if fit is None or self.cfg.admission_guard != "tpot":
+        if fit is None or not self.cfg.guards_admission:
             return None, 0.0
         return fit, self.sla_s
 

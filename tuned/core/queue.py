@@ -463,8 +463,8 @@ class QueueCore(Generic[R]):
                 # first seen past its first token now; it started at most g - 1 steps ago
                 t1 = first[rid] = now - (g - 1) * t_step
             info = self._infos.get(rid)
-            n = max(info.predicted_output if info is not None else 0,
-                    int(r.max_tokens or 0) if info is None else 0, g + 1)
+            pred = info.predicted_output if info is not None else int(r.max_tokens or 0)
+            n = max(pred, g + 1)
             rem = n - g
             denom = max(n - 1, 1)
             base = (now - t1 + rem * t_step) / denom

@@ -1,7 +1,9 @@
-"""The per-request TPOT admission guard of the waiting queue (QueueCore._tpot_room).
+"""The admission guard of the waiting queue: its TPOT half (QueueCore._tpot_room), its
+TTFT half (QueueCore._ttft_room) and fcfs' predicted lateness.
 
-Step model here: T(b, c) = 20 ms + 5 ms * b + 1 ms * c. One request runs; it was
-admitted with a hint of 11 output tokens (n = 11, so TPOT = decode time / 10)."""
+Step model here: T(b, c) = 20 ms + 5 ms * b + 1 ms * c. In the TPOT tests one request
+runs; it was admitted with a hint of 11 output tokens (n = 11, so TPOT = decode time
+/ 10)."""
 
 from __future__ import annotations
 
@@ -28,17 +30,18 @@ class Req:
     extra_args: dict = field(default_factory=dict)
 
 
-def ctx(now: float, model=MODEL, sla: float = SLA) -> AdmitContext:
+def ctx(now: float, model=MODEL, sla: float = SLA, ttft: float = 0.0) -> AdmitContext:
     return AdmitContext(now_s=now, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
-                        cap=64, step_model=model, tpot_sla_s=sla)
+                        cap=64, step_model=model, tpot_sla_s=sla, ttft_sla_s=ttft)
 
 
-def queue_with_one_running(now_first: float = 0.0) -> tuple[QueueCore, list, Req]:
-    """A queue whose request r0 (11 tokens) was admitted and got its first token at
-    ``now_first``; returns (queue, running list, r0)."""
+def queue_with_one_running(now_first: float = 0.0, arrival: float = 0.0
+                           ) -> tuple[QueueCore, list, Req]:
+    """A queue whose request r0 (11 tokens, arrived at ``arrival``) was admitted and
+    got its first token at ``now_first``; returns (queue, running list, r0)."""
     q = QueueCore(make_policy("fcfs"))
     running: list = []
-    r0 = Req("r0", 0.0, 10, 11, extra_args={"tuned_output_tokens": 11})
+    r0 = Req("r0", arrival, 10, 11, extra_args={"tuned_output_tokens": 11})
     q.add_request(r0)
     q.begin_step(ctx(now_first), running)
     assert q.pop_request() is r0
@@ -117,3 +120,109 @@ def test_the_guard_reads_the_time_since_the_first_token():
         q.add_request(Req(f"p{n}", 0.0, n, 8))
         assert not q
         q.remove_requests([next(iter(q))])
+
+
+def test_a_request_whose_first_token_was_late_is_not_protected():
+    # as the first test (the 300-token prompt would push r0 to 60 ms), but r0 arrived
+    # 2 s before its first token: with a 1 s TTFT SLA it is lost either way
+    q, running, r0 = queue_with_one_running(arrival=-2.0)
+    q.begin_step(ctx(0.0, ttft=1.0), running)
+    q.add_request(Req("big", 0.0, 300, 8))
+    assert q and q.guard_holds == 0
+    q.begin_step(ctx(0.0, ttft=0.0), running)     # TTFT unknown: r0 is protected
+    assert not q and q.last_verdict.reason == "tpot_guard"
+
+
+# ------------------------------------------------------------------ TTFT half
+TTFT = 1.0
+
+
+@dataclass
+class PReq(Req):
+    num_computed_tokens: int = 0
+
+
+def queue_with_one_prefilling(arrival: float, prompt: int = 500):
+    """A queue whose request ``a`` (``prompt`` tokens, arrived at ``arrival``) was
+    admitted at t = 0 and has not been prefilled yet; the TPOT half is off."""
+    q = QueueCore(make_policy("fcfs"))
+    running: list = []
+    a = PReq("a", arrival, prompt, 50)
+    q.add_request(a)
+    q.begin_step(ctx(0.0, sla=0.0, ttft=TTFT), running)
+    assert q.pop_request() is a
+    running.append(a)
+    return q, running, a
+
+
+def test_a_prompt_that_would_push_a_prefilling_one_past_its_ttft_waits():
+    # a's first token: T(1, 500) = 0.525 s after its arrival at 0, within 1 s. A 400-
+    # token prompt in the same step moves it to 0.925 s: admitted; a 600-token one to
+    # 1.125 s: it waits, until a's prefill is scheduled
+    q, running, a = queue_with_one_prefilling(0.0)
+    q.add_request(PReq("b600", 0.0, 600, 50))
+    assert not q and q.last_verdict.reason == "ttft_guard"
+    assert q.guard_holds == 1 and q.stats.last_reason == "ttft_guard"
+    q.remove_requests([next(iter(q))])
+    q.add_request(PReq("b400", 0.0, 400, 50))
+    assert q and q.peek_request().request_id == "b400"
+
+
+def test_the_held_prompt_goes_once_the_cohort_is_prefilled():
+    q, running, a = queue_with_one_prefilling(0.0)
+    q.add_request(PReq("b600", 0.0, 600, 50))
+    assert not q
+    a.num_computed_tokens = 500          # its last prompt token is scheduled
+    q.begin_step(ctx(0.53, sla=0.0, ttft=TTFT), running)
+    assert q and q.pop_request().request_id == "b600"
+
+
+def test_a_prefilling_request_already_late_is_not_protected():
+    # a arrived 0.8 s ago: first token at 0.525 + 0.8 = 1.325 s > 1 s, lost either way;
+    # b (400 tokens, just arrived) meets 1 s in the cohort (0.925 s): admitted
+    q, running, a = queue_with_one_prefilling(-0.8)
+    q.add_request(PReq("b", 0.0, 400, 50))
+    assert q and q.guard_holds == 0
+
+
+def test_a_prompt_does_not_join_a_cohort_that_would_make_it_late():
+    # a is late (as above); b arrived 0.3 s ago: alone, T(0, 400) = 0.42 s -> 0.72 s,
+    # in time; in a's cohort 0.3 + 0.925 = 1.225 s: it waits for a smaller cohort
+    # (without this each newcomer finds the cohort late already and it snowballs)
+    q, running, a = queue_with_one_prefilling(-0.8)
+    q.add_request(PReq("b", -0.3, 400, 50))
+    assert not q and q.last_verdict.reason == "ttft_guard"
+    # c arrived 0.7 s ago: 1.12 s even alone: nothing to protect, admitted
+    q.remove_requests([next(iter(q))])
+    q.add_request(PReq("c", -0.7, 400, 50))
+    assert q and q.guard_holds == 1
+
+
+@pytest.mark.parametrize("model, ttft", [(None, TTFT), (MODEL, 0.0)])
+def test_the_ttft_half_is_off_without_a_step_model_or_a_ttft_sla(model, ttft):
+    q, running, a = queue_with_one_prefilling(0.0)
+    q.begin_step(ctx(0.0, model=model, sla=0.0, ttft=ttft), running)
+    q.add_request(PReq("b600", 0.0, 600, 50))
+    assert q and q.guard_holds == 0
+
+
+# ------------------------------------------------------- fcfs: predicted lateness
+def _info(rid: str, arrival: float, prompt: int):
+    from tuned.policies.queues import ReqInfo
+
+    return ReqInfo(rid, arrival, prompt, 50, 50)
+
+
+def test_fcfs_predicts_lateness_from_the_prefill_with_a_step_model():
+    # late_after 1 s; at t = 0.5: x (arrived 0, 800 tokens) needs T(0, 800) = 0.82 s
+    # more -> 1.32 s: late, behind y (arrived 0.1, 10 tokens: 0.43 s)
+    x, y = _info("x", 0.0, 800), _info("y", 0.1, 10)
+    pol = make_policy("fcfs", {"late_after_s": 1.0})
+    order = pol.order([x, y], 0.5, ctx(0.5))
+    assert [r.request_id for r in order] == ["y", "x"] and pol.stats.demoted == 1
+    # y turns late at 0.1 + 1 - T(0, 10) = 1.07 s: refresh asks for a new order then
+    assert not pol.refresh([y], ctx(1.06)) and pol.refresh([y], ctx(1.07))
+    # without the step model lateness is observed: x has waited 0.5 s < 1 s
+    pol = make_policy("fcfs", {"late_after_s": 1.0})
+    order = pol.order([x, y], 0.5, ctx(0.5, model=None))
+    assert [r.request_id for r in order] == ["x", "y"] and pol.stats.demoted == 0

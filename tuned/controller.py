@@ -124,15 +124,16 @@ class Controller:
             return self.cfg.tbt_sla_s
         return self.derived_sla["sla_s"] if self.derived_sla else 0.0
 
-    def admission_guard(self) -> tuple[Any, float]:
-        """(step model, TPOT SLA) for the queue's per-request TPOT admission guard
-        (:meth:`tuned.core.queue.QueueCore._tpot_room`), or (None, 0.0) while it is
-        off: ``admission_guard = "off"``, no SLA yet, or no step fit yet. Read by the
-        engine's scheduling thread once per step."""
+    def admission_guard(self) -> tuple[Any, float, float]:
+        """(step model, TPOT SLA, TTFT SLA) for the queue's admission guard
+        (:meth:`tuned.core.queue.QueueCore._tpot_room` and ``_ttft_room``), or
+        (None, 0.0, 0.0) while it is off: ``admission_guard = "off"``, no SLA yet, or
+        no step fit yet. The TTFT SLA is 0 (that half off) without ``ttft_sla_s``.
+        Read by the engine's scheduling thread once per step."""
         fit = self._step_fit
         if fit is None or not self.cfg.guards_admission:
-            return None, 0.0
-        return fit, self.sla_s
+            return None, 0.0, 0.0
+        return fit, self.sla_s, self.cfg.ttft_sla_s
 
     def sla_source(self) -> str:
         if self.cfg.tbt_sla_s:

@@ -421,11 +421,13 @@ class QueueCore(Generic[R]):
                 self.policy.on_deferred(info, sel.verdict)
         self.last_verdict = sel.verdict
         if sel.chosen is not None:
-            if not self._tpot_room(sel.chosen, ctx):
+            held = ("tpot_guard" if not self._tpot_room(sel.chosen, ctx)
+                    else "ttft_guard" if not self._ttft_room(sel.chosen, ctx) else None)
+            if held:
                 self.guard_holds += 1
                 self.policy.stats.deferred += 1
-                self.policy.stats.last_reason = "tpot_guard"
-                self.last_verdict = Verdict(False, "tpot_guard")
+                self.policy.stats.last_reason = held
+                self.last_verdict = Verdict(False, held)
                 return None
             self._head = self._waiting[sel.chosen.request_id]
         return self._head
@@ -440,11 +442,12 @@ class QueueCore(Generic[R]):
         tokens out of a predicted n, the guard projects its TPOT as (time since its
         first token + (n - g) * T(b)) / (n - 1) without the newcomer and adds
         gamma * p + beta * (n - g) with it; the newcomer waits if that pushes a request
-        that still meets ``ctx.tpot_sla_s`` over it. Requests already past the SLA
-        are not protected (they are lost either way), so one slow request cannot
+        that still meets ``ctx.tpot_sla_s`` over it. Requests already past the SLA,
+        or whose first token came later than ``ctx.ttft_sla_s`` (when set), are not
+        protected (they are lost either way), so one slow request cannot
         block admission; with nothing to protect the newcomer is admitted, so nothing
         waits forever. Off (always True) without a step model or an SLA."""
-        model, sla = ctx.step_model, ctx.tpot_sla_s
+        model, sla, ttft = ctx.step_model, ctx.tpot_sla_s, ctx.ttft_sla_s
         run = self._running
         if model is None or not sla > 0 or not run:
             return True
@@ -470,9 +473,54 @@ class QueueCore(Generic[R]):
             base = (now - t1 + rem * t_step) / denom
             if base > sla:
                 continue            # past saving: not protected
+            if ttft > 0 and info is not None and t1 - info.arrival_s > ttft:
+                continue            # its first token was late: lost either way
             if base + (extra_prefill + beta * rem) / denom > sla:
                 return False
         return True
+
+    def _ttft_room(self, cand: ReqInfo, ctx: AdmitContext) -> bool:
+        """The admission guard's TTFT half: may ``cand``'s prefill join the prompts
+        still prefilling?
+
+        A prompt's first token comes out at the end of the step that computes its last
+        prompt token, and vLLM packs every admitted prompt into the same steps (up to
+        the token budget): each newcomer delays the first token of all the prompts
+        prefilling beside it by about gamma * p. On a GPU that is milliseconds; on a
+        CPU a 300-token prompt costs half a second, and a cohort of four admitted
+        together can make all four miss a 3 s TTFT that each would meet alone. With
+        ``ctx.ttft_sla_s`` set, the newcomer waits while it would push a prefilling
+        request that still meets the TTFT SLA over it (predicted first token:
+        now + T(b, remaining prefill tokens of the cohort)), or would itself meet the
+        SLA prefilled alone but not in this cohort (else each newcomer finds the
+        cohort already late and it snowballs). Requests that miss it anyway are not
+        protected; with no prompt prefilling the newcomer is admitted, so nothing
+        waits forever. Off (always True) without a step model or a TTFT SLA."""
+        model, sla = ctx.step_model, ctx.ttft_sla_s
+        if model is None or not sla > 0:
+            return True
+        arrivals: list[float] = []
+        tokens = 0
+        for r in self._running:
+            if r.num_output_tokens >= 1:
+                continue
+            rem = int(r.num_prompt_tokens) - int(getattr(r, "num_computed_tokens", 0) or 0)
+            info = self._infos.get(r.request_id)
+            if rem <= 0 or info is None:
+                continue        # its last prompt token is already scheduled
+            tokens += rem
+            arrivals.append(info.arrival_s)
+        if not arrivals:
+            return True
+        p = max(cand.prompt_tokens, 0)
+        first = ctx.now_s + model.predict_step_s(len(self._running), tokens)
+        later = first + model.gamma * p
+        if any(first - a <= sla < later - a for a in arrivals):
+            return False
+        # nor may it doom itself by joining: one that would meet the SLA prefilled
+        # alone now but not in this cohort waits for a smaller one
+        wait = ctx.now_s - cand.arrival_s
+        return not (later - cand.arrival_s > sla >= wait + model.predict_step_s(0, p))
 
     def _head_or_first(self) -> R | None:
         """The gate's choice, else the first waiting request in policy order."""

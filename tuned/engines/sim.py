@@ -274,11 +274,12 @@ class SimEngine:
             # contract step 2, before the running pass, as the vLLM adapter calls it
             # (before super().schedule()): the context's free KV is that of the top
             # of the step, and the queue hears of every step, preempting ones too
-            model, sla = self.controller.admission_guard()
+            model, sla, ttft = self.controller.admission_guard()
             q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
                                       self.free_blocks * self.block_size, self.cap,
                                       self.controller.speed_fn, self.block_size,
-                                      step_model=model, tpot_sla_s=sla), running)
+                                      step_model=model, tpot_sla_s=sla, ttft_sla_s=ttft),
+                                         running)
         if self.static_batching:
             budget = 1 << 62
         i = 0

@@ -60,8 +60,8 @@ def wall_offset_s() -> float:
 
 
 def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,
-                           now_s: float | None = None, guard: tuple[Any, float] = (None, 0.0)
-                           ) -> AdmitContext:
+                           now_s: float | None = None,
+                           guard: tuple[Any, float, float] = (None, 0.0, 0.0)) -> AdmitContext:
     """The :class:`AdmitContext` of a vLLM scheduler right now (one null block
     excluded), on the monotonic clock."""
     pool = scheduler.kv_cache_manager.block_pool
@@ -73,13 +73,15 @@ def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] |
                         kv_capacity_tokens=int(cap_tokens),
                         kv_free_tokens=int(pool.get_num_free_blocks() * block),
                         cap=int(scheduler.max_num_active_reqs), speed_tok_s=speed_tok_s,
-                        block_size=int(block), step_model=guard[0], tpot_sla_s=guard[1])
+                        block_size=int(block), step_model=guard[0], tpot_sla_s=guard[1],
+                        ttft_sla_s=guard[2] if len(guard) > 2 else 0.0)
 
 
 def begin_step(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,
-               guard: tuple[Any, float] = (None, 0.0)) -> None:
+               guard: tuple[Any, float, float] = (None, 0.0, 0.0)) -> None:
     """Call at the top of ``schedule()``: no-op unless ``scheduler.waiting`` is a
-    :class:`PolicyQueue`. ``guard``: (step model, TPOT SLA) of the admission guard."""
+    :class:`PolicyQueue`. ``guard``: (step model, TPOT SLA, TTFT SLA) of the
+    admission guard."""
     q = scheduler.waiting
     if isinstance(q, PolicyQueue):
         q.begin_step(context_from_scheduler(scheduler, speed_tok_s, guard=guard),

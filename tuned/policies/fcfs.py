@@ -12,6 +12,15 @@ late; this keeps the ones that can still be on time on time, and serves the late
 ones whenever nothing on time waits (nothing is refused or dropped). Both tiers are
 runs of the arrival order (the late ones are its head), so the order is one split
 of the arrival-sorted list, recomputed when the next request turns late.
+
+With the admission guard's step model in the context (``ctx.step_model``, an SLA
+set), lateness is predicted rather than observed: a request is late once the time
+it has waited plus its own prefill, T(0, p) from the step model, exceeds
+``late_after_s`` -- it cannot meet its TTFT even if admitted now, alone. On a GPU
+the prefill is milliseconds and nothing changes; on a CPU, where a long prompt's
+prefill is a good part of a 3 s TTFT, the doomed requests stop taking the turn of
+ones that can still make it. SABER's paper demotes on an observed deadline miss;
+this is the same rule one prefill earlier.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ class FCFSPolicy(QueuePolicy):
         self.late_after_s = float(late_after_s)
         self._next_late_s = math.inf
         self._late: set[str] = set()     # waiting requests already counted as demoted
+        self._model = None               # the guard's step model, from the last order()
 
     def order_key(self, info: ReqInfo) -> float | None:
         return None if self.late_after_s else info.arrival_s
@@ -47,10 +57,24 @@ class FCFSPolicy(QueuePolicy):
         by_arrival = sorted(waiting, key=lambda r: r.arrival_s)
         if not self.late_after_s:
             return by_arrival
-        cut = now_s - self.late_after_s
-        k = bisect.bisect_left([r.arrival_s for r in by_arrival], cut)
-        late, on_time = by_arrival[:k], by_arrival[k:]
-        self._next_late_s = on_time[0].arrival_s + self.late_after_s if on_time else math.inf
+        self._model = ctx.step_model if ctx is not None else None
+        if self._model is None:
+            cut = now_s - self.late_after_s
+            k = bisect.bisect_left([r.arrival_s for r in by_arrival], cut)
+            late, on_time = by_arrival[:k], by_arrival[k:]
+            self._next_late_s = (on_time[0].arrival_s + self.late_after_s if on_time
+                                 else math.inf)
+        else:
+            late, on_time = [], []
+            nxt = math.inf
+            for r in by_arrival:
+                turns_late = self._turns_late_s(r)
+                if now_s >= turns_late:
+                    late.append(r)
+                else:
+                    on_time.append(r)
+                    nxt = min(nxt, turns_late)
+            self._next_late_s = nxt
         for r in late:
             if r.request_id not in self._late:
                 self._late.add(r.request_id)
@@ -60,9 +84,15 @@ class FCFSPolicy(QueuePolicy):
     def refresh(self, waiting: Collection[ReqInfo], ctx: AdmitContext) -> bool:
         return bool(self.late_after_s) and ctx.now_s >= self._next_late_s
 
+    def _turns_late_s(self, r: ReqInfo) -> float:
+        """When ``r`` can no longer meet its TTFT: arrival + late_after_s, less its
+        predicted prefill when the step model is known."""
+        lead = self._model.predict_step_s(0, max(r.prompt_tokens, 0)) if self._model else 0.0
+        return r.arrival_s + self.late_after_s - lead
+
     def observe_arrival(self, info: ReqInfo) -> None:
         if self.late_after_s:
-            self._next_late_s = min(self._next_late_s, info.arrival_s + self.late_after_s)
+            self._next_late_s = min(self._next_late_s, self._turns_late_s(info))
 
     def forget(self, request_id: str) -> None:
         self._late.discard(request_id)

@@ -116,6 +116,8 @@ class AdmitContext:
     step_model: Any = None           # the engine's step time T(b, c, kv) (.predict_step_s,
                                      # .beta, .gamma), for the TPOT admission guard
     tpot_sla_s: float = 0.0          # per-request TPOT target of that guard (0 = off)
+    ttft_sla_s: float = 0.0          # TTFT target of the guard's prefill-cohort half and
+                                     # of fcfs' predicted lateness (0 = off)
 
 
 @dataclass

@@ -115,7 +115,9 @@ class Config:
     admission_guard: str = _f("tpot", "tpot: with a TBT SLA and a tuned waiting queue, "
                               "a new prompt waits while its prefill would push a running "
                               "request that still meets the SLA over it (per-request TPOT, "
-                              "vLLM's benchmark definition); off: admit on the cap alone",
+                              "vLLM's benchmark definition), and with ttft_sla_s while it "
+                              "would push a prompt prefilling beside it past the TTFT "
+                              "target; off: admit on the cap alone",
                               choices=ADMISSION_GUARDS)
 
     # --- policies and curves ---

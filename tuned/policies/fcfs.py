@@ -9,9 +9,9 @@ It is the baseline every other policy is compared against.
 ``late_after_s`` can no longer meet its TTFT, so the requests that still can are
 served first, each tier in arrival order. Under an overload FCFS makes every request
 late; this keeps the ones that can still be on time on time, and serves the late
-ones whenever nothing on time waits (nothing is refused or dropped). Both tiers are
-runs of the arrival order (the late ones are its head), so the order is one split
-of the arrival-sorted list, recomputed when the next request turns late.
+ones whenever nothing on time waits (nothing is refused or dropped). Each tier is in
+arrival order; the order is recomputed when the next request turns late (without a
+step model the late ones are the head of the arrival order, so it is one split).
 
 With the admission guard's step model in the context (``ctx.step_model``, an SLA
 set), lateness is predicted rather than observed: a request is late once the time

@@ -112,7 +112,7 @@ class QueueCore(Generic[R]):
         self._deferred_ids: set[str] = set()
         self._step = 0
         self._first_token_s: dict[str, float] = {}   # running: when its first token was seen
-        self.guard_holds = 0                          # steps the TPOT guard held the head
+        self.guard_holds = 0                          # steps the admission guard held the head
 
     # ------------------------------------------------------------ per step
     def begin_step(self, ctx: AdmitContext, running_requests: list[R]) -> None:

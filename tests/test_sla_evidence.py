@@ -192,6 +192,38 @@ def test_token_budget_is_the_full_one_when_no_chunk_can_hold_the_sla():
     assert d.token_budget == max(14 + 32, d.cap + 1)
 
 
+def test_token_budget_loop_holds_the_mean_step_not_each_mixed_step():
+    """A request's TPOT is the mean of the steps it decodes in, so the budget's loop
+    closes on the window's mean step time (target D_SLA - 2 eps_D = 46 ms), not on
+    the mixed steps alone. Mixed steps measured at 52 ms among decode-only ones, mean
+    40 ms: the previous loop (error on the mixed steps) shrank every chunk to the
+    floor; the mean is on target, so the chunk stays Pang's, T(10, c) <= 48 ms. Once
+    every step is mixed and the mean runs at 52 ms, the chunks shrink, and they grow
+    back once the mean is under the target again."""
+    import dataclasses
+
+    m = LinearStepModel(0.010, 0.001, 0.0001, 0.0)
+    t = policy()
+    base = obs(10, 5, 0.040, 10.0, binding=1.0, dec_only=0.020, model=m)
+    quiet = dataclasses.replace(base, mixed_tbt_s=0.052)
+    for _ in range(20):
+        d = t.decide(quiet)
+    assert (d.token_budget, t.budget_bias_s) == (290, 0.0)   # 10 + 280 (see above)
+    busy = dataclasses.replace(base, tbt_mean_s=0.052, mixed_tbt_s=0.052)
+    d = t.decide(busy)
+    # bias 0.5 x (52 - 46) = 3 ms: T(10, c) <= 45 ms -> c <= 250 (249 in floats)
+    assert t.budget_bias_s == pytest.approx(0.003)
+    assert d.token_budget == 10 + m.largest_chunk_within(10, SLA - EPS - 0.003, 32, 2038)
+    assert 249 <= d.token_budget - 10 < 280
+    for _ in range(20):
+        d = t.decide(busy)
+    assert t.budget_bias_s == pytest.approx((SLA - EPS) / 2)   # bounded: 24 ms
+    assert d.token_budget == max(10 + 40, d.cap + 1)
+    for _ in range(20):
+        d = t.decide(dataclasses.replace(base, tbt_mean_s=0.030))
+    assert (d.token_budget, t.budget_bias_s) == (290, 0.0)
+
+
 def test_online_fit_recovers_a_linear_step_model():
     import random
 

@@ -226,3 +226,31 @@ def test_fcfs_predicts_lateness_from_the_prefill_with_a_step_model():
     pol = make_policy("fcfs", {"late_after_s": 1.0})
     order = pol.order([x, y], 0.5, ctx(0.5, model=None))
     assert [r.request_id for r in order] == ["x", "y"] and pol.stats.demoted == 0
+
+
+def test_fcfs_dooms_the_largest_prefill_when_the_queue_cannot_all_make_it():
+    """Moore and Hodgson's rule over the on-time queue: T(b, c) = 20 ms + 5 ms b + 1 ms c,
+    4 running and a 504-token budget: a full chunk of 500 tokens takes 540 ms, 1.08 ms
+    a prompt token. At t = 0, TTFT 1 s, four prompts each meet it alone (400 tokens:
+    0.44 s), but in arrival order a (300: 0.324 s) and b (400: 0.756 s) fit, c (200:
+    0.972 s) fits, d (100: 1.08 s) does not: the largest so far, b, is doomed, and a,
+    c, d (0.648 s) all make it. FCFS makes one late too (d); dooming the largest
+    leaves the most time for the requests behind. Without the token budget
+    (0: unknown) nothing is doomed."""
+    a, b, c, d = (_info("a", 0.0, 300), _info("b", 0.0, 400), _info("c", 0.0, 200),
+                  _info("d", 0.0, 100))
+    pol = make_policy("fcfs", {"late_after_s": 1.0})
+    full = AdmitContext(now_s=0.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
+                        cap=64, step_model=MODEL, tpot_sla_s=SLA, ttft_sla_s=1.0,
+                        token_budget=504, num_running=4)
+    order = pol.order([a, b, c, d], 0.0, full)
+    assert [r.request_id for r in order] == ["a", "c", "d", "b"]
+    assert pol.stats.demoted == 1
+    # a queue that fits keeps its arrival order: 300 + 200 + 100 tokens, 0.648 s
+    pol = make_policy("fcfs", {"late_after_s": 1.0})
+    assert [r.request_id for r in pol.order([a, c, d], 0.0, full)] == ["a", "c", "d"]
+    assert pol.stats.demoted == 0
+    # the token budget unknown: arrival order, as before
+    pol = make_policy("fcfs", {"late_after_s": 1.0})
+    order = pol.order([a, b, c, d], 0.0, ctx(0.0, ttft=1.0))
+    assert [r.request_id for r in order] == ["a", "b", "c", "d"] and pol.stats.demoted == 0

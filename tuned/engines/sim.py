@@ -278,7 +278,8 @@ class SimEngine:
             q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
                                       self.free_blocks * self.block_size, self.cap,
                                       self.controller.speed_fn, self.block_size,
-                                      step_model=model, tpot_sla_s=sla, ttft_sla_s=ttft),
+                                      step_model=model, tpot_sla_s=sla, ttft_sla_s=ttft,
+                                      token_budget=budget, num_running=len(running)),
                                          running)
         if self.static_batching:
             budget = 1 << 62

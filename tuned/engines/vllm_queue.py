@@ -74,7 +74,9 @@ def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] |
                         kv_free_tokens=int(pool.get_num_free_blocks() * block),
                         cap=int(scheduler.max_num_active_reqs), speed_tok_s=speed_tok_s,
                         block_size=int(block), step_model=guard[0], tpot_sla_s=guard[1],
-                        ttft_sla_s=guard[2])
+                        ttft_sla_s=guard[2],
+                        token_budget=int(getattr(scheduler, "max_num_scheduled_tokens", 0) or 0),
+                        num_running=len(scheduler.running))
 
 
 def begin_step(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,

@@ -118,6 +118,8 @@ class AdmitContext:
     tpot_sla_s: float = 0.0          # per-request TPOT target of that guard (0 = off)
     ttft_sla_s: float = 0.0          # TTFT target of the guard's prefill-cohort half and
                                      # of fcfs' predicted lateness (0 = off)
+    token_budget: int = 0            # the step's token budget (0 = unknown)
+    num_running: int = 0             # requests running at the top of the step
 
 
 @dataclass

@@ -86,7 +86,7 @@ class FCFSPolicy(QueuePolicy):
                     on_time.append(r)
                     nxt = min(nxt, turns_late)
             self._next_late_s = nxt
-            if on_time and ctx is not None:
+            if on_time:     # a step model came with ctx, so ctx is set here
                 on_time, doomed = self._fewest_late(on_time, now_s, ctx)
                 if doomed:
                     late = sorted(doomed + late, key=lambda r: r.arrival_s)

@@ -196,6 +196,16 @@ def test_skipped_preempted_request_stays_pinned():
     assert ids(q) == ["p", "a"]
 
 
+def test_prefill_backlog_counts_the_prompt_tokens_running_requests_still_owe():
+    """fcfs' Moore-Hodgson pace starts after the prompts already admitted: a real
+    vLLM Request 30 tokens into a 100-token prompt owes 70, one decoding owes 0."""
+    half, decoding, fresh = req("h", prompt=100), req("d", prompt=40, out=3), req("f", prompt=25)
+    half.num_computed_tokens = 30
+    decoding.num_computed_tokens = 42
+    assert vllm_queue.prefill_backlog_tokens([half, decoding, fresh]) == 70 + 0 + 25
+    assert vllm_queue.prefill_backlog_tokens([]) == 0
+
+
 def test_remove_requests():
     q = queue("multibin")
     a, b, c, p = req("a", t=1), req("b", t=2), req("c", t=3), req("p")

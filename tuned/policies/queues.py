@@ -120,6 +120,8 @@ class AdmitContext:
                                      # of fcfs' predicted lateness (0 = off)
     token_budget: int = 0            # the step's token budget (0 = unknown)
     num_running: int = 0             # requests running at the top of the step
+    prefill_backlog_tokens: int = 0  # prompt tokens the running requests still have to
+                                     # prefill (admitted, not yet through their prompt)
 
 
 @dataclass

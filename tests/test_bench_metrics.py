@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from tuned.bench.metrics import CapacityResult, RequestResult, Slo, capacity_search, summarize
+from tuned.bench.metrics import (REQUEST_COLUMNS, CapacityResult, RequestResult, Slo,
+                                 capacity_search, summarize, write_requests_csv)
 
 
 def timeline():
@@ -95,6 +96,29 @@ def test_duration_override_and_empty_runs():
             e["ttft_p99_s"]) == (0, 0.0, None, None, None)
     with pytest.raises(ValueError, match="duration_s must be a number > 0, got 0"):
         summarize(timeline(), Slo(), duration_s=0)
+
+
+def test_requests_csv_says_which_slo_each_request_missed(tmp_path):
+    """The per-request file of a live bench run: r1 meets TTFT 1 s but not TPOT 0.4 s,
+    r2 (one token) has no TPOT, r3 misses TTFT, r4 failed."""
+    import csv
+
+    path = tmp_path / "run.requests.csv"
+    write_requests_csv(path, timeline(), Slo(ttft_s=1.0, tpot_s=0.4))
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == REQUEST_COLUMNS
+        rows = {r["request_id"]: r for r in reader}
+    pick = ("arrival_s", "ttft_s", "tpot_s", "met_ttft", "met_tpot", "good", "preemptions")
+    assert [tuple(rows[k][c] for c in pick) for k in ("r1", "r2", "r3")] == [
+        ("0.000000", "0.500000", "0.500000", "1", "0", "0", "1"),
+        ("1.000000", "0.200000", "", "1", "", "1", "0"),
+        ("2.000000", "2.000000", "1.000000", "0", "0", "0", "2")]
+    assert (rows["r4"]["ttft_s"], rows["r4"]["met_ttft"], rows["r4"]["good"],
+            rows["r4"]["error"]) == ("", "", "0", "HTTP 500")
+    # r1 = 0.5 s TPOT counted by summarize against a 0.4 s SLO too: the two agree
+    assert summarize(timeline(), Slo(ttft_s=1.0, tpot_s=0.4))["good"] == \
+        sum(int(r["good"]) for r in rows.values())
 
 
 # --- Slo.parse ------------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def _bench_sim(hw, field, wl, slo, capacity: bool, args):
 def _bench_live(field, wl, slo, args):
     from tuned.bench import report as report_mod
     from tuned.bench.live import run_live
-    from tuned.bench.metrics import summarize
+    from tuned.bench.metrics import summarize, write_requests_csv
     from tuned.bench.runner import itl_timeline
     from tuned.demo_model import resolve_model
     from tuned.serve import DEFAULT_MODEL_CACHE
@@ -308,6 +308,7 @@ def _bench_live(field, wl, slo, args):
         runs.append(report_mod.run_row(c, s))
         timelines[c.name] = {"cap": live.cap_timeline, "tbt": itl_timeline(live.results)}
         (log_dir / f"{c.name}.decisions.json").write_text(json.dumps(live.decisions))
+        write_requests_csv(log_dir / f"{c.name}.requests.csv", live.results, slo)
         prog.update(c.name)
     prog.close()
     return runs, timelines, {}, {}

@@ -216,6 +216,47 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
     return out
 
 
+REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s",
+                   "tpot_s", "e2el_s", "preemptions", "met_ttft", "met_tpot", "good", "error")
+
+
+def request_rows(results: Sequence[RequestResult], slo: Slo) -> list[dict]:
+    """One row per request (``REQUEST_COLUMNS``): its latencies and which SLO it met,
+    arrival relative to the first arrival; what ``requests.csv`` holds, to see which
+    requests a run missed and by what. ``met_*`` is empty where that SLO is not set,
+    or the value does not exist (unfinished; TPOT of a one-token request)."""
+    t0 = min((r.arrival_s for r in results), default=0.0)
+
+    def met(limit: float | None, value: float | None) -> str:
+        if limit is None or value is None:
+            return ""
+        return "1" if value <= limit else "0"
+
+    def num(x: float | None) -> str:
+        return "" if x is None else f"{x:.6f}"
+
+    rows = []
+    for r in results:
+        tpot = r.tpot_s if r.output_tokens > 1 else None
+        rows.append({"request_id": r.request_id, "arrival_s": f"{r.arrival_s - t0:.6f}",
+                     "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+                     "ttft_s": num(r.ttft_s), "tpot_s": num(tpot), "e2el_s": num(r.e2e_s),
+                     "preemptions": r.preemptions, "met_ttft": met(slo.ttft_s, r.ttft_s),
+                     "met_tpot": met(slo.tpot_s, tpot), "good": int(slo.is_good(r)),
+                     "error": r.error or ""})
+    return rows
+
+
+def write_requests_csv(path, results: Sequence[RequestResult], slo: Slo) -> None:
+    """``request_rows`` as CSV at ``path``."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=REQUEST_COLUMNS)
+        w.writeheader()
+        w.writerows(request_rows(results, slo))
+
+
 # --- capacity --------------------------------------------------------------------------------
 
 @dataclass

@@ -66,6 +66,26 @@ def test_a_prompt_whose_prefill_would_break_a_running_request_waits():
     assert q and q.peek_request().request_id == "small"
 
 
+def test_the_guard_projects_the_remaining_steps_with_the_resident_kv():
+    """Every decode step also reads the KV cache: with eta = 0.1 us a token and
+    120,000 tokens resident, r0's 10 remaining steps take 25 + 12 = 37 ms each, and
+    the 100-token prompt that fits an empty cache (25 + 15 = 40 ms) now pushes r0 to
+    37 + 15 = 52 ms: it waits."""
+    q, running, r0 = queue_with_one_running()
+    kv_model = LinearStepModel(a=0.020, beta=0.005, gamma=0.001, eta=1e-7)
+
+    def kv_ctx(resident: int) -> AdmitContext:
+        return AdmitContext(now_s=0.0, kv_capacity_tokens=1 << 20,
+                            kv_free_tokens=(1 << 20) - resident, cap=64,
+                            step_model=kv_model, tpot_sla_s=SLA)
+
+    q.begin_step(kv_ctx(0), running)
+    q.add_request(Req("small", 0.0, 100, 8))
+    assert q and q.guard_holds == 0
+    q.begin_step(kv_ctx(120_000), running)
+    assert not q and q.last_verdict.reason == "tpot_guard" and q.guard_holds == 1
+
+
 def test_a_request_already_past_the_sla_is_not_protected():
     # r0's first token came 1 s ago with 2 tokens out: projected (1 + 9 * 25 ms) / 10
     # = 122.5 ms > 50 ms, lost either way: the 300-token prompt is admitted

@@ -440,7 +440,8 @@ class QueueCore(Generic[R]):
         it runs in by about gamma * p (the step model's prefill term), for every
         request decoding then. For each running request past its first token, with g
         tokens out of a predicted n, the guard projects its TPOT as (time since its
-        first token + (n - g) * T(b)) / (n - 1) without the newcomer and adds
+        first token + (n - g) * T(b, 0, kv)) / (n - 1) without the newcomer (kv: the
+        tokens resident in the cache, which every step reads) and adds
         gamma * p + beta * (n - g) with it; the newcomer waits if that pushes a request
         that still meets ``ctx.tpot_sla_s`` over it. Requests already past the SLA,
         or whose first token came later than ``ctx.ttft_sla_s`` (when set), are not
@@ -453,7 +454,8 @@ class QueueCore(Generic[R]):
             return True
         now = ctx.now_s
         first = self._first_token_s
-        t_step = model.predict_step_s(len(run), 0.0)
+        t_step = model.predict_step_s(len(run), 0.0,
+                                      max(ctx.kv_capacity_tokens - ctx.kv_free_tokens, 0))
         extra_prefill = model.gamma * max(cand.prompt_tokens, 0)
         beta = model.beta
         for r in run:

@@ -197,13 +197,18 @@ def test_skipped_preempted_request_stays_pinned():
 
 
 def test_prefill_backlog_counts_the_prompt_tokens_running_requests_still_owe():
-    """fcfs' Moore-Hodgson pace starts after the prompts already admitted: a real
-    vLLM Request 30 tokens into a 100-token prompt owes 70, one decoding owes 0."""
+    """fcfs' Moore-Hodgson pace starts after the prompts already admitted: the queue's
+    begin_step reads them off the running list. A real vLLM Request 30 tokens into a
+    100-token prompt owes 70, one decoding owes 0."""
     half, decoding, fresh = req("h", prompt=100), req("d", prompt=40, out=3), req("f", prompt=25)
     half.num_computed_tokens = 30
     decoding.num_computed_tokens = 42
-    assert vllm_queue.prefill_backlog_tokens([half, decoding, fresh]) == 70 + 0 + 25
-    assert vllm_queue.prefill_backlog_tokens([]) == 0
+    q = queue("fcfs")
+    q.begin_step(ctx(), [half, decoding, fresh])
+    assert q._context().prefill_backlog_tokens == 70 + 0 + 25
+    assert q._context().num_running == 3
+    q.begin_step(ctx(), [])
+    assert q._context().prefill_backlog_tokens == 0
 
 
 def test_remove_requests():

@@ -63,6 +63,13 @@ class QueuedRequest(Protocol):
 R = TypeVar("R", bound=QueuedRequest)
 
 
+def prompt_tokens_left(r: QueuedRequest) -> int:
+    """Prompt tokens a running request has still to prefill (0 once through its
+    prompt; an engine request without ``num_computed_tokens`` counts as none done)."""
+    done = int(getattr(r, "num_computed_tokens", 0) or 0)
+    return max(int(r.num_prompt_tokens) - done, 0)
+
+
 class _Popped(NamedTuple):
     info: ReqInfo
     now_s: float
@@ -122,10 +129,13 @@ class QueueCore(Generic[R]):
         a copy): admissions appended to it during the step are seen by the gate.
         """
         self._commit_pops()
+        # what the running list says, the same for every engine, and the predictor's
+        # measured under-prediction (MC-SF's reserve alpha) when there is one
         excess = self.predictor.under_excess
-        if excess > 0:
-            # the predictor's measured under-prediction (MC-SF's reserve alpha)
-            ctx = dataclasses.replace(ctx, under_prediction=excess)
+        ctx = dataclasses.replace(
+            ctx, num_running=len(running_requests),
+            prefill_backlog_tokens=sum(prompt_tokens_left(r) for r in running_requests),
+            under_prediction=excess if excess > 0 else ctx.under_prediction)
         self._ctx = ctx
         self._running = running_requests
         if ctx.step_model is not None and ctx.tpot_sla_s > 0:
@@ -454,8 +464,7 @@ class QueueCore(Generic[R]):
             return True
         now = ctx.now_s
         first = self._first_token_s
-        t_step = model.predict_step_s(len(run), 0.0,
-                                      max(ctx.kv_capacity_tokens - ctx.kv_free_tokens, 0))
+        t_step = model.predict_step_s(len(run), 0.0, ctx.kv_resident_tokens)
         extra_prefill = model.gamma * max(cand.prompt_tokens, 0)
         beta = model.beta
         for r in run:
@@ -506,7 +515,7 @@ class QueueCore(Generic[R]):
         for r in self._running:
             if r.num_output_tokens >= 1:
                 continue
-            rem = int(r.num_prompt_tokens) - int(getattr(r, "num_computed_tokens", 0) or 0)
+            rem = prompt_tokens_left(r)
             info = self._infos.get(r.request_id)
             if rem <= 0 or info is None:
                 continue        # its last prompt token is already scheduled

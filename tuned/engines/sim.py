@@ -279,10 +279,7 @@ class SimEngine:
                                       self.free_blocks * self.block_size, self.cap,
                                       self.controller.speed_fn, self.block_size,
                                       step_model=model, tpot_sla_s=sla, ttft_sla_s=ttft,
-                                      token_budget=budget, num_running=len(running),
-                                      prefill_backlog_tokens=sum(
-                                          max(r.num_prompt_tokens - r.num_computed_tokens, 0)
-                                          for r in running)),
+                                      token_budget=budget),
                                          running)
         if self.static_batching:
             budget = 1 << 62

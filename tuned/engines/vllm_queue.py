@@ -75,15 +75,7 @@ def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] |
                         cap=int(scheduler.max_num_active_reqs), speed_tok_s=speed_tok_s,
                         block_size=int(block), step_model=guard[0], tpot_sla_s=guard[1],
                         ttft_sla_s=guard[2],
-                        token_budget=int(getattr(scheduler, "max_num_scheduled_tokens", 0) or 0),
-                        num_running=len(scheduler.running),
-                        prefill_backlog_tokens=prefill_backlog_tokens(scheduler.running))
-
-
-def prefill_backlog_tokens(running: Any) -> int:
-    """Prompt tokens that vLLM's running requests have still to prefill."""
-    return sum(max(int(r.num_prompt_tokens) - int(r.num_computed_tokens), 0)
-               for r in running)
+                        token_budget=int(getattr(scheduler, "max_num_scheduled_tokens", 0) or 0))
 
 
 def begin_step(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,

@@ -120,8 +120,7 @@ class FCFSPolicy(QueuePolicy):
         if budget <= b:
             return queue, []
         c = budget - b
-        kv = max(int(ctx.kv_capacity_tokens) - int(ctx.kv_free_tokens), 0)
-        per_token = self._model.predict_step_s(b, c, kv) / c
+        per_token = self._model.predict_step_s(b, c, ctx.kv_resident_tokens) / c
         t = now_s + per_token * max(int(ctx.prefill_backlog_tokens), 0)
         heap: list[tuple[float, int]] = []
         doomed: set[int] = set()

@@ -119,9 +119,15 @@ class AdmitContext:
     ttft_sla_s: float = 0.0          # TTFT target of the guard's prefill-cohort half and
                                      # of fcfs' predicted lateness (0 = off)
     token_budget: int = 0            # the step's token budget (0 = unknown)
-    num_running: int = 0             # requests running at the top of the step
+    num_running: int = 0             # requests running at the top of the step (set by
+                                     # QueueCore.begin_step from the running list)
     prefill_backlog_tokens: int = 0  # prompt tokens the running requests still have to
-                                     # prefill (admitted, not yet through their prompt)
+                                     # prefill (likewise set by QueueCore.begin_step)
+
+    @property
+    def kv_resident_tokens(self) -> int:
+        """Tokens held in the KV cache now (capacity less free), which every step reads."""
+        return max(int(self.kv_capacity_tokens) - int(self.kv_free_tokens), 0)
 
 
 @dataclass

@@ -237,7 +237,7 @@ def request_rows(results: Sequence[RequestResult], slo: Slo) -> list[dict]:
 
     rows = []
     for r in results:
-        tpot = r.tpot_s if r.output_tokens > 1 else None
+        tpot = r.tpot_s                  # None for a one-token request
         rows.append({"request_id": r.request_id, "arrival_s": f"{r.arrival_s - t0:.6f}",
                      "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
                      "ttft_s": num(r.ttft_s), "tpot_s": num(tpot), "e2el_s": num(r.e2e_s),

@@ -126,6 +126,39 @@ def test_infeasible_by_measurement_without_a_model_then_feasible_again():
     assert d.inputs["sla_feasible"] is True and d.reason != "sla_infeasible"
 
 
+def test_feasibility_judges_the_measured_step_at_b_min_not_at_the_batch_measured():
+    """CI's fidelity run: the SLA binds at batch 3 on the profile (this host's, 21.5 ms
+    fixed + 2.7 ms per decode) and the host runs 10 % slower. Decode steps at b-bar =
+    2.8 then take 32.0 ms > SLA + eps, which the check read as "infeasible" and set
+    the cap to the memory bound; at b_min = 1 the same host takes 26.6 ms, so the SLA
+    is met by a smaller batch. Brought down to b_min (on the model's shape, or by the
+    lower bound b_min / b-bar without a model) it stays feasible; a host 40 % slower
+    misses it even at b_min and is found infeasible."""
+    m = LinearStepModel(0.0215, 0.0027, 0.0, 0.0)
+    sla = m.predict_step_s(3)
+    eps = sla / 20
+
+    def verdicts(scale, bbar, model):
+        f = Feasibility(sla, eps, 1, 2)
+        dec = scale * m.predict_step_s(bbar)
+        return [f.update(obs(3, 5, dec, bbar, binding=1.0, dec_only=dec, model=model), model)
+                for _ in range(4)], f
+
+    for model in (m, None):
+        ok, _ = verdicts(1.10, 2.8, model)
+        assert ok == [True] * 4
+    assert 1.10 * m.predict_step_s(2.8) > sla + eps          # judged at b-bar: over
+    got, f = verdicts(1.40, 2.8, m)
+    assert got == [True, True, False, False]
+    assert f.why == (f"measured decode steps at batch 2.8 take "
+                     f"{1.4 * m.predict_step_s(2.8) * 1e3:.1f} ms, "
+                     f"{1.4 * m.predict_step_s(1) * 1e3:.1f} ms at b_min=1 > "
+                     f"SLA {sla * 1e3:.1f} ms")
+    # without a model the lower bound at b-bar = 2.8 cannot tell; measured at b_min it can
+    assert verdicts(1.40, 2.8, None)[0] == [True] * 4
+    assert verdicts(1.40, 1.0, None)[0] == [True, True, False, False]
+
+
 def test_controller_reports_infeasibility_on_its_metric():
     class Eng:
         from tuned.telemetry.ring import Ring

@@ -186,3 +186,26 @@ def test_capacity_edges():
     assert isinstance(res, CapacityResult)
     with pytest.raises(ValueError, match="need 0 < lo_rps < hi_rps, got 2.0, 1.0"):
         capacity_search(lambda r: 1.0, 2.0, 1.0)
+
+
+def test_sim_bench_writes_each_contenders_requests_csv_agreeing_with_its_report(tmp_path):
+    """`tuned bench --engine sim` writes the same per-request file as a live run, one
+    per contender, and each file's good requests are the report's attainment."""
+    import csv
+
+    from tuned import cli
+
+    rc = cli.main(["bench", "--engine", "sim", "--hardware", "a100-llama2-7b",
+                   "--workload", "poisson:rate=8,prompt=U(16,512),output=U(16,256),n=60", "--slo", "ttft=2,tpot=0.05",
+                   "--contenders", "tuned,static-8", "--caps", "8", "--capacity", "off",
+                   "--jobs", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    runs = {r["name"]: r for r in report["runs"]}
+    assert sorted(runs) == ["static-8", "tuned"]
+    for name, run in runs.items():
+        with open(tmp_path / "logs" / f"{name}.requests.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 60
+        good = sum(int(r["good"]) for r in rows)
+        assert good / 60 == pytest.approx(run["attainment"], abs=1e-9)

@@ -188,11 +188,12 @@ def _report(args, hardware, wl, slo, runs, capacity, field) -> dict[str, Any]:
 # ---------------------------------------------------------------- simulator
 
 def _sim_one(i: int) -> tuple[dict, dict]:
-    from tuned.bench.metrics import summarize
+    from tuned.bench.metrics import summarize, write_requests_csv
 
     c = _JOB["field"][i]
     out = _JOB["bench"].run(c, _JOB["wl"].requests)
     s = summarize(out.results, _JOB["slo"])
+    write_requests_csv(_JOB["log_dir"] / f"{c.name}.requests.csv", out.results, _JOB["slo"])
     caps = [cap for _, cap in out.cap_timeline]
     s["mean_cap"] = sum(caps) / len(caps) if caps else None
     return s, {"cap": out.cap_timeline, "tbt": out.tbt_timeline}
@@ -266,7 +267,10 @@ def _bench_sim(hw, field, wl, slo, capacity: bool, args):
     from tuned.bench.runner import SimBench
 
     jobs = args.jobs or os.cpu_count() or 1
-    _JOB.update(field=field, bench=SimBench(hw), wl=wl, slo=slo, quick=args.quick)
+    log_dir = Path(args.out) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _JOB.update(field=field, bench=SimBench(hw), wl=wl, slo=slo, quick=args.quick,
+                log_dir=log_dir)
     idx = list(range(len(field)))
     outs = _pool_map(_sim_one, idx, jobs, "runs")
     runs = [report_mod.run_row(c, s) for c, (s, _) in zip(field, outs)]

@@ -196,7 +196,8 @@ def test_sim_bench_writes_each_contenders_requests_csv_agreeing_with_its_report(
     from tuned import cli
 
     rc = cli.main(["bench", "--engine", "sim", "--hardware", "a100-llama2-7b",
-                   "--workload", "poisson:rate=8,prompt=U(16,512),output=U(16,256),n=60", "--slo", "ttft=2,tpot=0.05",
+                   "--workload", "poisson:rate=8,prompt=U(16,512),output=U(16,256),n=60",
+                   "--slo", "ttft=2,tpot=0.05",
                    "--contenders", "tuned,static-8", "--caps", "8", "--capacity", "off",
                    "--jobs", "1", "--out", str(tmp_path)])
     assert rc == 0

@@ -352,8 +352,8 @@ class Feasibility:
     a lower bound, without one), exceed D_SLA + eps_D on ``patience`` consecutive
     ticks. An infeasible SLA is reported, not obeyed into the ground: the SLA bound
     steps aside (the memory bound decides, the token budget is the full one), which
-    maximises throughput where no request can meet its TPOT anyway. Feasible again once the model predicts b_min
-    within D_SLA - eps_D.
+    maximises throughput where no request can meet its TPOT anyway. Feasible again
+    once the model predicts b_min within D_SLA - eps_D.
     """
 
     def __init__(self, sla_s: float, eps_s: float, b_min: int, alpha: int,
@@ -377,7 +377,8 @@ class Feasibility:
             # not shrink with the batch). An SLA that binds at batch 3 on a host 10 %
             # slower than its profile is missed at b-bar = 2.8 and still met at b_min:
             # judged at b-bar it was set aside and the cap went to the memory bound
-            t_bbar = model.predict_step_s(bbar, 0.0, bbar * kv_seq) if model else 0.0
+            t_bbar = (model.predict_step_s(bbar, 0.0, bbar * kv_seq)
+                      if model is not None else 0.0)
             dec *= t_min / t_bbar if t_bbar > 0 else self.b_min / bbar
         if low and dec > self.sla_s + self.eps_s:
             self._strikes += 1

@@ -10,7 +10,8 @@ before, which is host noise, not a simulator error; the unscaled figures are pri
 beside). Thresholds are the issue's: throughput within 10 % and mean TPOT within
 15 % for every cap; the controller's cap moves the same way and ends within 2.
 Nothing here assumes this host's speed: the workload's rate and the SLA are derived
-from the profile measured in the test.
+from the profile measured in the test (the SLA scaled to the speed the host's steps
+had in the run before the tuned one).
 """
 
 from __future__ import annotations
@@ -160,8 +161,12 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
                                         Slo())
         # ---- tuned with a TBT SLA that binds at a decode batch of 3 on this host: from
         # its warm start at 8 the controller must come down, live and simulated (an SLA
-        # at the batch the load reaches would leave the course to the host's noise)
-        sla = round(model.predict_step_s(3, 0, 3 * 60), 4)
+        # at the batch the load reaches would leave the course to the host's noise), at
+        # the speed the host's steps had in the run just before (one CI host ran 1.4-1.9x
+        # slower than its profile of minutes earlier: the profile's T(3) was then missed
+        # even at batch 1, the SLA infeasible, and the live controller, whose online fit
+        # had the static runs' steps, started at 16 where the simulator started at 8)
+        sla = round(model.predict_step_s(3, 0, 3 * 60) * drift[CAPS[-1]], 4)
         # the admission guard off: this checks Algorithm 2's course, and the guard acts
         # from the first tick live (the online step fit reads the static runs' steps
         # still in the ring) but only after a few seconds in the simulator, whose ring

@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +211,47 @@ def test_sim_bench_writes_each_contenders_requests_csv_agreeing_with_its_report(
         assert len(rows) == 60
         good = sum(int(r["good"]) for r in rows)
         assert good / 60 == pytest.approx(run["attainment"], abs=1e-9)
+
+
+def test_host_drift_tool_at_the_profiles_speed_is_the_bench(tmp_path):
+    """tools/host_drift.py with no slowdown and no jitter runs each contender exactly
+    as `tuned bench --engine sim` does (same config, same workload, same counts); a
+    slower host serves fewer of the default's requests within the SLOs; bad input is
+    refused naming the flag. Run as a user runs it, in its own process (it configures
+    logging, which must not leak into the other tests)."""
+    import csv
+    import subprocess
+    import sys
+
+    from tuned import cli
+
+    root = Path(__file__).resolve().parents[1]
+    tool = [sys.executable, str(root / "tools" / "host_drift.py")]
+    profile = str(root / "profiles" / "demo-small-cpu.json")
+    wl = "phase-shift:rate=1.2,n=20,scale=0.5"   # the default misses a few
+    cfg = tmp_path / "b48.toml"
+    cfg.write_text("num_gpu_blocks = 48\nmax_model_len = 1024\n")
+    rc = cli.main(["bench", "--engine", "sim", "--profile", profile, "--config", str(cfg),
+                   "--workload", wl, "--slo", "ttft=3,tpot=0.05", "--quick",
+                   "--contenders", "tuned,vllm-default", "--capacity", "off", "--jobs", "1",
+                   "--out", str(tmp_path / "b")])
+    assert rc == 0
+    bench = {}
+    for name in ("tuned", "vllm-default"):
+        with open(tmp_path / "b" / "logs" / f"{name}.requests.csv", newline="") as f:
+            bench[name] = sum(int(r["good"]) for r in csv.DictReader(f))
+    assert bench["vllm-default"] < 60       # a case with misses, not all-good on both
+    out = subprocess.run(tool + ["--profile", profile, "--workload", wl, "--seeds", "0",
+                                 "--slow", "1,3", "--sigma", "0",
+                                 "--contenders", "tuned,vllm-default"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (f"seed=0 slow=1 vllm-default={bench['vllm-default']} "
+                        f"tuned={bench['tuned']}")
+    slow = dict(kv.split("=") for kv in lines[1].split()[2:])
+    assert int(slow["vllm-default"]) < bench["vllm-default"]
+    bad = subprocess.run(tool + ["--profile", profile, "--slow", "fast"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "--slow: a comma-separated list of numbers, got 'fast'"

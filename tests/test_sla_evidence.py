@@ -225,6 +225,25 @@ def test_token_budget_is_the_full_one_when_no_chunk_can_hold_the_sla():
     assert d.token_budget == max(14 + 32, d.cap + 1)
 
 
+def test_a_prefill_violation_moves_the_cap_when_no_chunk_can_hold_the_sla():
+    """``sla_over_prefill`` keeps the cap because the token budget is the knob; where
+    no chunk size can hold the SLA (the CPU host above) the budget is the full one and
+    acts on nothing, so the violation must move the cap instead: a smaller cap admits
+    fewer prompts into each step and exposes fewer decodes to each prefill. Before,
+    the interval stayed at [1, 32] through every long-prompt step on this host. A
+    model where the smallest chunk fits still leaves the cap to the budget."""
+    cpu = LinearStepModel(0.020, 0.0026, 0.0019, 0.0)
+    t = policy()
+    d = t.decide(obs(8, 4, 0.300, 8.0, binding=1.0, dec_only=0.040, model=cpu))
+    assert (d.reason, d.token_budget) == ("sla_over", 2048)
+    assert t.sla.high == 8 and d.cap < 8
+    gpu = LinearStepModel(0.010, 0.0026, 0.0005, 0.0)
+    t = policy()
+    d = t.decide(obs(8, 4, 0.300, 8.0, binding=1.0, dec_only=0.040, model=gpu))
+    assert d.reason == "sla_over_prefill" and (t.sla.low, t.sla.high) == (1, 32)
+    assert d.token_budget < 2048
+
+
 def test_token_budget_loop_holds_the_mean_step_not_each_mixed_step():
     """A request's TPOT is the mean of the steps it decodes in, so the budget's loop
     closes on the window's mean step time (target D_SLA - 2 eps_D = 46 ms), not on

@@ -212,8 +212,7 @@ class Controller:
                                b_max)
             else:
                 sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
-                                       cfg.b_min, b_max, statistic=cfg.sla_statistic,
-                                       budget_controlled=budget)
+                                       cfg.b_min, b_max, statistic=cfg.sla_statistic)
             if profile is not None:
                 # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
                 sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))

@@ -274,7 +274,10 @@ class EvidenceSlaBound(SlaBound):
       predicted by the online step model when every step carried prefill) and the
       token budget is controlled: then prefill chunks, not the batch, caused the
       violation and the token budget is the knob (reason ``sla_over_prefill``,
-      interval kept);
+      interval kept). ``budget_controlled`` is set by :class:`BatchPolicy` each tick:
+      off where no chunk size can hold the SLA (a CPU host), since the budget is the
+      full one there and acts on nothing, so the cap falls: fewer prompts per step,
+      fewer decodes exposed to each prefill;
     * under or within the SLA: the paper's update only on ticks where the cap was
       binding (requests waited while the cap was full for at least ``bind_share``
       of the window's steps); otherwise the interval is kept (``sla_idle``);
@@ -459,6 +462,20 @@ class BatchPolicy:
 
     wants_active = False
 
+    def _no_chunk_holds(self, model: StepTimeModel | None) -> bool:
+        """Whether even one decode beside the smallest chunk misses the SLA, so that
+        the token budget cannot act (see :meth:`decide`); then a violation caused
+        by prefill moves the cap (:class:`EvidenceSlaBound`). Measured with
+        ``tools/host_drift.py`` on a profile of a 2-core AVX2 host (phase-shift, rate
+        0.6, scale 0.5; host 1.0, 1.15 and 1.3x slower than its profile): requests
+        within both SLOs, mean of 24 runs, 84.4 when such a violation kept the cap,
+        86.3 when it moves it (seeds 0-7, 10 % step jitter; 15 runs better, 6 worse);
+        84.7 and 86.2 on seeds 8-15 with 15 % jitter (16 better, 6 worse)."""
+        if self.sla is None or self.decode_budget != "running" or model is None:
+            return False
+        sla_s = self.sla.sla_s - self.budget_margin_s
+        return model.predict_step_s(1, self.min_chunk_tokens, self.min_chunk_tokens) > sla_s
+
     def decide(self, obs: Observation) -> Decision:
         if self.memory is not None:
             b_mem, mem_reason = self.memory.update(obs)
@@ -469,7 +486,10 @@ class BatchPolicy:
         feasible = True
         if self.sla is not None and self.feasibility is not None:
             feasible = self.feasibility.update(obs, model)
+        budget_acts = self.budget_control and not self._no_chunk_holds(model)
         if self.sla is not None and feasible:
+            if isinstance(self.sla, EvidenceSlaBound):
+                self.sla.budget_controlled = budget_acts
             b_sla, sla_reason = self.sla.update(obs)
             lower, upper = self.sla.low, min(self.sla.high, b_mem)
         else:
@@ -490,9 +510,7 @@ class BatchPolicy:
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
         if not self.budget_control:
             sla_s = 0.0
-        elif (sla_s > 0 and self.decode_budget == "running" and model is not None
-              and model.predict_step_s(1, self.min_chunk_tokens, self.min_chunk_tokens)
-              > sla_s):
+        elif sla_s > 0 and not budget_acts:
             # even one decode beside the smallest chunk misses the SLA (a CPU host's
             # fixed step cost and per-token prefill cost): no chunk size can hold it,
             # and each extra chunk pays the step's fixed cost again, so prefill

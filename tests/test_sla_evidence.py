@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tuned import config
-from tuned.controller import Controller
+from tuned.controller import Controller, feasibility_patience
 from tuned.curves.online import LinearStepModel, fit_step_times
 from tuned.metrics import Metrics
 from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,
@@ -181,16 +181,38 @@ def test_controller_reports_infeasibility_on_its_metric():
     from tuned.telemetry.ring import StepSample
     eng = Eng()
     now = [100.0]
-    ctrl = Controller(config.validate({"tbt_sla_s": SLA}), eng, Metrics(),
-                      clock=lambda: now[0])
-    for i in range(60):   # 80 ms decode-only steps at batch 1
-        eng.steps.append(StepSample(i, 99.0 + i * 0.016, 0.080, 1, 0, 0, 1, 1, 0.1, 1, 100,
-                                    4, 20, 0))
-    for _ in range(4):
-        d = ctrl.run_once()
+    cfg = config.validate({"tbt_sla_s": SLA})
+    ctrl = Controller(cfg, eng, Metrics(), clock=lambda: now[0])
+    patience = feasibility_patience(cfg)
+    assert patience == 5                  # a 2 s window read at 0.5 s ticks: 4 ticks + 1
+    reasons = []
+    for tick in range(patience):          # 80 ms decode-only steps at batch 1, all along
+        for i in range(6):
+            eng.steps.append(StepSample(tick * 6 + i, now[0] - 0.4 + i * 0.08, 0.080,
+                                        1, 0, 0, 1, 1, 0.1, 1, 100, 4, 20, 0))
+        reasons.append(ctrl.run_once().reason)
         now[0] += 0.5
-    assert d.reason == "sla_infeasible"
+    assert reasons[-1] == "sla_infeasible" and "sla_infeasible" not in reasons[:-1]
     assert ctrl.metrics.sla_feasible._value.get() == 0
+
+
+def test_one_slow_window_does_not_make_an_sla_infeasible():
+    """A live run at 1.2 x the batch-1 step (test_fidelity): one burst of slow decode
+    steps in a quiet window, read by the 8 ticks that see that window at 0.25 s ticks,
+    declared the SLA infeasible (three strikes) although the steps before and after met
+    it. Strikes now span more than one window: the burst ages out first."""
+    cfg = config.validate({"tbt_sla_s": SLA, "interval_s": 0.25})
+    assert feasibility_patience(cfg) == 9
+    burst = [Feasibility(SLA, EPS, 1, 2, patience=p) for p in (3, feasibility_patience(cfg))]
+    verdicts = [[f.update(obs(1, 3, 0.070, 1.0, binding=1.0, dec_only=0.070), None)
+                 for _ in range(8)] for f in burst]      # one window, read 8 times
+    assert verdicts[0][-1] is False and verdicts[1] == [True] * 8
+    f = burst[1]
+    assert f.update(obs(1, 3, 0.045, 1.0, binding=1.0, dec_only=0.045), None) is True
+    assert f._strikes == 0                # the next window met the SLA: strikes reset
+    sustained = [f.update(obs(1, 3, 0.070, 1.0, binding=1.0, dec_only=0.070), None)
+                 for _ in range(9)]
+    assert sustained == [True] * 8 + [False]
 
 
 # ---------------------------------------------------------------- token budget

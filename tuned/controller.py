@@ -45,6 +45,17 @@ STEP_FIT_SAMPLES = 1024
 FAIL_LOG_EVERY_S = 60.0
 
 
+def feasibility_patience(cfg: Config) -> int:
+    """Ticks of measured violation before an SLA is declared infeasible: more than one
+    TBT window's worth, so that the steps of the last strike were not yet run at the
+    first. A window is seen by ``tbt_window_s / interval_s`` ticks in a row, so three
+    strikes at 0.25 s ticks read one window: in a live run at 1.2 x the batch-1 step
+    (``test_fidelity``) one burst of slow decode steps in a quiet window (19.5 ms
+    against 13.5 ms typical) declared an SLA infeasible that the steps before and
+    after met, and the cap went to the memory bound for 44 ticks."""
+    return max(3, math.ceil(cfg.tbt_window_s / cfg.interval_s) + 1)
+
+
 def load_profile(path: str):
     from tuned.curves.profile import load_profile as _load
 
@@ -225,7 +236,8 @@ class Controller:
             min_chunk_tokens=cfg.min_chunk_tokens,
             step_model=profile.step_model() if profile is not None else None,
             feasibility=(None if paper or sla is None else
-                         Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha)),
+                         Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha,
+                                     patience=feasibility_patience(cfg))),
             budget_control=budget, decode_budget="batch" if paper else "running",
             budget_margin_s=0.0 if paper else cfg.eps_d_s)
         return policy, first_reason

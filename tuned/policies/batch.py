@@ -353,7 +353,9 @@ class Feasibility:
     decode-only steps measured at the lowest batches tried (b-bar <= b_min + alpha),
     brought down to b_min (x T(b_min) / T(b-bar) on the step model, x b_min / b-bar,
     a lower bound, without one), exceed D_SLA + eps_D on ``patience`` consecutive
-    ticks. An infeasible SLA is reported, not obeyed into the ground: the SLA bound
+    ticks (the controller's: more than one TBT window's worth of ticks,
+    :func:`tuned.controller.feasibility_patience`, so that one slow window read by
+    several ticks is not enough). An infeasible SLA is reported, not obeyed into the ground: the SLA bound
     steps aside (the memory bound decides, the token budget is the full one), which
     maximises throughput where no request can meet its TPOT anyway. Feasible again
     once the model predicts b_min within D_SLA - eps_D.

@@ -172,8 +172,8 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
         # ---- tuned with a TBT SLA that binds at a decode batch of about 3 on this host:
         # from its warm start at 8 the controller must come down, live and simulated (an
         # SLA at the batch the load reaches would leave the course to the host's noise).
-        # Two edges bound that course: above ~1.35 x T(1) the SLA stops binding (the cap
-        # stays at 8), below T(1) it is infeasible (the cap goes to the memory bound, 16).
+        # Two edges bound that course: above ~1.3 x T(1) the SLA stops binding (the cap
+        # stays at 8), below ~1.04 x T(1) it is infeasible (the cap goes to memory, 16).
         # On a host whose step is mostly fixed cost T(3) is only 1.10-1.13 x T(1), within
         # the host's drift between two runs: one CI run and one run here, with the SLA at
         # T(3), measured the low-batch steps 13 % slower in the tuned run than in the run

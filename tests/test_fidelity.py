@@ -76,12 +76,12 @@ def settled(caps: list[int]) -> int:
     return tail[(len(tail) - 1) // 2]
 
 
-def live_over_model(client, since: int, model, batches: range | None = None) -> float:
-    """Mean measured step time over the model's prediction, for the busy steps since
-    ``since`` (those whose decode batch is in ``batches``, if given): how far this host
-    drifted from its profile during a run (printed, so a miss can be told apart from a
-    scheduling difference)."""
-    got = [s for s in client.fetch(since)["samples"]
+def live_over_model(samples: list[dict], model, batches: range | None = None) -> float:
+    """Mean measured step time over the model's prediction, for the busy steps among
+    ``samples`` (those whose decode batch is in ``batches``, if given): how far this
+    host drifted from its profile during a run (printed, so a miss can be told apart
+    from a scheduling difference)."""
+    got = [s for s in samples
            if (s["num_decode"] or s["prefill_tokens"])
            and (batches is None or s["num_decode"] in batches)]
     pred = sum(model.predict_step_s(s["num_decode"], s["prefill_tokens"],
@@ -163,7 +163,7 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
             since = steps.fetch()["next"]
             run = LiveServer.attach(c, url=srv.base, endpoint=srv.endpoint,
                                     log_path=srv.log_path).drive(wl)
-            drift[cap] = live_over_model(steps, since, model)
+            drift[cap] = live_over_model(steps.fetch(since)["samples"], model)
             live[cap] = summarize(run.results, Slo())
             sim[cap] = summarize(results_from_sim(
                 simulate(cfg, at_host_speed(hw, drift[cap]), wl.requests)), Slo())
@@ -199,18 +199,19 @@ def test_simulator_matches_the_real_engine(tmp_path, small_model):
         since = steps.fetch()["next"]
         tuned_run = LiveServer.attach(Contender("tuned", "tuned", cfg), url=srv.base,
                                       endpoint=srv.endpoint, log_path=srv.log_path).drive(wl)
-        tuned_drift = live_over_model(steps, since, model)
+        ran_steps = steps.fetch(since)["samples"]
+        tuned_drift = live_over_model(ran_steps, model)
         # the steps of at most 3 decodes and the others, each at its own speed: one
         # scale missed the first by 10 % or more here (the cap-2 runs' steps / profile
         # 1.05-1.18 where caps 4-16 had 0.93-1.07), and the course turns on them
         # (feasibility reads b-bar <= b_min + alpha); the run's mean where one side had
         # too few steps to measure
         few = LOW_BATCHES
-        ran = [x["num_decode"] for x in steps.fetch(since)["samples"] if x["num_decode"]]
+        ran = [x["num_decode"] for x in ran_steps if x["num_decode"]]
         n_low = sum(1 for b in ran if b <= few)
-        scale_low = (live_over_model(steps, since, model, range(few + 1))
+        scale_low = (live_over_model(ran_steps, model, range(few + 1))
                      if n_low >= 50 else tuned_drift)
-        scale_high = (live_over_model(steps, since, model, range(few + 1, CEILING + 1))
+        scale_high = (live_over_model(ran_steps, model, range(few + 1, CEILING + 1))
                       if len(ran) - n_low >= 50 else tuned_drift)
         # and at 10 % either side (the throughput tolerance above): on a host whose step
         # is mostly fixed cost, SLAs from 1.04 to 1.3 x T(1) bring the cap down, below

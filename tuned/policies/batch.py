@@ -355,10 +355,10 @@ class Feasibility:
     a lower bound, without one), exceed D_SLA + eps_D on ``patience`` consecutive
     ticks (the controller's: more than one TBT window's worth of ticks,
     :func:`tuned.controller.feasibility_patience`, so that one slow window read by
-    several ticks is not enough). An infeasible SLA is reported, not obeyed into the ground: the SLA bound
-    steps aside (the memory bound decides, the token budget is the full one), which
-    maximises throughput where no request can meet its TPOT anyway. Feasible again
-    once the model predicts b_min within D_SLA - eps_D.
+    several ticks is not enough). An infeasible SLA is reported, not obeyed into the
+    ground: the SLA bound steps aside (the memory bound decides, the token budget is
+    the full one), which maximises throughput where no request can meet its TPOT
+    anyway. Feasible again once the model predicts b_min within D_SLA - eps_D.
     """
 
     def __init__(self, sla_s: float, eps_s: float, b_min: int, alpha: int,

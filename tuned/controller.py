@@ -28,11 +28,11 @@ from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
-from tuned.policies.batch import (BatchPolicy, Decision, EvidenceSlaBound, Feasibility,
-                                  MemoryBound, Observation, SlaBound)
+from tuned.core.types import Decision, Observation
+from tuned.policies.batch import BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound, SlaBound
 from tuned.policies.select import StaticPolicy, TrtllmPolicy, build_plugin, is_builtin
 from tuned.telemetry.nvml import NvmlSampler
-from tuned.telemetry.ring import Ring
+from tuned.core.ring import Ring
 
 __all__ = ["Controller", "EngineView", "Fallback"]
 

@@ -9,7 +9,7 @@ byte) and prints a summary. ``result.json``::
 
     {"requests": [{"id", "arrival_s", "prompt_tokens", "output_tokens",
                    "first_token_s", "finish_s", "preemptions"}, ...],
-     "steps": [{...the fields of the live step ring, tuned.telemetry.ring.StepSample}],
+     "steps": [{...the fields of the live step ring, tuned.core.ring.StepSample}],
      "decisions": [{...one entry per controller decision, as /decisions shows them}],
      "summary": {...}, "hardware": {...}, "config": {...}, "workload": {...},
      "failed": [ids of requests refused because they need more KV blocks than the

@@ -9,7 +9,7 @@ endpoint -- is the core and is shared unchanged. vLLM's
 how often, on which thread, and what it must not do.
 
 **Set-up (once, engine thread).** The engine builds its core with
-:func:`tuned.core.runtime.build_runtime` from a validated
+:func:`tuned.runtime.build_runtime` (the composition root, above the core) from a validated
 :class:`~tuned.config.Config` (config flows one way: file -> ``Config`` ->
 constructors; an engine never reads a config file), passing itself as the
 :class:`EngineView` and the one clock of the run (monotonic for vLLM, virtual for
@@ -28,9 +28,9 @@ the simulator). It then writes ``runtime.slot.applied`` to its knobs.
    admission order, under the token budget), then waiting requests while the gate
    and the budget allow and the queue's ``__bool__`` is True.
 4. After the step's output: append exactly one
-   :class:`~tuned.telemetry.ring.StepSample` to ``steps`` for a step that
+   :class:`~tuned.core.ring.StepSample` to ``steps`` for a step that
    scheduled tokens (``t`` = end of the step on the run's clock, ``step_s`` = its
-   duration) and one :class:`~tuned.telemetry.ring.FinishedRequest` to
+   duration) and one :class:`~tuned.core.ring.FinishedRequest` to
    ``finished`` per request that left the engine. Appends are the only writes to
    the rings; nothing else on the step path may allocate per request beyond that.
    When a tuned queue is installed, also ``queue.step_done(num_decode, preempted)``.
@@ -53,10 +53,12 @@ the slot's); call the controller from the step path.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from tuned.config import Config
-from tuned.telemetry.ring import Ring
+from tuned.core.ring import Ring
+
+if TYPE_CHECKING:  # the config sits above the core; the contract only names its type
+    from tuned.config import Config
 
 
 class EngineView(Protocol):

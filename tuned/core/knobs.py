@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import structlog
 
-from tuned.policies.batch import Decision
+from tuned.core.types import Decision
 
 log = structlog.get_logger("tuned.engine")
 

@@ -42,8 +42,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from tuned.policies.predictor import OutputLengthPredictor, parse_request_hints
-from tuned.policies.queues import AdmitContext, PolicyStats, QueuePolicy, ReqInfo, Verdict
+from tuned.core.predictor import OutputLengthPredictor, parse_request_hints
+from tuned.core.queue_policy import AdmitContext, PolicyStats, QueuePolicy, ReqInfo, Verdict
 
 _PRUNE_EVERY_STEPS = 4096
 _UNLIMITED = 1 << 62

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from tuned.telemetry.ring import StepSample
+from tuned.core.ring import StepSample
 
 
 class StepWindow(NamedTuple):

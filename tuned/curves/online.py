@@ -96,7 +96,7 @@ def fit_step_times(b: Sequence[float], c: Sequence[float], kv: Sequence[float],
 
 
 def fit_recent_steps(steps: Sequence, *, min_samples: int = 50) -> LinearStepModel | None:
-    """The online fit over ring samples (:class:`~tuned.telemetry.ring.StepSample`) of
+    """The online fit over ring samples (:class:`~tuned.core.ring.StepSample`) of
     busy steps; kv is the step's resident KV tokens."""
     busy = [s for s in steps if s.num_decode or s.prefill_tokens]
     return fit_step_times([s.num_decode for s in busy], [s.prefill_tokens for s in busy],

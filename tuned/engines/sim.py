@@ -51,10 +51,10 @@ from typing import Any
 
 from tuned.config import Config
 from tuned.core.queue import QueueCore
-from tuned.core.runtime import Runtime, build_runtime
+from tuned.runtime import Runtime, build_runtime
 from tuned.policies.queues import AdmitContext, make_policy
 from tuned.sim.stepmodel import StepShape, StepTimeModel
-from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
+from tuned.core.ring import FinishedRequest, Ring, StepSample
 from tuned.workloads import RequestSpec
 
 STEP_RING = 8192

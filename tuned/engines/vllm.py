@@ -35,8 +35,8 @@ from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.config import Config
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
-from tuned.core.runtime import production_runtime
-from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
+from tuned.runtime import production_runtime
+from tuned.core.ring import FinishedRequest, Ring, StepSample
 from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
 STEP_RING = 8192

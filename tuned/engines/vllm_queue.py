@@ -19,7 +19,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request, RequestStatus
 
 from tuned.core.queue import QueueCore
-from tuned.policies.predictor import OutputLengthPredictor
+from tuned.core.predictor import OutputLengthPredictor
 from tuned.policies.queues import AdmitContext, make_policy
 
 # finished requests whose output length is a true sample of the model's behaviour

@@ -21,7 +21,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from tuned.policies.batch import Decision, Observation
+from tuned.core.types import Decision, Observation
 from tuned.policies.trtllm import TrtllmDynamicBatchTuner
 
 

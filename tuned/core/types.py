@@ -1,0 +1,67 @@
+"""The types every floor speaks: what the controller observed, what it decided, and
+the step-time model its rules read. Plain data; no engine, thread or I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the controller saw over its window (all numbers, no engine objects)."""
+
+    num_running: int                 # N^d: requests running (decoding or mid-prefill)
+    num_waiting: int                 # N^p: requests waiting for admission (prefill pending)
+    kv_capacity_blocks: int          # n: KV blocks the cache holds for requests
+    demand_mean: float | None        # mean KV blocks a finished request held (l_in + l_out)
+    demand_std: float | None         # its standard deviation (seed 000 eq. 9)
+    demand_samples: int              # how many finished requests the two numbers come from
+    tbt_mean_s: float | None         # T: mean step time of recent steps that ran decodes
+    decode_batch_mean: float | None  # b-bar: mean decode batch of those steps
+    kv_usage: float = 0.0
+    active: tuple = ()               # (prompt tokens, max tokens) of running requests,
+                                     # read only for policies that ask (wants_active)
+    tbt_p90_s: float | None = None   # 90th percentile of those step times
+    decode_only_tbt_s: float | None = None  # mean step time of decode steps without prefill
+    binding: float = 0.0             # share of the window's steps that ended with requests
+                                     # waiting while the cap was full (the cap was binding)
+    kv_tokens_resident: int = 0      # KV tokens held by running requests (newest step)
+    step_model: object = None        # T(b, c, kv) fitted online on the step ring, or None
+    mixed_tbt_s: float | None = None # mean time of the window's decode steps with prefill
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A recommendation: target with bounds, the cap to apply, and why."""
+
+    target: int         # b* = min(b_mem, b_SLA)
+    lower: int
+    upper: int
+    cap: int            # admission gate applied in vLLM: b* clamped to [B_min, ceiling]
+    batch: int          # the paper's b_t: max(cap, running decodes), at most the ceiling
+    token_budget: int
+    reason: str
+    b_mem: int | None = None
+    b_sla: int | None = None
+    inputs: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "lower": self.lower, "upper": self.upper,
+                "cap": self.cap, "batch": self.batch, "token_budget": self.token_budget,
+                "reason": self.reason,
+                "b_mem": self.b_mem, "b_sla": self.b_sla, "inputs": dict(self.inputs)}
+
+
+
+class StepModel(Protocol):
+    """The engine's step time T(b, c, kv) as the controller's token-budget rule reads it:
+    the largest prefill chunk in [lo, hi] that keeps a step of ``b`` decodes (with
+    ``kv_tokens`` resident) within ``tbt_s``. :class:`tuned.curves.online.LinearStepModel`
+    implements it."""
+
+    def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
+                             kv_tokens: float = 0.0) -> int: ...
+
+
+__all__ = ["Decision", "Observation", "StepModel"]

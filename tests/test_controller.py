@@ -13,7 +13,7 @@ from tuned import config
 from tuned.controller import Controller, Fallback
 from tuned.metrics import Metrics
 from tuned.sdnotify import SdNotifier
-from tuned.telemetry.ring import FinishedRequest, Ring, StepSample
+from tuned.core.ring import FinishedRequest, Ring, StepSample
 
 
 class FakeEngine:

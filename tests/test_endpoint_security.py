@@ -19,7 +19,7 @@ from tuned.controller import Controller
 from tuned.metrics import Endpoint, Metrics, is_loopback_peer, reload_refusal, token_sha256
 from tuned.policies.queues import ReqInfo
 from tuned.serve import additional_config, post_reload
-from tuned.telemetry.ring import FinishedRequest, StepSample
+from tuned.core.ring import FinishedRequest, StepSample
 
 TOKEN = "s3cret-token-value"
 

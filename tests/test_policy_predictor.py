@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from tuned.policies.predictor import (OutputLengthPredictor, RequestHints, parse_request_hints,
+from tuned.core.predictor import (OutputLengthPredictor, RequestHints, parse_request_hints,
                                       upper_quantile)
 
 

@@ -19,10 +19,10 @@ from test_controller import FakeEngine
 from tuned import config
 from tuned.controller import Controller
 from tuned.core.knobs import KnobSlot
-from tuned.core.runtime import Runtime
+from tuned.runtime import Runtime
 from tuned.metrics import Endpoint, Metrics
 from tuned.policies.batch import Decision
-from tuned.policies.predictor import parse_request_hints
+from tuned.core.predictor import parse_request_hints
 from tuned.telemetry.nvml import NvmlSampler
 
 ROOT = Path(__file__).resolve().parents[1]

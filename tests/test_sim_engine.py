@@ -524,10 +524,10 @@ def _imports(rel: str) -> set[str]:
 
 def test_both_engines_build_the_shared_runtime_and_queue_core():
     sim = _imports("tuned/engines/sim.py")
-    assert {"tuned.core.runtime.build_runtime", "tuned.core.queue.QueueCore"} <= sim
+    assert {"tuned.runtime.build_runtime", "tuned.core.queue.QueueCore"} <= sim
     vllm = _imports("tuned/engines/vllm.py") | _imports("tuned/engines/vllm_queue.py")
-    assert {"tuned.core.runtime.production_runtime", "tuned.core.queue.QueueCore"} <= vllm
-    runtime = (ROOT / "tuned/core/runtime.py").read_text()
+    assert {"tuned.runtime.production_runtime", "tuned.core.queue.QueueCore"} <= vllm
+    runtime = (ROOT / "tuned/runtime.py").read_text()
     assert re.search(r"def production_runtime\(.*?\n.*?return build_runtime\(", runtime, re.S)
     queue_cls = next(n for n in ast.walk(_tree("tuned/engines/vllm_queue.py"))
                      if isinstance(n, ast.ClassDef) and n.name == "PolicyQueue")

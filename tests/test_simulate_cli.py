@@ -16,7 +16,7 @@ import structlog
 from tuned import config as config_mod
 from tuned.cli import main
 from tuned.sim.hardware import gpu_hardware
-from tuned.telemetry.ring import StepSample
+from tuned.core.ring import StepSample
 from tuned.workloads import parse_workload
 
 ROOT = Path(__file__).resolve().parents[1]

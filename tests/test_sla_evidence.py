@@ -161,7 +161,7 @@ def test_feasibility_judges_the_measured_step_at_b_min_not_at_the_batch_measured
 
 def test_controller_reports_infeasibility_on_its_metric():
     class Eng:
-        from tuned.telemetry.ring import Ring
+        from tuned.core.ring import Ring
         steps, finished = Ring(64), Ring(64)
         ceiling, max_num_batched_tokens, kv_capacity_tokens, block_size, dp_rank = \
             32, 2048, 10_000, 16, 0
@@ -178,7 +178,7 @@ def test_controller_reports_infeasibility_on_its_metric():
         def set_queue_policy(self, name, cfg):
             pass
 
-    from tuned.telemetry.ring import StepSample
+    from tuned.core.ring import StepSample
     eng = Eng()
     now = [100.0]
     cfg = config.validate({"tbt_sla_s": SLA})

@@ -20,7 +20,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from tuned.engines import vllm_queue
 from tuned.engines.vllm_queue import PolicyQueue, install, make_policy_queue
-from tuned.policies.predictor import OutputLengthPredictor
+from tuned.core.predictor import OutputLengthPredictor
 from tuned.policies.queues import POLICIES, AdmitContext, make_policy
 
 

@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BATCH_POLICIES = ("tuned", "memory", "sla", "trtllm", "static")
+# the one registry of policy names (tuned.policies.registry)
+from tuned.policies.registry import BATCH_POLICIES
+from tuned.policies.registry import QUEUE_POLICIES as _QUEUE_POLICY_CLASSES
+
 SLA_MODES = ("evidence", "paper")
 SLA_STATISTICS = ("mean", "p90")
 TOKEN_BUDGET_POLICIES = ("sla", "max")
 ADMISSION_GUARDS = ("tpot", "off")
-QUEUE_POLICIES = ("fcfs", "mcsf", "multibin", "bucket", "saber", "sglang")
+QUEUE_POLICIES = tuple(_QUEUE_POLICY_CLASSES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 

@@ -29,8 +29,7 @@ from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
-from tuned.policies.batch import BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound, SlaBound
-from tuned.policies.select import StaticPolicy, TrtllmPolicy, build_plugin, is_builtin
+from tuned.policies.registry import build_batch_policy, feasibility_patience  # noqa: F401
 from tuned.telemetry.nvml import NvmlSampler
 from tuned.core.ring import Ring
 
@@ -43,17 +42,6 @@ STEP_FIT_EVERY_S = 4.0
 STEP_FIT_SAMPLES = 1024
 #: a failure that repeats tick after tick is logged again this often (with the count)
 FAIL_LOG_EVERY_S = 60.0
-
-
-def feasibility_patience(cfg: Config) -> int:
-    """Ticks of measured violation before an SLA is declared infeasible: more than one
-    TBT window's worth, so that the steps of the last strike were not yet run at the
-    first. A window is seen by ``tbt_window_s / interval_s`` ticks in a row, so three
-    strikes at 0.25 s ticks read one window: in a live run at 1.2 x the batch-1 step
-    (``test_fidelity``) one burst of slow decode steps in a quiet window (19.5 ms
-    against 13.5 ms typical) declared an SLA infeasible that the steps before and
-    after met, and the cap went to the memory bound for 44 ticks."""
-    return max(3, math.ceil(cfg.tbt_window_s / cfg.interval_s) + 1)
 
 
 def load_profile(path: str):
@@ -201,46 +189,11 @@ class Controller:
         self.metrics.tbt_sla.set(cfg.tbt_sla_s)
 
     def _make_policy(self, cfg: Config, profile) -> tuple[Any, str | None]:
-        """The batch policy named by ``cfg.batch_policy`` (tuned.policies.select)."""
+        """The batch policy named by ``cfg.batch_policy`` (tuned.policies.registry)."""
         eng = self.engine
-        b_max = min(cfg.effective_b_max, eng.ceiling)
-        name = cfg.batch_policy
-        if name == "static":
-            return StaticPolicy(b_max, eng.max_num_batched_tokens), None
-        if name == "trtllm":
-            return TrtllmPolicy(eng.ceiling, eng.max_num_batched_tokens, eng.block_size), None
-        if not is_builtin(name):
-            return build_plugin(name, cfg=cfg, ceiling=eng.ceiling,
-                                max_num_batched_tokens=eng.max_num_batched_tokens,
-                                block_size=eng.block_size, profile=profile), None
-        sla = None
-        first_reason = None
-        paper = cfg.sla_mode == "paper"
-        budget = cfg.token_budget_policy == "sla"
-        if cfg.sla_enabled and name in ("tuned", "sla"):
-            if paper:
-                sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min,
-                               b_max)
-            else:
-                sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
-                                       cfg.b_min, b_max, statistic=cfg.sla_statistic)
-            if profile is not None:
-                # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
-                sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))
-                first_reason = "profile_initial"
-        memory = (MemoryBound(cfg.eps_m, b_max, cfg.min_demand_samples)
-                  if name in ("tuned", "memory") else None)
-        policy = BatchPolicy(
-            ceiling=eng.ceiling, b_min=cfg.b_min, b_max=b_max, memory=memory, sla=sla,
-            max_num_batched_tokens=eng.max_num_batched_tokens,
-            min_chunk_tokens=cfg.min_chunk_tokens,
-            step_model=profile.step_model() if profile is not None else None,
-            feasibility=(None if paper or sla is None else
-                         Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha,
-                                     patience=feasibility_patience(cfg))),
-            budget_control=budget, decode_budget="batch" if paper else "running",
-            budget_margin_s=0.0 if paper else cfg.eps_d_s)
-        return policy, first_reason
+        return build_batch_policy(cfg, ceiling=eng.ceiling,
+                                  max_num_batched_tokens=eng.max_num_batched_tokens,
+                                  block_size=eng.block_size, profile=profile)
 
     def _read_config_file(self) -> Config:
         if not self.cfg.source_path:

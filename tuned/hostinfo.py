@@ -15,17 +15,27 @@ from pathlib import Path
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The ``flags`` of the first CPU listed (empty when the file is unreadable)."""
+def _first_field(cpuinfo: str | Path, name: str) -> str | None:
+    """The value of the first ``name : value`` line (None when absent or unreadable)."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The ``flags`` of the first CPU listed (empty when the file is unreadable)."""
+    return frozenset((_first_field(cpuinfo, "flags") or "").split())
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The ``model name`` of the first CPU listed ("unknown" when the file has none)."""
+    return _first_field(cpuinfo, "model name") or "unknown"
 
 
 def preferred_cpu_dtype(flags: frozenset[str] | None = None) -> str:

@@ -4,8 +4,7 @@ pass a fixture): which dtype the demo model should run in on vLLM's CPU backend.
 vLLM's CPU backend runs bfloat16 matmuls through oneDNN only where the CPU has
 native bfloat16 instructions (AVX-512 BF16 or AMX); elsewhere it logs ``Failed to
 create oneDNN linear, fallback to torch linear`` and bfloat16 becomes several
-times slower than float32 (measured on an AVX2-only host: the demo model's decode
-step 14 / 45 / 148 ms at batch 1 / 4 / 16 in bfloat16, 24 / 30 / 52 ms in float32).
+times slower than float32, the more so the larger the batch.
 """
 
 from __future__ import annotations

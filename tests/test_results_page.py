@@ -89,6 +89,11 @@ def test_provenance_records_command_host_and_date(tmp_path):
     assert p["command"] == "tuned bench --workload phase-shift:rate=2,n=30"
     assert p["date"] == "1970-01-01T00:00:00Z"
     assert p["host"] == {"cpu_model": "Test CPU 9000", "cpu_cores": 16}
+    from tuned.hostinfo import cpu_flags, cpu_model
+
+    assert cpu_flags(cpuinfo) == frozenset({"avx2"})      # one reader for both fields
+    assert (cpu_model(tmp_path / "absent"), cpu_flags(tmp_path / "absent")) == ("unknown",
+                                                                                frozenset())
 
 
 def test_bench_command_argv_repeats_the_run():

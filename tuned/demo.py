@@ -90,8 +90,8 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int,
     64*SLA/b_sla) chat requests a second within the SLA. The phases, ``phase_s``
     each: chat at 0.4 mu; long prompts (U(300,700)) with short answers taking a
     quarter of the engine's time in prefill; chat at 0.8 mu. A CPU host spends most
-    of a chat request in its prefill (80 tokens at 1.9 ms here: 150 ms, five decode
-    steps), so leaving prefill out sized the load past what any cap could serve.
+    of a chat request in its prefill (a prompt costs several decode steps), so
+    leaving prefill out sizes the load past what any cap could serve.
     """
     from tuned.workloads import parse_workload
 

@@ -4,8 +4,7 @@ pass a fixture): which dtype the demo model should run in on vLLM's CPU backend.
 vLLM's CPU backend runs bfloat16 matmuls through oneDNN only where the CPU has
 native bfloat16 instructions (AVX-512 BF16 or AMX); elsewhere it logs ``Failed to
 create oneDNN linear, fallback to torch linear`` and bfloat16 becomes several
-times slower than float32 (measured on an AVX2-only host: the demo model's decode
-step 14 / 45 / 148 ms at batch 1 / 4 / 16 in bfloat16, 24 / 30 / 52 ms in float32).
+times slower than float32, the more so the larger the batch.
 """
 
 from __future__ import annotations
@@ -15,17 +14,27 @@ from pathlib import Path
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The ``flags`` of the first CPU listed (empty when the file is unreadable)."""
+def _first_field(cpuinfo: str | Path, name: str) -> str | None:
+    """The value of the first ``name : value`` line (None when absent or unreadable)."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The ``flags`` of the first CPU listed (empty when the file is unreadable)."""
+    return frozenset((_first_field(cpuinfo, "flags") or "").split())
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The ``model name`` of the first CPU listed ("unknown" when the file has none)."""
+    return _first_field(cpuinfo, "model name") or "unknown"
 
 
 def preferred_cpu_dtype(flags: frozenset[str] | None = None) -> str:

@@ -171,6 +171,18 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def command_argv(args) -> list[str]:
+    """The options this run was given, as the arguments that repeat it (``--jobs`` is
+    left out: it changes how fast a run goes, not what it reports)."""
+    argv = ["bench"]
+    for key, value in vars(args).items():
+        if key in ("func", "command", "jobs") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
 def _report(args, hardware, wl, slo, runs, capacity, field) -> dict[str, Any]:
     from tuned.bench import report as report_mod
 
@@ -179,6 +191,7 @@ def _report(args, hardware, wl, slo, runs, capacity, field) -> dict[str, Any]:
            "workload_info": wl.describe(), "slo": str(slo),
            "slo_parsed": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2el_s": slo.e2el_s},
            "seed": args.seed, "runs": runs, "best_static": best}
+    rep.update(report_mod.provenance(command_argv(args)))
     if capacity:
         rep["capacity"] = capacity
     rep["ratios"] = report_mod.ratios(runs, best, capacity)

@@ -29,8 +29,7 @@ How each request is timed (all times in seconds since the run start, on
   client read the chunk: a busy API server delivers several chunks at once.
 - The ``openai`` client sends the request and maps HTTP errors, but the events are
   read as raw server-sent-event lines with ``json.loads``: a typed chunk object per
-  token costs about ten times the CPU (measured 150-200 vs 16 us per chunk), and
-  the client shares the engine's cores.
+  token costs many times the CPU, and the client shares the engine's cores.
 - ``first_token_s`` is the first chunk with a token, ``finish_s`` the chunk with the
   last token (as ``vllm bench serve`` measures E2EL); ``output_tokens`` is the
   final usage count.
@@ -352,8 +351,8 @@ class _Client:
         cut = spec.max_tokens > spec.output_tokens
         try:
             # The official client sends the request and maps HTTP errors; the events
-            # are read as raw SSE lines: building a typed chunk per token costs ~10x
-            # the CPU of json.loads, and the client shares the engine's cores.
+            # are read as raw SSE lines: building a typed chunk per token costs many
+            # times the CPU of json.loads, and the client shares the engine's cores.
             async with self.openai.completions.with_streaming_response.create(
                     model=self.model, prompt=prompt, max_tokens=spec.max_tokens,
                     temperature=0, stream=True,

@@ -3,7 +3,8 @@
 Every figure is computed here from the runs' per-request results; nothing is
 pasted in. ``report.json`` follows the schema of the benchmark issue::
 
-    {"engine", "hardware", "workload", "slo", "seed",
+    {"engine", "hardware", "workload", "slo", "seed", "command", "date",
+     "host": {"cpu_model", "cpu_cores"}, "tuned_version",
      "runs": [{"name", "kind", "cap" (static only), "submitted", "completed", "failed",
                "goodput_rps", "attainment", "output_tok_s", "ttft_p50_s", "ttft_p99_s",
                "tpot_p50_s", "tpot_p99_s", "preemptions", ...more summary keys}],
@@ -17,8 +18,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import shlex
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 RUN_KEYS = ("name", "kind", "cap", "submitted", "completed", "failed", "goodput_rps",
             "attainment", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
@@ -29,6 +33,21 @@ EXTRA_KEYS = ("request_throughput_rps", "total_tok_s", "ttft_mean_s", "ttft_p90_
               "mean_cap")
 #: metrics where more is better: label -> summary key
 BEST_BY = {"goodput": "goodput_rps", "attainment": "attainment", "throughput": "output_tok_s"}
+
+
+def provenance(argv: Sequence[str], *, cpuinfo: str | Path = "/proc/cpuinfo",
+               cpu_count: Callable[[], int | None] = os.cpu_count,
+               now_s: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Where, when and how a report was made: the command line that repeats it
+    (``tuned`` + ``argv``), the host's CPU model and core count, and the UTC time, so
+    a results page can quote each figure with what produced it."""
+    from tuned import __version__
+    from tuned.hostinfo import cpu_model
+
+    return {"command": shlex.join(["tuned", *argv]),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s())),
+            "host": {"cpu_model": cpu_model(cpuinfo), "cpu_cores": cpu_count()},
+            "tuned_version": __version__}
 
 
 def run_row(contender, summary: dict[str, Any]) -> dict[str, Any]:

@@ -377,9 +377,8 @@ def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
     :class:`BatchPolicy` closes a loop around it: the window's mean step time (what a
     request's TPOT averages) above D_SLA - 2 eps_D shrinks the chunks' target by the
     integral of the excess. Where the paper holds every mixed step to D_SLA, a loop on
-    the mixed steps alone (tuned before) held the mean far below it under load:
-    measured on the simulated h100 Azure trace at 7 req/s, mean step 35 ms for a
-    50 ms SLA, chunks at the floor, requests queueing for TTFT.
+    the mixed steps alone holds the mean far below it under load: chunks sit at their
+    floor and requests queue past their TTFT.
     """
     lo = batch + min_chunk_tokens
     hi = max_num_batched_tokens
@@ -417,12 +416,10 @@ class BatchPolicy:
     def _no_chunk_holds(self, model: StepModel | None) -> bool:
         """Whether even one decode beside the smallest chunk misses the SLA, so that
         the token budget cannot act (see :meth:`decide`); then a violation caused
-        by prefill moves the cap (:class:`EvidenceSlaBound`). Measured with
-        ``tools/host_drift.py`` on a profile of a 2-core AVX2 host (phase-shift, rate
-        0.6, scale 0.5; host 1.0, 1.15 and 1.3x slower than its profile): requests
-        within both SLOs, mean of 24 runs, 84.4 when such a violation kept the cap,
-        86.3 when it moves it (seeds 0-7, 10 % step jitter; 15 runs better, 6 worse);
-        84.7 and 86.2 on seeds 8-15 with 15 % jitter (16 better, 6 worse)."""
+        by prefill moves the cap (:class:`EvidenceSlaBound`): with the budget unable
+        to act, keeping the cap leaves those violations unanswered, and on a CPU host
+        that drifts from its profile a falling cap serves more requests within both
+        SLOs (``tools/host_drift.py`` compares the two)."""
         if self.sla is None or self.decode_budget != "running" or model is None:
             return False
         sla_s = self.sla.sla_s - self.budget_margin_s
@@ -466,10 +463,8 @@ class BatchPolicy:
             # even one decode beside the smallest chunk misses the SLA (a CPU host's
             # fixed step cost and per-token prefill cost): no chunk size can hold it,
             # and each extra chunk pays the step's fixed cost again, so prefill
-            # throughput drops and queues (TTFT) grow for nothing. Measured on the
-            # simulator with a profile of this 2-core host (phase-shift, rate 0.6,
-            # scale 0.5): goodput 0.445 with the smallest chunks, 0.479 with the full
-            # budget, vLLM's default cap 0.472. (At a large batch on a GPU the cap, not
+            # throughput drops and queues (TTFT) grow for nothing; the full budget
+            # serves more within the SLOs. (At a large batch on a GPU the cap, not
             # the budget, makes room: there the smallest chunk stays.)
             sla_s = 0.0
         elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
@@ -477,11 +472,11 @@ class BatchPolicy:
             # window's decode steps, held to D_SLA - 2 eps_D (sla_s already has one
             # eps_D off): above it the next chunks shrink by the excess (integral
             # action, bounded to [0, sla_s / 2]). Not on the mixed steps alone: they
-            # ran over the target under load while the mean stayed near 35 ms for a
-            # 50 ms SLA (h100 Azure, 7 req/s: chunks at the floor, prefill throughput
-            # lost, requests queueing past their TTFT). Letting the bias go
-            # negative (mixed steps past the SLA when the mean has room) cost TPOT
-            # on the phase-shifting workload: 25 vs 4 misses of 900, a100.
+            # run over the target under load while the mean stays well below it
+            # (chunks at the floor, prefill throughput lost, requests queueing past
+            # their TTFT). The bias does not go negative: mixed steps past the SLA,
+            # even when the mean has room, push the requests decoding in them past
+            # their TPOT.
             err = obs.tbt_mean_s - (sla_s - self.budget_margin_s)
             self.budget_bias_s = min(max(self.budget_bias_s + 0.5 * err, 0.0),
                                      sla_s / 2)

@@ -29,11 +29,9 @@ optimal), with each request's prefill as its job at the engine's pace under a
 backlog, T(b, c, kv) / c per prompt token (kv: the tokens resident in the cache,
 which every step reads), after the prompt tokens the running requests still owe.
 Where the queue cannot all make their TTFT, the largest prefills are moved to the
-late tier, so that the most requests meet it. Measured on the simulator (Azure
-conversation trace, first 10 minutes, SLO TTFT 2 s, TPOT 50 ms): attainment 0.940
-at 4.6 req/s on a100-llama2-7b (0.881 with the pace T(b, c) / c, which leaves the
-KV term out; 0.823 without the rule), 0.955 vs 0.872 at 7.5 req/s on
-h100-llama2-70b.
+late tier, so that the most requests meet it. The pace keeps the KV term because
+under load the resident cache is a large share of every step: a pace of
+T(b, c) / c over-estimates how fast prompts clear and keeps too many on time.
 """
 
 from __future__ import annotations

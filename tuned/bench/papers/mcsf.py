@@ -77,16 +77,15 @@ Instances (Section 5.1, scaled). The paper draws M ∈ U{30..50}, s_i ∈ U{1..5
 o_i ∈ U{1..M − s_i}; model 1: n ∈ U{40..60} all at t = 0; model 2: horizon
 T ∈ U{40..60}, Poisson(λ) arrivals at each t ∈ {1..T}, λ ∈ U[0.5, 1.5]; 200
 trials each, Gurobi for the IP. HiGHS does not prove optimality at that size in
-seconds (n ≈ 10 at M ≈ 16 already takes 1–20 s an instance), so
+seconds (already slow at n ≈ 10, M ≈ 16), so
 :data:`SCALED_SIZES` shrinks lengths by about 0.35 (M ∈ U{11..17}, s_i ∈ U{1..2},
 o_i ∈ U{1..M − s_i} as in the paper) and the request count to n ∈ U{5..8}
 (model 1) or T ∈ U{4..8} with the paper's λ ∈ U[0.5, 1.5] (model 2), redrawing
 model-2 instances with more than 10 requests: Poisson counts at a mean of 6
-reach 21, where HiGHS does not finish in 20 s, and the cap keeps the spread (max
-about 1.6x the mean) near the paper's (n ≈ 20–90 around 50). The IP then has at
-most ~1200 binaries over horizons up to ~150 and is proven optimal (gap 0) in
-0.75 s of CPU on average (seed 0, 50 model-1 instances; the slowest, n = 8 at
-M = 16, 6.4 s). Fewer requests per instance leave fewer ways to hide one
+reach 21, which HiGHS cannot solve in reasonable time, and the cap keeps the
+spread (max about 1.6x the mean) near the paper's (n ≈ 20–90 around 50). The IP
+then has at most ~1200 binaries over horizons up to ~150 and is proven optimal
+(gap 0) within seconds of CPU. Fewer requests per instance leave fewer ways to hide one
 scheduling mistake, so per-instance ratios spread wider than the paper's at
 n ≈ 50; with the paper's λ the scaled model 2 is also less overloaded (an arrival
 brings about 3 time units' worth of the full memory M, against about 8).

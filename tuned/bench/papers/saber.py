@@ -21,8 +21,8 @@ Here (:func:`run`):
   only serve one request"), and its KV cache (118k tokens) holds about 130 W1
   requests at their full length, where the paper's memory held 100. The SLAs come
   from the paper's hardware (mean completion time at 10 RPS); on this model the
-  best static cap's mean completion time at 10 RPS is 0.5–1.2 × the SLA (W2 0.54,
-  W3 0.83, W1 1.17), the same regime.
+  best static cap's mean completion time at 10 RPS is of the order of the SLA
+  (below it for W2 and W3, above it for W1), the same regime.
 * Workload ``saber:mix=W…,rate=R,n=100`` (:mod:`tuned.workloads`): per-request
   ``deadline_s`` from Table I, passed to the engine as the ``tuned_deadline_s``
   hint, and ``max_tokens`` = the output length, SABER's "Max Number of Generated

@@ -1,0 +1,274 @@
+"""Benchmark, not a test: does the live controller's course match the simulator's?
+
+Run it by hand (it is not collected by the suite; it starts the real vLLM CPU engine for
+about ten minutes):
+
+    .venv/bin/python -m pytest -s -p no:cacheprovider tests/benchmarks/bench_fidelity_course.py
+
+It measures a profile on this host, runs static caps 2-16 (to read the host's speed
+against the profile), then tuned with a TBT SLA that binds at a decode batch of about 3
+(max(T(3), 1.2 x T(1)) at the cap-2 run's speed), and simulates the tuned run at the
+speeds its own steps had, and at 0.9x and 1.1x of them. It prints the live and
+simulated courses, the settled caps and the decision reasons, and checks that the live
+cap moves the way the simulator's does within that band. On a host whose step is
+mostly fixed cost the SLAs that bring the cap down span a narrow band of the batch-1
+step, about the host's drift within one run, which is why this is a benchmark: its
+outcome depends on the host's speed during the run. The static-cap fidelity it shares
+is a test (tests/test_fidelity.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness
+from serve_harness import tuned_serve  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CEILING = 16
+BLOCKS = 65          # 64 usable blocks of 128 tokens: memory never binds here
+# the small demo model: its step time grows with the batch on two cores (the tiny
+# one's 3-5 ms steps are mostly fixed cost and noise)
+CAPS = (2, 4, 8, 16)
+LOW_BATCHES = 3      # b_min + alpha: the decode batches the feasibility check reads
+BAND = (0.9, 1.0, 1.1)   # the tuned run is also simulated this much slower and faster
+
+
+def base_config(model) -> dict:
+    return {"model": str(model), "max_num_seqs": CEILING, "max_num_batched_tokens": 512,
+            "max_model_len": 512, "num_gpu_blocks": BLOCKS, "interval_s": 0.25,
+            "stale_after_s": 5.0, "fallback_cap": CEILING, "min_demand_samples": 4,
+            "log_level": "warning"}
+
+
+def toml(d: dict) -> str:
+    return "".join(f"{k} = {json.dumps(v)}\n" for k, v in d.items())
+
+
+def reload_to(srv, d: dict, want_cap: int | None = None) -> None:
+    srv.config_path.write_text(toml(d))
+    seq = (srv.decisions(1)["current"] or {}).get("seq", -1)
+    srv.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        dec = srv.decisions(1)
+        cur = dec["current"] or {}
+        ok = dec["last_reload"]["outcome"] == "ok" and cur.get("seq", -1) > seq + 1
+        # a decision made under the new config (the tick after the reload); the engine
+        # takes its cap at its next schedule() call, i.e. before the first request of
+        # the next run is admitted (an idle engine never steps, so 'applied' waits)
+        if ok and (want_cap is None or cur.get("cap") == want_cap):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"reload not applied: {srv.decisions(1)}")
+
+
+def settled(caps: list[int]) -> int:
+    """The median of the second half of a run's per-tick caps (the lower middle)."""
+    tail = sorted(caps[len(caps) // 2:])
+    return tail[(len(tail) - 1) // 2]
+
+
+def live_over_model(samples: list[dict], model, batches: range | None = None) -> float:
+    """Mean measured step time over the model's prediction, for the busy steps among
+    ``samples`` (those whose decode batch is in ``batches``, if given): how far this
+    host drifted from its profile during a run (printed, so a miss can be told apart
+    from a scheduling difference)."""
+    got = [s for s in samples
+           if (s["num_decode"] or s["prefill_tokens"])
+           and (batches is None or s["num_decode"] in batches)]
+    pred = sum(model.predict_step_s(s["num_decode"], s["prefill_tokens"],
+                                    s["kv_tokens_resident"]) for s in got)
+    return sum(s["step_s"] for s in got) / pred if pred > 0 else float("nan")
+
+
+class AtHostSpeed:
+    """A step model run at the speed the host actually had during one live run:
+    ``scale`` times the profile's prediction (``live_over_model`` of that run). The
+    simulator models scheduling given step times; a CI host whose steps ran 8 % slower
+    than its profile minutes earlier is host noise, not a simulator error."""
+
+    def __init__(self, model, scale: float, low: tuple[int, float] | None = None) -> None:
+        self.model, self.scale, self.low = model, scale, low
+        self.name = f"{model.name} x{scale:.3f}"
+        self.gap_s = getattr(model, "gap_s", 0.0)
+
+    def step_s(self, shape) -> float:
+        # ``low`` = (b, scale): steps of at most b decodes ran at their own speed
+        low = self.low is not None and shape.num_decode <= self.low[0]
+        return self.model.step_s(shape) * (self.low[1] if low else self.scale)
+
+    def describe(self) -> dict:
+        return {**self.model.describe(), "scale": self.scale, "low": self.low}
+
+
+def at_host_speed(hw, scale: float, low: tuple[int, float] | None = None):
+    return dataclasses.replace(hw, step_model=AtHostSpeed(hw.step_model, scale, low))
+
+
+def test_controller_course_matches_the_simulator(tmp_path, small_model):
+    from tuned import config as config_mod
+    from tuned.bench.live import LiveServer
+    from tuned.bench.metrics import Slo, summarize
+    from tuned.bench.runner import Contender, results_from_sim
+    from tuned.cli import main as tuned_main
+    from tuned.curves.profile import load_profile
+    from tuned.engines.sim import simulate
+    from tuned.profiler import StepsClient
+    from tuned.sim.hardware import profile_hardware
+    from tuned.workloads import parse_workload
+
+    static = {**base_config(small_model), "batch_policy": "static",
+              "token_budget_policy": "max"}
+    with tuned_serve(tmp_path, toml({**static, "b_max": CEILING})) as srv:
+        # ---- warm the engine on this workload's shapes first: on a cold CPU engine the
+        # batch-1 step measured 28 ms in the profile and 21 ms a minute later (oneDNN
+        # builds a kernel per new matmul shape), which put the profile 20 % off the runs
+        warm = parse_workload("poisson:rate=4,prompt=U(16,64),output=U(16,48),n=48",
+                              seed=11, max_model_len=512)
+        LiveServer.attach(Contender("warm-up", "tuned", config_mod.validate(static)),
+                          url=srv.base, endpoint=srv.endpoint,
+                          log_path=srv.log_path).drive(warm)
+        # ---- the profile of this host, measured on this very engine
+        prof_path = tmp_path / "profile.json"
+        rc = tuned_main(["profile", "--url", srv.base, "--metrics-url", srv.endpoint,
+                         "--out", str(prof_path), "--levels", "1,2,4,8,16",
+                         "--level-seconds", "8", "--no-plot",
+                         "--workload", "synthetic:prompt=U(16,64),output=U(16,48)"])
+        assert rc == 0
+        prof = load_profile(prof_path)
+        model = prof.step_model()
+        assert model is not None, prof.summary()
+        print(f"\nstep model measured here: {model}")
+        # ---- a workload below saturation at cap 4, from the measured speed
+        t4 = model.predict_step_s(4, 0, 4 * 60)
+        rate = round(0.5 * 4 / (t4 * 32), 3)        # 32 output tokens on average
+        wl = parse_workload(f"poisson:rate={rate},prompt=U(16,64),output=U(16,48),n=64",
+                            seed=3, max_model_len=512)
+        hw = profile_hardware(prof_path)
+        steps = StepsClient(srv.endpoint)
+        live, sim, drift, at_profile = {}, {}, {}, {}
+        for cap in CAPS:
+            d = {**static, "b_max": cap}
+            reload_to(srv, d, want_cap=cap)
+            cfg = config_mod.validate(d)
+            c = Contender(f"static-{cap}", "tuned", cfg)
+            since = steps.fetch()["next"]
+            run = LiveServer.attach(c, url=srv.base, endpoint=srv.endpoint,
+                                    log_path=srv.log_path).drive(wl)
+            drift[cap] = live_over_model(steps.fetch(since)["samples"], model)
+            live[cap] = summarize(run.results, Slo())
+            sim[cap] = summarize(results_from_sim(
+                simulate(cfg, at_host_speed(hw, drift[cap]), wl.requests)), Slo())
+            at_profile[cap] = summarize(results_from_sim(simulate(cfg, hw, wl.requests)),
+                                        Slo())
+        # ---- tuned with a TBT SLA that binds at a decode batch of about 3 on this host:
+        # from its warm start at 8 the controller must come down, live and simulated (an
+        # SLA at the batch the load reaches would leave the course to the host's noise).
+        # Two edges bound that course: above ~1.3 x T(1) the SLA stops binding (the cap
+        # stays at 8), below ~1.04 x T(1) it is infeasible (the cap goes to memory, 16).
+        # On a host whose step is mostly fixed cost T(3) is only 1.10-1.13 x T(1), within
+        # the host's drift between two runs: one CI run and one run here, with the SLA at
+        # T(3), measured the low-batch steps 13 % slower in the tuned run than in the run
+        # before, declared the SLA infeasible live (16) and not in the simulator (2). So
+        # the SLA is at least 1.2 x T(1), the middle between the edges, at the speed the
+        # cap-2 run's steps had (the lowest batches, which feasibility reads; the 1.4-1.9x
+        # slowdown of another CI host is why it is not the profile's own speed)
+        t1, t3 = model.predict_step_s(1, 0, 60), model.predict_step_s(3, 0, 3 * 60)
+        sla = round(max(t3, 1.2 * t1) * drift[CAPS[0]], 4)
+        # the admission guard off: this checks Algorithm 2's course, and the guard acts
+        # from the first tick live (the online step fit reads the static runs' steps
+        # still in the ring) but only after a few seconds in the simulator, whose ring
+        # starts empty; one CI run stayed at 8 live and went 8 -> 3 simulated
+        d = {**base_config(small_model), "tbt_sla_s": sla, "eps_d_s": round(sla / 20, 5),
+             "admission_guard": "off"}
+        cfg = config_mod.validate(d)
+        # let the static runs' steps age out of the TBT window before the SLA comes in
+        # (the simulator starts with an empty one): otherwise the first ticks read the
+        # cap-16 steps and drop the cap before the run has sent anything
+        time.sleep(cfg.tbt_window_s + 2 * cfg.interval_s)
+        reload_to(srv, d)
+        live_start = srv.decisions(1)["current"]["cap"]     # the warm start, idle
+        since = steps.fetch()["next"]
+        tuned_run = LiveServer.attach(Contender("tuned", "tuned", cfg), url=srv.base,
+                                      endpoint=srv.endpoint, log_path=srv.log_path).drive(wl)
+        ran_steps = steps.fetch(since)["samples"]
+        tuned_drift = live_over_model(ran_steps, model)
+        # the steps of at most 3 decodes and the others, each at its own speed: one
+        # scale missed the first by 10 % or more here (the cap-2 runs' steps / profile
+        # 1.05-1.18 where caps 4-16 had 0.93-1.07), and the course turns on them
+        # (feasibility reads b-bar <= b_min + alpha); the run's mean where one side had
+        # too few steps to measure
+        few = LOW_BATCHES
+        ran = [x["num_decode"] for x in ran_steps if x["num_decode"]]
+        n_low = sum(1 for b in ran if b <= few)
+        scale_low = (live_over_model(ran_steps, model, range(few + 1))
+                     if n_low >= 50 else tuned_drift)
+        scale_high = (live_over_model(ran_steps, model, range(few + 1, CEILING + 1))
+                      if len(ran) - n_low >= 50 else tuned_drift)
+        # and at 10 % either side (the throughput tolerance above): on a host whose step
+        # is mostly fixed cost, SLAs from 1.04 to 1.3 x T(1) bring the cap down, below
+        # that it is infeasible (16), above it never binds (8), and the host drifts by
+        # about that much within a run; the course is judged against this band
+        band = {f: simulate(cfg, at_host_speed(hw, scale_high * f, (few, scale_low * f)),
+                            wl.requests) for f in BAND}
+        tuned_sim = band[1.0]
+
+    rows = []
+    for cap in CAPS:
+        lt, st = live[cap]["output_tok_s"], sim[cap]["output_tok_s"]
+        lp, sp = live[cap]["tpot_mean_s"], sim[cap]["tpot_mean_s"]
+        rows.append((cap, lt, st, lp, sp))
+    print("\nsim: at the host's speed during the run (live steps / profile); "
+          "sim@profile: at the profile's")
+    print("cap  live tok/s  sim tok/s  live TPOT  sim TPOT  live steps / profile  "
+          "sim@profile tok/s  TPOT")
+    for cap, lt, st, lp, sp in rows:
+        ap = at_profile[cap]
+        print(f"{cap:3d} {lt:11.1f} {st:10.1f} {lp * 1e3:8.2f}ms {sp * 1e3:7.2f}ms "
+              f"{drift[cap]:10.3f} {ap['output_tok_s']:18.1f} "
+              f"{ap['tpot_mean_s'] * 1e3:6.2f}ms")
+    for cap, lt, st, lp, sp in rows:
+        assert abs(st - lt) <= 0.10 * lt, (cap, lt, st)
+        assert abs(sp - lp) <= 0.15 * lp, (cap, lp, sp)
+    # decisions made during the run (the first poll also returns older ones)
+    live_caps = [live_start] + [d["cap"] for d in tuned_run.decisions
+                                if d.get("run_s", -1.0) >= 0]
+    sim_caps = [d["cap"] for d in tuned_sim.decisions]
+    # where the controller settled: the median cap over the second half of the run's
+    # ticks (the very last tick reads the drain, where a live run's last few requests
+    # let the evidence rise again: one CI run ended 2, 3, 2, 3, 5)
+    live_end, sim_end = settled(live_caps), settled(sim_caps)
+    print(f"tuned (SLA {sla * 1e3:.1f} ms = {sla / (t1 * drift[CAPS[0]]):.2f} x T(1) at "
+          f"the cap-2 run's speed; live steps / profile {tuned_drift:.3f}: {scale_low:.3f} "
+          f"at <= {LOW_BATCHES} decodes, {scale_high:.3f} above) caps: "
+          f"live {live_caps[0]} -> {live_end}, sim {sim_caps[0]} -> {sim_end}")
+    changes = lambda caps: [c for i, c in enumerate(caps) if i == 0 or c != caps[i - 1]]  # noqa: E731
+    print(f"  live course {changes(live_caps)}\n  sim course  {changes(sim_caps)}")
+    reasons = lambda ds: sorted(Counter(d.get("reason") for d in ds).items())  # noqa: E731
+    print(f"  live reasons {reasons(d for d in tuned_run.decisions if d.get('run_s', -1.0) >= 0)}"
+          f"\n  sim reasons  {reasons(tuned_sim.decisions)}")
+    for name, ds in (("live", tuned_run.decisions), ("sim", tuned_sim.decisions)):
+        for d in [d for d in ds if d.get("reason") == "sla_infeasible"][:3]:
+            i = d.get("inputs", {})
+            print(f"  {name} infeasible: {i.get('sla_infeasible_why')}; b-bar "
+                  f"{i.get('decode_batch_mean')}, step model {i.get('step_model')}")
+    band_end = {f: settled([d["cap"] for d in r.decisions]) for f, r in band.items()}
+    print("  simulated at the host's speed x " + ", ".join(
+        f"{f}: {sim_caps[0]} -> {e}" for f, e in band_end.items()))
+    assert live_caps[0] == sim_caps[0], (live_caps[:3], sim_caps[:3])   # one warm start
+    sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+    # the same direction as the simulator at a speed within the band, and a final cap
+    # within 2 of the finals the band spans (where the band agrees: of its one final)
+    assert sign(live_end - live_caps[0]) in {sign(e - sim_caps[0]) for e in band_end.values()}
+    assert min(band_end.values()) - 2 <= live_end <= max(band_end.values()) + 2, band_end

@@ -55,10 +55,20 @@ class Decision:
 
 
 class StepModel(Protocol):
-    """The engine's step time T(b, c, kv) as the controller's token-budget rule reads it:
-    the largest prefill chunk in [lo, hi] that keeps a step of ``b`` decodes (with
-    ``kv_tokens`` resident) within ``tbt_s``. :class:`tuned.curves.online.LinearStepModel`
-    implements it."""
+    """The engine's step time T(b, c, kv) = a + beta*b + gamma*c + eta*kv as the control
+    core reads it (seed 000's PD fusion, with a KV term): ``b`` decodes, ``c`` prefill
+    tokens and ``kv`` resident KV tokens in one step. The token-budget rule asks for the
+    largest prefill chunk that keeps a step within the SLA; the admission guard reads
+    the per-decode and per-prefill-token costs. One implementation:
+    :class:`tuned.curves.online.LinearStepModel` (fitted offline by `tuned profile` or
+    online on the step ring). The simulator's clock (:mod:`tuned.sim.stepmodel`) is
+    another thing: it times a whole step shape, GPU operators included."""
+
+    beta: float
+    gamma: float
+    eta: float
+
+    def predict_step_s(self, b: float, c: float = 0.0, kv_tokens: float = 0.0) -> float: ...
 
     def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
                              kv_tokens: float = 0.0) -> int: ...

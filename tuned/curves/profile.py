@@ -108,10 +108,9 @@ class Profile:
         back to the time per token of one request at load ``b``, 1 / v(b), which
         ignores ``c`` and ``kv_tokens``.
         """
-        if self.step_time is not None:
-            if self.step_time.name == "step_time_kv":
-                return float(self.step_time.predict(b, c, kv_tokens))
-            return float(self.step_time.predict(b, c))
+        model = self.step_model()
+        if model is not None:
+            return float(model.predict_step_s(b, c, kv_tokens))
         v = self.speed_tok_s(max(int(b), 1))
         return 1.0 / v if v > 0 else math.inf
 

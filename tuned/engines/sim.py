@@ -53,7 +53,7 @@ from tuned.config import Config
 from tuned.core.queue import QueueCore
 from tuned.runtime import Runtime, build_runtime
 from tuned.policies.queues import AdmitContext, make_policy
-from tuned.sim.stepmodel import StepShape, StepTimeModel
+from tuned.sim.stepmodel import StepShape, StepClock
 from tuned.core.ring import FinishedRequest, Ring, StepSample
 from tuned.workloads import RequestSpec
 
@@ -149,7 +149,7 @@ class SimResult:
 class SimEngine:
     """The simulated engine: see the module docstring. Build one per run."""
 
-    def __init__(self, cfg: Config, step_model: StepTimeModel, *, block_size: int,
+    def __init__(self, cfg: Config, step_model: StepClock, *, block_size: int,
                  num_gpu_blocks: int, static_batching: bool = False,
                  record_token_times: bool = False, record_steps: bool = True,
                  max_sim_s: float = 30 * 24 * 3600.0,

@@ -257,7 +257,7 @@ def _interpolate(tokens: np.ndarray, values: np.ndarray, slope: float, n: np.nda
 class GpuStepModel:
     """Step time of vLLM serving a Llama-2 model on A100 / H100, from Vidur's profiles.
 
-    Implements :class:`tuned.sim.stepmodel.StepTimeModel`. The fields are the inputs
+    Implements :class:`tuned.sim.stepmodel.StepClock`. The fields are the inputs
     (operator profile, hardware, fitted decode-attention coefficients, constants);
     construction precomputes a per-token-count table of the forward time (linear
     operators x layers + emb + all-reduce, made non-decreasing) so that

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuned.sim.stepmodel import ProfileStepModel, StepTimeModel
+from tuned.sim.stepmodel import ProfileStepModel, StepClock
 
 #: vLLM 0.32's own defaults for its OpenAI server (``EngineArgs.get_batch_defaults``):
 #: H100-class (>= 70 GiB, not A100) 1024 / 8192, other GPUs (A100) 256 / 2048,
@@ -20,7 +20,7 @@ VLLM_DEFAULTS = {"h100": (1024, 8192), "a100": (256, 2048), "cpu": (128, 2048)}
 @dataclass(frozen=True)
 class SimHardware:
     name: str
-    step_model: StepTimeModel
+    step_model: StepClock
     block_size: int
     num_gpu_blocks: int                     # blocks the engine would allocate (null block included)
     vllm_default_max_num_seqs: int

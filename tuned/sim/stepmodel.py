@@ -1,13 +1,15 @@
 """Step-time models: how long one engine step takes, given what it carries.
 
-A step-time model is the simulator's only source of time. Two kinds exist:
+A step clock is the simulator's only source of time. Three kinds exist:
 
 * :class:`ProfileStepModel`: the fitted T(b, c, kv) of a `tuned profile` run
-  (measured on this host, through vLLM), and
+  (measured on this host, through vLLM), evaluated by the control core's one step
+  model, :class:`tuned.curves.online.LinearStepModel`;
 * the GPU-shaped models of :mod:`tuned.sim.gpu`, built from Vidur's per-operator
-  timings of Llama-2 on A100 / H100.
+  timings of Llama-2 on A100 / H100;
+* :class:`ConstantStepModel`, seed 001's unit-time steps.
 
-Every model implements :class:`StepTimeModel`; the engine describes each step by a
+Every clock implements :class:`StepClock`; the engine describes each step by a
 :class:`StepShape`.
 """
 
@@ -36,7 +38,7 @@ class StepShape(NamedTuple):
     kv_tokens: int
 
 
-class StepTimeModel(Protocol):
+class StepClock(Protocol):
     """Seconds one engine step takes. Pure: same shape, same time.
 
     ``gap_s`` (optional, 0 when absent): engine time between back-to-back steps that
@@ -50,8 +52,8 @@ class StepTimeModel(Protocol):
 
 
 class ProfileStepModel:
-    """T(b, c, kv) from a `tuned profile` fit: ``a + beta*b + gamma*c + eta*kv``
-    (:meth:`tuned.curves.profile.Profile.predict_step_s`, its KV term included).
+    """T(b, c, kv) from a `tuned profile` fit: ``a + beta*b + gamma*c + eta*kv``, the
+    profile's :class:`~tuned.curves.online.LinearStepModel` (its KV term included).
 
     ``b`` is the step's decode count, ``c`` its prefill tokens and ``kv`` the KV
     tokens resident after the step, the same quantities the profile's step samples
@@ -69,14 +71,11 @@ class ProfileStepModel:
             raise ValueError(f"{profile.source or 'profile'}: no step-time fit (the profile "
                              "has no engine step samples); re-run `tuned profile` against "
                              "tuned serve")
-        p = st.params
-        self._a, self._beta, self._gamma = p["a"], p["beta"], p["gamma"]
-        self._eta = p.get("eta", 0.0) if st.name == "step_time_kv" else 0.0
+        self._t = profile.step_model().predict_step_s
         self.gap_s = profile.step_gap_s
 
     def step_s(self, shape: StepShape) -> float:
-        t = (self._a + self._beta * shape.num_decode + self._gamma * shape.prefill_tokens
-             + self._eta * shape.kv_tokens)
+        t = self._t(shape.num_decode, shape.prefill_tokens, shape.kv_tokens)
         return t if t > self.MIN_STEP_S else self.MIN_STEP_S
 
     def describe(self) -> dict:

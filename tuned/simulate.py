@@ -46,7 +46,7 @@ def register(subparsers) -> None:
     hw.add_argument("--profile", help="a profile from `tuned profile` (this host's speed)")
     p.add_argument("--workload", required=True, help="workload spec, e.g. "
                    "poisson:rate=4,prompt=U(16,512),output=U(16,256),n=500 or "
-                   "trace:../shared/data/traces/azure_conv_2023.csv (see docs)")
+                   "trace:azure_conv_2023,n=500 (the packaged Azure trace; see docs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for result.json")
     p.add_argument("--static-batching", action="store_true",

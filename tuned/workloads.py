@@ -101,7 +101,7 @@ from typing import Callable
 from tuned.data import trace_path
 
 __all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "parse_dist",
-           "parse_workload", "load_trace", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
+           "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
            "LMSYS_PROMPT", "LMSYS_OUTPUT", "KINDS"]
 
 KINDS = ("trace", "poisson", "gamma", "saber", "lmsys", "phases", "phase-shift")
@@ -655,15 +655,23 @@ def _saber_classes(mix: dict[str, float], n: int, rng: random.Random) -> list[st
     return out
 
 
-def _trace_file(spec: str, path: str) -> Path:
-    """A file on disk as given; a bare name (no path separator, no such file) is a
-    trace packaged with tuned (:func:`tuned.data.trace_path`)."""
+def trace_file(path: str) -> Path:
+    """The trace CSV a spec's PATH names: a file on disk as given; a bare name (no path
+    separator, no such file) is a trace packaged with tuned
+    (:func:`tuned.data.trace_path`); ValueError when it is neither."""
     if Path(path).exists() or "/" in path or os.sep in path:
         return Path(path)
     try:
         return trace_path(path)
     except ValueError as e:
-        raise WorkloadError(f"workload {spec!r}: no file {path!r} and {e}") from None
+        raise ValueError(f"no file {path!r} and {e}") from None
+
+
+def _trace_file(spec: str, path: str) -> Path:
+    try:
+        return trace_file(path)
+    except ValueError as e:
+        raise WorkloadError(f"workload {spec!r}: {e}") from None
 
 
 def _trace(f: _Fields, path: Path) -> _Part:

@@ -4,6 +4,7 @@ multibin, pang and saber scenarios against their tolerances."""
 import io
 import json
 import random
+from pathlib import Path
 
 import pytest
 import structlog
@@ -121,15 +122,36 @@ def test_cli_dispatches_paper_to_run_paper(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake(name, out_dir, *, quick, seed):
-        seen.update(name=name, out_dir=out_dir, quick=quick, seed=seed)
+    def fake(name, out_dir, *, quick, seed, data_dir):
+        seen.update(name=name, out_dir=out_dir, quick=quick, seed=seed, data_dir=data_dir)
         return 1
 
     monkeypatch.setattr(papers, "run_paper", fake)
     rc = cli.main(["bench", "--paper", "saber", "--out", str(tmp_path), "--quick",
                    "--seed", "7"])
     assert rc == 1
-    assert seen == {"name": "saber", "out_dir": tmp_path, "quick": True, "seed": 7}
+    assert seen == {"name": "saber", "out_dir": tmp_path, "quick": True, "seed": 7,
+                    "data_dir": None}
+    cli.main(["bench", "--paper", "pang", "--out", str(tmp_path), "--data-dir", "tables"])
+    assert seen["data_dir"] == Path("tables")
+
+
+def test_data_dir_reaches_the_scenario_and_is_refused_where_unused(tmp_path, monkeypatch):
+    seen, err = {}, io.StringIO()
+
+    def runner(seed, *, quick, data_dir):
+        seen["data_dir"] = data_dir
+        return {"checks": []}
+
+    monkeypatch.setattr(pang, "format_table", lambda result: "table")
+    rc = papers.run_paper("pang", tmp_path, quick=True, seed=0, runner=runner,
+                          data_dir=Path("tables"), stdout=io.StringIO())
+    assert (rc, seen) == (papers.EXIT_OK, {"data_dir": Path("tables")})
+    rc = papers.run_paper("multibin", tmp_path, quick=True, seed=0, runner=runner,
+                          data_dir=Path("tables"), stderr=err)
+    assert rc == papers.EXIT_USAGE
+    assert err.getvalue() == ("tuned bench: --data-dir: paper multibin reads no operator "
+                              "tables (it applies to pang, saber)\n")
 
 
 def test_markdown_turns_pipe_runs_into_tables():

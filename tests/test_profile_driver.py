@@ -7,7 +7,6 @@ import signal
 import threading
 import time
 import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +16,7 @@ from tuned.curves.profile import Profile, build_profile, load_profile, save_prof
 
 from test_profile_io import META, V1, make_samples
 
-AZURE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / \
-    "azure_conv_2023.csv"
+AZURE = "azure_conv_2023"  # packaged with tuned (tuned/data/traces/)
 
 
 # --- workloads ---------------------------------------------------------------------------
@@ -62,7 +60,6 @@ def test_trace_workload_scales_and_cycles(tmp_path):
     assert d["rows"] == 3 and d["scale"] == 0.1 and d["path"] == str(csv)
 
 
-@pytest.mark.skipif(not AZURE.exists(), reason="shared Azure trace not present")
 def test_azure_trace_reads():
     w = P.parse_workload(f"trace:{AZURE}:scale=0.1").bind(1024)
     assert w.describe()["rows"] == 19366

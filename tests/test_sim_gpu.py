@@ -16,10 +16,13 @@ from tuned.sim.gpu import (A100_LLAMA2_7B_DECODE_ATTN_MS, HARDWARE, LINEAR_OPS,
                            fit_decode_attention, isotonic_increasing, load_hardware)
 from tuned.sim.stepmodel import StepShape
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "vidur-profiling"
+DATA = gpu.default_data_dir()  # the tables packaged with tuned
 MD = DATA / "decode_step_llama2_7b.md"
-
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"Vidur profiling data not at {DATA}")
+# The full upstream tables, beside the repository in this workspace only.
+FULL = Path(__file__).resolve().parents[2] / "shared" / "data" / "vidur-profiling"
+needs_full = pytest.mark.skipif(not FULL.is_dir(),
+                                reason=f"full Vidur tables not at {FULL} (checks the packaged "
+                                       "copy against them)")
 
 # A100 Llama-2-7B decode steps of decode_step_llama2_7b.md: (num_decode, context tokens
 # per request, step ms). The context of each row is that of its attention row.
@@ -281,14 +284,10 @@ def test_bad_name_names_the_known_ones():
         assert name in str(err.value)
 
 
-def test_missing_data_dir_names_the_path(tmp_path, monkeypatch):
+def test_missing_data_dir_names_the_path(tmp_path):
     missing = tmp_path / "no-such-dir"
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
         load_hardware("a100-llama2-7b", missing)
-    monkeypatch.setattr(gpu, "__file__", str(tmp_path / "repo" / "tuned" / "sim" / "gpu.py"))
-    expected = tmp_path / "shared" / "data" / "vidur-profiling"
-    with pytest.raises(FileNotFoundError, match=re.escape(str(expected))):
-        gpu.default_data_dir()
 
 
 def test_missing_csv_names_the_path(tmp_path):
@@ -298,9 +297,39 @@ def test_missing_csv_names_the_path(tmp_path):
         load_hardware("a100-llama2-7b", tmp_path)
 
 
-def test_default_data_dir_and_cache():
-    assert gpu.default_data_dir() == DATA
+def test_default_data_dir_is_the_package_and_cached():
+    import tuned
+
+    assert DATA == Path(tuned.__file__).resolve().parent / "data" / "vidur"
     assert load_hardware("h100-llama2-70b") is load_hardware("h100-llama2-70b", DATA)
+
+
+@pytest.mark.parametrize("name", HARDWARE)
+def test_packaged_tables_have_only_the_columns_read(name):
+    with open(DATA / gpu.profile_relpath(name), newline="") as f:
+        assert tuple(next(csv.reader(f))) == gpu.PROFILE_COLUMNS
+
+
+@needs_full
+@pytest.mark.parametrize("name", HARDWARE)
+def test_packaged_tables_give_the_model_of_the_full_ones(name):
+    packaged, full = load_hardware(name), load_hardware(name, FULL)
+    assert packaged.profile == full.profile
+    assert packaged.describe() == full.describe()
+    shapes = [decode(64, 800), prefill(2048), prefill(512, 3000)]
+    assert [packaged.step_s(s) for s in shapes] == [full.step_s(s) for s in shapes]
+
+
+@needs_full
+def test_packaged_data_is_what_the_tool_writes():
+    import importlib.util
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "build_package_data.py"
+    spec = importlib.util.spec_from_file_location("build_package_data", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for rel, data in module.package_files(FULL.parent).items():
+        assert (DATA.parent / rel).read_bytes() == data, rel
 
 
 @pytest.mark.parametrize("name", HARDWARE)

@@ -113,6 +113,33 @@ def test_two_runs_with_one_seed_write_identical_bytes(tmp_path):
     assert rc == 0 and other.read_bytes() != a
 
 
+def test_data_dir_names_the_operator_tables(tmp_path, capsys):
+    import shutil
+
+    from tuned.data import vidur_dir
+
+    tables = shutil.copytree(vidur_dir(), tmp_path / "tables")
+    rc, packaged = simulate(tmp_path, out="packaged")
+    rc_dd, copied = simulate(tmp_path, "--data-dir", str(tables), out="copied")
+    assert (rc, rc_dd) == (0, 0)
+    assert copied.read_bytes() == packaged.read_bytes()
+    capsys.readouterr()
+    (tmp_path / "partial" / "a100").mkdir(parents=True)   # models are cached per folder
+    rc, path = simulate(tmp_path, "--data-dir", str(tmp_path / "partial"), out="missing")
+    assert rc == 2 and not path.exists()
+    assert capsys.readouterr().err == (
+        "tuned simulate: operator profile not found at "
+        f"{(tmp_path / 'partial').resolve()}/a100/Llama-2-7b-hf/mlp.csv\n")
+
+
+def test_data_dir_is_for_hardware_only(tmp_path, capsys):
+    rc, path = simulate(tmp_path, "--profile", str(PROFILE), "--data-dir", str(tmp_path),
+                        hardware=None)
+    assert rc == 2 and not path.exists()
+    assert capsys.readouterr().err == ("tuned simulate: --data-dir: applies only with "
+                                       "--hardware (GPU operator tables)\n")
+
+
 def test_result_json_does_not_depend_on_the_hash_seed(tmp_path):
     """Two processes with different string hashing (set and dict orders of ids,
     classes) write the same bytes, with a queue policy that keeps per-class state."""

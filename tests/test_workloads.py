@@ -4,15 +4,13 @@ phases, clamping, and every error message."""
 import json
 import statistics
 import time
-from pathlib import Path
 
 import pytest
 
 from tuned.workloads import (LMSYS_OUTPUT, LMSYS_PROMPT, SABER_TASKS, Dist, WorkloadError,
-                             load_trace, parse_dist, parse_workload)
+                             load_trace, parse_dist, parse_workload, trace_file)
 
-AZURE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / \
-    "azure_conv_2023.csv"
+AZURE = "azure_conv_2023"  # packaged with tuned (tuned/data/traces/)
 
 SPECS = [
     "poisson:rate=4,prompt=U(10,20),output=Exp(30),n=50",
@@ -150,7 +148,6 @@ def test_saber_lengths_follow_table_i_and_length_scale_keeps_deadlines():
 
 # --- traces ---------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not AZURE.exists(), reason="shared Azure trace not present")
 def test_azure_trace_loads_fast():
     t0 = time.perf_counter()
     w = parse_workload(f"trace:{AZURE}")
@@ -162,6 +159,28 @@ def test_azure_trace_loads_fast():
     s = parse_workload(f"trace:{AZURE},n=1000,rate=2,length_scale=0.1")
     assert len(s) == 1000 and s.describe()["rate_rps"] == pytest.approx(2.0)
     assert (s.requests[0].prompt_tokens, s.requests[0].output_tokens) == (37, 4)
+
+
+def test_bare_trace_name_is_the_packaged_trace():
+    from tuned.data import trace_path
+
+    assert trace_file(AZURE) == trace_path(AZURE)
+    assert parse_workload(f"trace:{AZURE},n=5").requests == \
+        parse_workload(f"trace:{trace_path(AZURE)},n=5").requests
+
+
+def test_bare_trace_name_prefers_a_file_on_disk(tmp_path, monkeypatch):
+    (tmp_path / AZURE).write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,7,3\n")
+    monkeypatch.chdir(tmp_path)
+    w = parse_workload(f"trace:{AZURE}")
+    assert [(r.prompt_tokens, r.output_tokens) for r in w.requests] == [(7, 3)]
+
+
+def test_unknown_bare_trace_name_names_the_packaged_ones():
+    with pytest.raises(WorkloadError) as err:
+        parse_workload("trace:no_such_trace,n=3")
+    assert str(err.value) == ("workload 'trace:no_such_trace,n=3': no file 'no_such_trace' "
+                              "and no packaged trace 'no_such_trace'; packaged: azure_conv_2023")
 
 
 def test_trace_options(trace_csv):

@@ -26,7 +26,7 @@ if [ "$EXTRA" = cpu ]; then
   pip install -q "torch==2.13.0"
 fi
 echo "[setup] installing tuned with the '$EXTRA' vLLM extra and test tools"
-pip install -q -e ".[$EXTRA,test]"
+pip install -q -e ".[$EXTRA,bench,test]"
 if [ "$EXTRA" = cpu ]; then
   # PyPI's torchvision/torchaudio/torchcodec builds break imports beside the CPU
   # torch, and tuned needs none of them.

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from tuned import __version__
+from tuned.extras import BENCH_EXTRA_MODULES, bench_extra_error, bench_extra_message
 
 SUBCOMMAND_MODULES = ("tuned.serve", "tuned.demo", "tuned.profiler", "tuned.opscli",
                       "tuned.simulate", "tuned.bench.command")
@@ -42,8 +43,16 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "vllm_args"):
             parser.error(f"{args.command} takes no arguments after --")
         args.vllm_args = list(args.vllm_args or []) + passthrough
+    if msg := bench_extra_error(args.command):
+        print(msg, file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in BENCH_EXTRA_MODULES:
+            raise
+        print(bench_extra_message(args.command, [e.name]), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -42,16 +42,25 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import requests as _requests
 
 from tuned.curves.fit import kv_bytes_per_token
 from tuned.curves.profile import (REQUEST_COLUMNS, STEP_COLUMNS, ProfileError,
                                   build_profile, empty_columns, load_profile, save_profile)
 from tuned.netutil import free_port
-from tuned.workloads import Dist, WorkloadError
+from tuned.workloads import Dist, WorkloadError, trace_file
 from tuned.workloads import parse_dist as _parse_dist
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _http_lib():
+    """``requests``, imported on first use: it comes with the bench extra, and
+    ``tuned.cli`` imports this module to register ``tuned profile``."""
+    import requests
+
+    return requests
+
+
 QUICK_LEVELS = (1, 2, 4)
 QUICK_WORKLOAD = "synthetic:prompt=32,output=32"
 QUICK_OUTPUT_CAP = 32
@@ -137,7 +146,7 @@ def parse_workload(spec: str, seed: int = 0) -> Workload:
       (``U(lo,hi)``, ``N(mean,std)``, ``LN(mean,median)``, ``Exp(mean)``; see
       :func:`tuned.workloads.parse_dist`),
     - ``trace:PATH[:scale=0.1]``: a CSV with columns ``num_prefill_tokens`` and
-      ``num_decode_tokens`` (e.g. the Azure conversation trace); rows are replayed
+      ``num_decode_tokens`` (e.g. ``trace:azure_conv_2023``, packaged); rows are replayed
       in file order, cycling, with both lengths multiplied by ``scale`` (rounded,
       at least 1). Arrival times are ignored: the sweep is closed-loop.
     """
@@ -173,7 +182,10 @@ def parse_workload(spec: str, seed: int = 0) -> Workload:
         while len(parts) > 1 and re.fullmatch(r"\w+=.*", parts[-1]):
             k, _, v = parts.pop().partition("=")
             opts[k] = v
-        path = Path(":".join(parts))
+        try:
+            path = trace_file(":".join(parts))
+        except ValueError as e:
+            raise UsageError(f"workload {spec!r}: {e}") from None
         unknown = set(opts) - {"scale"}
         if unknown:
             raise UsageError(f"workload {spec!r}: unknown option {sorted(unknown)[0]!r} "
@@ -253,7 +265,7 @@ class PromptFactory:
                     seed: int = 0, session=None) -> "PromptFactory":
         """Pool from the server's ``/tokenize`` of a word list; if that endpoint fails,
         the middle of the vocabulary (or ids 100-999)."""
-        http = session or _requests
+        http = session or _http_lib()
         text = " ".join(random.Random(seed).choices(_WORDS, k=600))
         try:
             r = http.post(f"{base_url}/tokenize", json={"model": model, "prompt": text,
@@ -283,7 +295,7 @@ class StepsClient:
 
     def __init__(self, base_url: str, session=None, timeout_s: float = 5.0):
         self.base_url = base_url.rstrip("/")
-        self.http = session or _requests.Session()
+        self.http = session or _http_lib().Session()
         self.timeout_s = timeout_s
 
     def fetch(self, since: int | None = None) -> dict[str, Any]:
@@ -727,7 +739,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, log_path: Pat
                session=None) -> None:
     """Poll ``/health`` (then ``/v1/models``) until both answer 200; raise
     :class:`EngineError` with the log's tail if the process dies or time runs out."""
-    http = session or _requests
+    http = session or _http_lib()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -737,7 +749,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, log_path: Pat
             if http.get(f"{url}/health", timeout=2).status_code == 200 and \
                     http.get(f"{url}/v1/models", timeout=5).status_code == 200:
                 return
-        except _requests.RequestException:
+        except _http_lib().RequestException:
             pass
         time.sleep(0.5)
     raise EngineError(f"engine not ready after {timeout_s:.0f}s; last lines of {log_path}:\n"
@@ -772,7 +784,7 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 def server_info(url: str, session=None) -> dict[str, Any]:
     """Model id, root (path), max_model_len from ``/v1/models``; version from ``/version``."""
-    http = session or _requests
+    http = session or _http_lib()
     r = http.get(f"{url}/v1/models", timeout=10)
     r.raise_for_status()
     data = r.json().get("data") or []
@@ -972,7 +984,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except UsageError as e:
         _say(str(e))
         return EXIT_USAGE
-    except (EngineError, _requests.RequestException) as e:
+    except (EngineError, _http_lib().RequestException) as e:
         _say(f"error: {e}")
         return EXIT_FAIL
 

@@ -44,9 +44,12 @@ def register(subparsers) -> None:
     hw.add_argument("--hardware", help="GPU-shaped step-time model: a100-llama2-7b, "
                     "h100-llama2-7b, a100-llama2-70b, h100-llama2-70b")
     hw.add_argument("--profile", help="a profile from `tuned profile` (this host's speed)")
+    p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
+                   "(<gpu>/<model>/mlp.csv) for --hardware (default: the ones packaged "
+                   "with tuned)")
     p.add_argument("--workload", required=True, help="workload spec, e.g. "
                    "poisson:rate=4,prompt=U(16,512),output=U(16,256),n=500 or "
-                   "trace:../shared/data/traces/azure_conv_2023.csv (see docs)")
+                   "trace:azure_conv_2023,n=500 (the packaged Azure trace; see docs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for result.json")
     p.add_argument("--static-batching", action="store_true",
@@ -108,7 +111,7 @@ def cmd_simulate(args) -> int:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
         return 2
     try:
-        hw = resolve_hardware(args.hardware, args.profile)
+        hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
         wl = parse_workload(args.workload, args.seed, max_model_len=cfg.max_model_len)
     except (ValueError, FileNotFoundError, WorkloadError) as e:
         print(f"tuned simulate: {e}", file=sys.stderr)

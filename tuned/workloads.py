@@ -11,8 +11,10 @@ Spec grammar (``KIND:FIELD=VALUE,...``; a length ``P``/``O`` is a token count or
 distribution, see :func:`parse_dist`):
 
 ``trace:PATH[,time_scale=X,length_scale=Y,n=N,rate=R]``
-    Replay a CSV with columns ``arrived_at,num_prefill_tokens,num_decode_tokens``
-    (e.g. ``shared/data/traces/azure_conv_2023.csv``, 19,366 requests in an hour).
+    Replay a CSV with columns ``arrived_at,num_prefill_tokens,num_decode_tokens``.
+    A bare name (no path separator, no such file) is a trace packaged with tuned
+    (:mod:`tuned.data`): ``trace:azure_conv_2023`` is the Azure conversation trace,
+    19,366 requests in an hour.
     ``n`` keeps the first N rows; arrivals are shifted so the first is at 0 and
     multiplied by ``time_scale`` (> 1 stretches time, i.e. lowers the rate);
     ``rate`` instead rescales time so the mean arrival rate, (n − 1) / (last −
@@ -88,6 +90,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import os
 import random
 import re
 import statistics
@@ -95,8 +98,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tuned.data import trace_path
+
 __all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "parse_dist",
-           "parse_workload", "load_trace", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
+           "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
            "LMSYS_PROMPT", "LMSYS_OUTPUT", "KINDS"]
 
 KINDS = ("trace", "poisson", "gamma", "saber", "lmsys", "phases", "phase-shift")
@@ -572,7 +577,7 @@ def _build(spec: str, seed: str) -> _Part:
             raise WorkloadError(f"workload {spec!r}: trace needs a PATH before its fields "
                                 f"(trace:PATH[,time_scale=X,length_scale=Y,n=N,rate=R])")
         f = _Fields(spec, kind, items, _ALLOWED[kind])
-        return _trace(f, Path(path))
+        return _trace(f, _trace_file(spec, path))
     f = _Fields(spec, kind, items, _ALLOWED[kind])
     rate = f.positive("rate", _REQUIRED)
     n = f.count("n", _REQUIRED)
@@ -648,6 +653,25 @@ def _saber_classes(mix: dict[str, float], n: int, rng: random.Random) -> list[st
     out = [c for c in mix for _ in range(counts[c])]
     rng.shuffle(out)
     return out
+
+
+def trace_file(path: str) -> Path:
+    """The trace CSV a spec's PATH names: a file on disk as given; a bare name (no path
+    separator, no such file) is a trace packaged with tuned
+    (:func:`tuned.data.trace_path`); ValueError when it is neither."""
+    if Path(path).exists() or "/" in path or os.sep in path:
+        return Path(path)
+    try:
+        return trace_path(path)
+    except ValueError as e:
+        raise ValueError(f"no file {path!r} and {e}") from None
+
+
+def _trace_file(spec: str, path: str) -> Path:
+    try:
+        return trace_file(path)
+    except ValueError as e:
+        raise WorkloadError(f"workload {spec!r}: {e}") from None
 
 
 def _trace(f: _Fields, path: Path) -> _Part:

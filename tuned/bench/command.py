@@ -41,6 +41,9 @@ def register(subparsers) -> None:
                     "a100-llama2-70b, h100-llama2-70b")
     hw.add_argument("--profile", help="sim: a profile measured by `tuned profile`")
     hw.add_argument("--model", help="vllm: the model to serve (demo:small, demo:tiny, a folder)")
+    p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
+                   "(<gpu>/<model>/mlp.csv) for --hardware and --paper pang/saber (default: the ones packaged "
+                   "with tuned)")
     p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
     p.add_argument("--slo", default="ttft=2,tpot=0.05",
                    help="SLOs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s)")
@@ -94,7 +97,8 @@ def cmd_bench(args) -> int:
     if args.paper:
         from tuned.bench.papers import run_paper
 
-        return run_paper(args.paper, Path(args.out), quick=args.quick, seed=args.seed)
+        return run_paper(args.paper, Path(args.out), quick=args.quick, seed=args.seed,
+                         data_dir=args.data_dir)
     from tuned.bench.metrics import Slo
     from tuned.workloads import WorkloadError, parse_workload
 
@@ -111,7 +115,7 @@ def cmd_bench(args) -> int:
             return _fail("--model is for --engine vllm; the simulator takes --hardware or "
                          "--profile")
         try:
-            hw = resolve_hardware(args.hardware, args.profile)
+            hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
         except (ValueError, FileNotFoundError) as e:
             return _fail(str(e))
         defaults = (hw.vllm_default_max_num_seqs, hw.vllm_default_max_num_batched_tokens)
@@ -125,6 +129,8 @@ def cmd_bench(args) -> int:
     else:
         if not args.model:
             return _fail("--engine vllm needs --model (e.g. demo:small)")
+        if args.data_dir:
+            return _fail("--data-dir is for the simulator's --hardware (--engine sim)")
         from tuned.sim.hardware import VLLM_DEFAULTS
 
         defaults = VLLM_DEFAULTS["cpu"]

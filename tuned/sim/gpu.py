@@ -2,10 +2,12 @@
 
 Built from per-operator timings that Vidur (microsoft/vidur, MIT) measured on real
 GPUs, so that simulated results speak of A100 / H100 rather than of the host the
-simulator runs on. The data is ``../shared/data/vidur-profiling/``:
+simulator runs on. The data ships in ``tuned/data/vidur/`` (:mod:`tuned.data`; another
+folder of Vidur tables can be named with ``data_dir``):
 ``{a100,h100}/{Llama-2-7b-hf,Llama-2-70b-hf}/mlp.csv`` (per-layer operator times in
-ms by token count and tensor-parallel degree) and ``decode_step_llama2_7b.md`` (A100
-decode-attention timings of Llama-2-7B, read from Vidur's attention table).
+ms by token count and tensor-parallel degree, reduced to :data:`PROFILE_COLUMNS`) and
+``decode_step_llama2_7b.md`` (A100 decode-attention timings of Llama-2-7B, read from
+Vidur's attention table).
 
 One engine step of vLLM's continuous batching, for a :class:`StepShape` with
 ``n = num_decode + prefill_tokens`` tokens, takes (milliseconds)::
@@ -84,12 +86,13 @@ from __future__ import annotations
 import csv
 import functools
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.optimize import nnls
 
+from tuned.data import vidur_dir
 from tuned.sim.stepmodel import StepShape
 
 BF16_BYTES = 2
@@ -107,6 +110,16 @@ LINEAR_OPS: tuple[str, ...] = (
     "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add",
 )
 """Per-layer operators of ``mlp.csv`` whose medians sum to the linear time."""
+
+SHAPE_COLUMNS: tuple[str, ...] = ("n_head", "n_kv_head", "n_embd", "vocab_size")
+"""Columns of ``mlp.csv`` that name the model's shape."""
+
+PROFILE_COLUMNS: tuple[str, ...] = (
+    "num_tensor_parallel_workers", "num_tokens", *SHAPE_COLUMNS, "time_stats.emb.median",
+    *(f"time_stats.{op}.median" for op in LINEAR_OPS),
+)
+"""Every column of ``mlp.csv`` that :func:`read_operator_profile` reads; the packaged
+copies (``tools/reduce_vidur_profiles.py``) keep only these."""
 
 # (num_decode, context tokens per request, attn_decode ms per layer), A100, Llama-2-7B,
 # copied from decode_step_llama2_7b.md (tests check the copy against the file).
@@ -229,7 +242,7 @@ def read_operator_profile(csv_path: Path, tensor_parallel: int) -> OperatorProfi
             linear = sum(float(row[f"time_stats.{op}.median"]) for op in LINEAR_OPS)
             emb = float(row["time_stats.emb.median"])
             by_tokens.setdefault(int(row["num_tokens"]), []).append((linear, emb))
-            shape = {k: int(row[k]) for k in ("n_head", "n_kv_head", "n_embd", "vocab_size")}
+            shape = {k: int(row[k]) for k in SHAPE_COLUMNS}
     if not by_tokens:
         raise ValueError(f"{csv_path} has no rows for "
                          f"num_tensor_parallel_workers={tensor_parallel}")
@@ -479,12 +492,8 @@ class GpuStepModel:
 
 
 def default_data_dir() -> Path:
-    """``../shared/data/vidur-profiling`` beside the repository; FileNotFoundError if absent."""
-    path = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "vidur-profiling"
-    if not path.is_dir():
-        raise FileNotFoundError(f"Vidur profiling data not found at {path}: "
-                                "pass data_dir= to load_hardware")
-    return path
+    """The operator tables packaged with tuned (:func:`tuned.data.vidur_dir`)."""
+    return vidur_dir()
 
 
 def load_hardware(name: str, data_dir: Path | None = None) -> GpuStepModel:
@@ -501,11 +510,20 @@ def load_hardware(name: str, data_dir: Path | None = None) -> GpuStepModel:
     return _build(name, data_dir.resolve())
 
 
+def profile_relpath(name: str) -> PurePosixPath:
+    """Where the ``mlp.csv`` of hardware ``name`` lies inside a data dir:
+    ``<gpu>/<Vidur model folder>/mlp.csv``."""
+    if name not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
+    gpu_name, model_name = name.split("-", 1)
+    return PurePosixPath(gpu_name, MODELS[model_name].profile_dir, "mlp.csv")
+
+
 @functools.lru_cache(maxsize=16)
 def _build(name: str, data_dir: Path) -> GpuStepModel:
     gpu_name, model_name = name.split("-", 1)
     gpu, model = GPUS[gpu_name], MODELS[model_name]
-    csv_path = data_dir / gpu_name / model.profile_dir / "mlp.csv"
+    csv_path = data_dir / profile_relpath(name)
     if not csv_path.is_file():
         raise FileNotFoundError(f"operator profile not found at {csv_path}")
     profile = read_operator_profile(csv_path, model.tensor_parallel)
@@ -529,5 +547,5 @@ def _build(name: str, data_dir: Path) -> GpuStepModel:
 __all__ = [
     "A100_LLAMA2_7B_DECODE_ATTN_MS", "DecodeAttentionFit", "GpuStepModel", "HARDWARE",
     "OperatorProfile", "default_data_dir", "fit_decode_attention", "isotonic_increasing",
-    "load_hardware", "read_operator_profile",
+    "load_hardware", "profile_relpath", "read_operator_profile",
 ]

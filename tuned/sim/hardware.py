@@ -61,7 +61,12 @@ def profile_hardware(path: str | Path) -> SimHardware:
                        blocks, seqs, toks, {"profile": str(path)})
 
 
-def resolve_hardware(hardware: str | None = None, profile: str | None = None) -> SimHardware:
+def resolve_hardware(hardware: str | None = None, profile: str | None = None,
+                     data_dir: Path | None = None) -> SimHardware:
+    """``--hardware NAME`` (tables from ``data_dir``, by default the packaged ones) or
+    ``--profile FILE``."""
     if bool(hardware) == bool(profile):
         raise ValueError("give exactly one of --hardware NAME or --profile FILE")
-    return gpu_hardware(hardware) if hardware else profile_hardware(profile)
+    if data_dir is not None and not hardware:
+        raise ValueError("--data-dir: applies only with --hardware (GPU operator tables)")
+    return gpu_hardware(hardware, data_dir) if hardware else profile_hardware(profile)

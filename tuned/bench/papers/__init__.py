@@ -33,6 +33,9 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "saber": ("tuned.bench.papers.saber", "002_56b8c98eae4faee6.txt"),
 }
 
+TABLE_PAPERS: tuple[str, ...] = ("pang", "saber")
+"""Scenarios on the GPU step-time models: the ones ``--data-dir`` applies to."""
+
 EXIT_OK, EXIT_OUT_OF_TOLERANCE, EXIT_USAGE = 0, 1, 2
 MCSF_AVG_TOLERANCE = 0.05
 
@@ -135,14 +138,15 @@ def _finite(o: Any) -> Any:
 
 def run_paper(name: str, out_dir: Path, *, quick: bool, seed: int,
               stdout: TextIO | None = None, stderr: TextIO | None = None,
-              runner: Callable[..., dict] | None = None) -> int:
+              runner: Callable[..., dict] | None = None, data_dir: Path | None = None) -> int:
     """Run scenario ``name``, write ``out_dir/paper-<name>.json`` (the result dict, its
     ``"checks"`` and ``"passed"`` included) and ``out_dir/paper-<name>.md`` (the
     table), print the table and the verdict.
 
     Returns 0 when every check is within tolerance, 1 otherwise (the verdict names
     the failing figures), 2 for an unknown name (message on ``stderr``).
-    ``runner`` replaces the scenario's ``run`` (tests).
+    ``runner`` replaces the scenario's ``run`` (tests). ``data_dir``: the operator
+    tables of the :data:`TABLE_PAPERS` (by default the packaged ones).
     """
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
@@ -150,8 +154,13 @@ def run_paper(name: str, out_dir: Path, *, quick: bool, seed: int,
         print(f"tuned bench: unknown paper scenario {name!r} (known: "
               f"{', '.join(SCENARIOS)})", file=stderr)
         return EXIT_USAGE
+    if data_dir is not None and name not in TABLE_PAPERS:
+        print(f"tuned bench: --data-dir: paper {name} reads no operator tables (it "
+              f"applies to {', '.join(TABLE_PAPERS)})", file=stderr)
+        return EXIT_USAGE
     module = importlib.import_module(SCENARIOS[name][0])
-    result = (runner or module.run)(seed, quick=quick)
+    kw = {"data_dir": data_dir} if data_dir is not None else {}
+    result = (runner or module.run)(seed, quick=quick, **kw)
     if name == "mcsf" and "checks" not in result:
         result["checks"] = mcsf_checks(result)
     checks = result.get("checks") or []
@@ -171,4 +180,4 @@ def run_paper(name: str, out_dir: Path, *, quick: bool, seed: int,
     return EXIT_OUT_OF_TOLERANCE if failed else EXIT_OK
 
 
-__all__ = ["SCENARIOS", "format_checks", "markdown", "mcsf_checks", "run_paper", "verdict"]
+__all__ = ["SCENARIOS", "TABLE_PAPERS", "format_checks", "markdown", "mcsf_checks", "run_paper", "verdict"]

@@ -47,6 +47,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from tuned import config as config_mod
 from tuned.bench.metrics import Slo, capacity_search, summarize
@@ -127,17 +128,17 @@ def _throughput_run(cfg, hw, requests) -> dict:
 
 
 def throughput_part(seed: int, n: int, caps: Sequence[int],
-                    utilizations: Sequence[float] = (0.9, TIGHT_GPU_MEMORY_UTILIZATION)
-                    ) -> list[dict]:
+                    utilizations: Sequence[float] = (0.9, TIGHT_GPU_MEMORY_UTILIZATION),
+                    data_dir: Path | None = None) -> list[dict]:
     """(a): all requests at t = 0; static caps vs ``batch_policy = "memory"`` per cache
-    size."""
+    size (operator tables from ``data_dir``, by default the packaged ones)."""
     row = THROUGHPUT_ROW
     wl = parse_workload(workload_spec(row["prompt_mean"], row["output_mean"], n), seed,
                         max_model_len=MAX_MODEL_LEN)
     requests = [dataclasses.replace(r, arrival_s=0.0) for r in wl.requests]
     out = []
     for util in utilizations:
-        hw = gpu_hardware(HARDWARE, gpu_memory_utilization=util)
+        hw = gpu_hardware(HARDWARE, data_dir, gpu_memory_utilization=util)
         default_cap = hw.vllm_default_max_num_seqs
         runs = {}
         for cap in sorted(set(caps) | {default_cap}):
@@ -160,11 +161,12 @@ def throughput_part(seed: int, n: int, caps: Sequence[int],
 
 # ------------------------------------------------------------------ (b) capacity
 
-def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool) -> dict:
+def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool,
+                  data_dir: Path | None = None) -> dict:
     """(b): capacity at TPOT ≤ 50 ms and TTFT ≤ 2 s (90% attainment) per contender."""
     from tuned.engines.sim import simulate
 
-    hw = gpu_hardware(HARDWARE)
+    hw = gpu_hardware(HARDWARE, data_dir)
     row = CAPACITY_ROW
     wl = parse_workload(workload_spec(row["prompt_mean"], row["output_mean"], n), seed,
                         max_model_len=MAX_MODEL_LEN)
@@ -208,15 +210,18 @@ def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool)
 # ------------------------------------------------------------------ scenario
 
 def run(seed: int = 0, *, quick: bool = False,
-        cpu_clock: Callable[[], float] = time.process_time) -> dict:
-    """Both parts; ``quick`` runs 1000 requests per run and fewer contenders."""
+        cpu_clock: Callable[[], float] = time.process_time,
+        data_dir: Path | None = None) -> dict:
+    """Both parts; ``quick`` runs 1000 requests per run and fewer contenders;
+    ``data_dir``: the operator tables (by default the packaged ones)."""
     plan = QUICK if quick else FULL
     began = cpu_clock()
     t0 = cpu_clock()
-    tp = throughput_part(seed, plan["throughput_requests"], plan["throughput_caps"])
+    tp = throughput_part(seed, plan["throughput_requests"], plan["throughput_caps"],
+                         data_dir=data_dir)
     t1 = cpu_clock()
     cap = capacity_part(seed, plan["capacity_requests"], plan["capacity_caps"],
-                        with_paper_mode=not quick)
+                        with_paper_mode=not quick, data_dir=data_dir)
     t2 = cpu_clock()
     out = {"scenario": "pang", "seed": seed, "quick": quick, "hardware": HARDWARE,
            "length_cv": LENGTH_CV, "throughput": tp, "capacity": cap,

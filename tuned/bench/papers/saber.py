@@ -209,14 +209,16 @@ def _one(cfg, hw, specs: Sequence[RequestSpec]) -> dict:
 
 def run(seed: int = 0, *, quick: bool = False, rates: Sequence[float] | None = None,
         seeds: int | None = None, mixes: Sequence[str] = MIXES,
-        cpu_clock: Callable[[], float] = time.process_time) -> dict:
+        cpu_clock: Callable[[], float] = time.process_time,
+        data_dir: Path | None = None) -> dict:
     """The offline profile, then every (mix, RPS, contender) with ``seeds`` workload
-    seeds (seed·1000 + i); see the module docstring."""
+    seeds (seed·1000 + i); see the module docstring. ``data_dir``: the operator tables
+    (by default the packaged ones)."""
     plan = QUICK if quick else FULL
     rates = tuple(rates or plan["rates"])
     seeds = int(seeds or plan["seeds"])
     began = cpu_clock()
-    hw = gpu_hardware(HARDWARE)
+    hw = gpu_hardware(HARDWARE, data_dir)
     prof = speed_profile(hw, seed)
     t_prof = cpu_clock() - began
     fits = {k: {"r2": f.r2, "params": f.params} for k, f in prof.speed.items()}

@@ -237,7 +237,32 @@ def test_installer_dry_run_lists_the_steps():
     assert "+ /opt/tuned/.venv/bin/pip uninstall -y torchvision torchaudio torchcodec" in steps
     assert "+ /opt/tuned/.venv/bin/tuned check-config /etc/tuned-llm/tuned.toml" in steps
     assert "+ render_unit > /etc/systemd/system/tuned-llm.service" in steps
-    assert steps[-2:] == ["+ systemctl daemon-reload", "+ systemctl enable --now tuned-llm"]
+    # the example config serves the random-weight demo model: enabled, not started
+    assert steps[-2:] == ["+ systemctl daemon-reload", "+ systemctl enable tuned-llm"]
+    assert "not starting: the config serves the random-weight demo:small model" in r.stdout
+
+
+@pytest.mark.parametrize("extra_args, started", [
+    (["--start"], True),                    # asked to
+    (["--config", "REAL"], True),           # a config with a real model
+    (["--config", "DEMO"], False),          # a config with a demo model
+    (["--config", "REAL", "--no-start"], False),
+])
+def test_installer_starts_only_a_real_model_or_when_asked(tmp_path, extra_args, started):
+    real = tmp_path / "real.toml"
+    real.write_text('model = "/models/Llama-2-7b-hf"\nmax_num_seqs = 256\n')
+    demo = tmp_path / "demo.toml"
+    demo.write_text('model = "demo:tiny"\n')
+    args = [{"REAL": str(real), "DEMO": str(demo)}.get(a, a) for a in extra_args]
+    r = subprocess.run(["bash", str(INSTALLER), "--dry-run", "--unit-name", "tuned-llm",
+                        "--extra", "cpu", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    steps = [ln for ln in r.stdout.splitlines() if ln.startswith("+ ")]
+    assert steps[-1] == ("+ systemctl enable --now tuned-llm" if started
+                         else "+ systemctl enable tuned-llm")
+    if "--config" in extra_args:
+        src = real if "REAL" in extra_args else demo
+        assert f"+ install -m 0640 -o root -g tuned {src} /etc/tuned-llm/tuned.toml" in steps
 
 
 def test_installer_rejects_bad_arguments():

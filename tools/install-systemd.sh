@@ -2,14 +2,18 @@
 # Install tuned as a systemd service.
 #
 #   sudo tools/install-systemd.sh [--extra gpu|cpu] [--unit-name NAME] [--prefix DIR]
-#                                 [--user USER] [--no-start] [--dry-run]
+#                                 [--config FILE] [--user USER] [--start|--no-start]
+#                                 [--dry-run]
 #   tools/install-systemd.sh --print-unit [--unit-name NAME] [--prefix DIR] [--user USER]
 #
 # Steps: venv at PREFIX/.venv (default /opt/tuned/.venv) with this project and its
 # `gpu` or `cpu` extra; the service's system user (default tuned); the unit at
-# /etc/systemd/system/NAME.service; the config at /etc/NAME/tuned.toml from
-# systemd/tuned.toml.example, mode 0640 root:USER (an existing config is kept); the
-# command as /usr/local/bin/NAME; systemctl daemon-reload; systemctl enable --now.
+# /etc/systemd/system/NAME.service; the config at /etc/NAME/tuned.toml from --config
+# FILE or systemd/tuned.toml.example, mode 0640 root:USER (an existing config is kept
+# unless --config is given); the command as /usr/local/bin/NAME; systemctl
+# daemon-reload; systemctl enable. It starts the service only when the config names a
+# real model (not the random-weight demo:* models) or with --start: a fresh host does
+# not start serving a demo model on port 8000 by surprise.
 #
 # --unit-name: RHEL-family hosts ship an unrelated daemon, TuneD, whose unit is also
 # tuned.service and whose config lives in /etc/tuned.  Use --unit-name tuned-llm there:
@@ -28,6 +32,8 @@ Options:
   --pip-args "ARGS"   extra arguments for pip install (mirrors, proxies, wheels dir)
   --user USER         run the service as USER, created as a system user if missing
                       (default: tuned)
+  --config FILE       install FILE as the config (replaces an existing one)
+  --start             start the service even if the config names a demo model
   --no-start          enable the unit but do not start it
   --force             install as tuned.service even if another tuned.service exists
   --dry-run           print the commands instead of running them
@@ -46,7 +52,8 @@ EXTRA=""
 PYTHON=python3
 PIP_ARGS=""
 RUN_USER=tuned
-START=1
+START=auto
+CONFIG_SRC=""
 FORCE=0
 DRY_RUN=0
 PRINT_UNIT=0
@@ -60,6 +67,8 @@ while [ $# -gt 0 ]; do
         --python) PYTHON=${2:?--python needs an interpreter}; shift 2 ;;
         --pip-args) PIP_ARGS=${2?--pip-args needs a value}; shift 2 ;;
         --user) RUN_USER=${2:?--user needs a user name}; shift 2 ;;
+        --config) CONFIG_SRC=${2:?--config needs a file}; shift 2 ;;
+        --start) START=1; shift ;;
         --no-start) START=0; shift ;;
         --force) FORCE=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
@@ -83,6 +92,7 @@ VENV="$PREFIX/.venv"
 CONF_DIR="/etc/$UNIT_NAME"
 UNIT_DST="/etc/systemd/system/$UNIT_NAME.service"
 [ -f "$UNIT_SRC" ] || die "not found: $UNIT_SRC (use --source)"
+[ -z "$CONFIG_SRC" ] || [ -f "$CONFIG_SRC" ] || die "--config: not a file: $CONFIG_SRC"
 
 # The unit as installed: rewrite the paths and names of non-comment lines only.
 render_unit() {
@@ -166,7 +176,13 @@ fi
 # 3. config (an existing one is never overwritten)
 run install -d -m 0755 "$CONF_DIR"
 if [ -e "$CONF_DIR/tuned.toml" ]; then
-    echo "install-systemd: keeping existing $CONF_DIR/tuned.toml"
+    if [ -n "$CONFIG_SRC" ]; then
+        run install -m 0640 -o root -g "$RUN_USER" "$CONFIG_SRC" "$CONF_DIR/tuned.toml"
+    else
+        echo "install-systemd: keeping existing $CONF_DIR/tuned.toml"
+    fi
+elif [ -n "$CONFIG_SRC" ]; then
+    run install -m 0640 -o root -g "$RUN_USER" "$CONFIG_SRC" "$CONF_DIR/tuned.toml"
 else
     # readable by the service, not by every local user (reload_token may go in it)
     run install -m 0640 -o root -g "$RUN_USER" "$EXAMPLE_SRC" "$CONF_DIR/tuned.toml"
@@ -176,6 +192,27 @@ if [ "$DRY_RUN" = 1 ]; then
     run "$VENV/bin/tuned" check-config "$CONF_DIR/tuned.toml"
 elif ! "$VENV/bin/tuned" check-config "$CONF_DIR/tuned.toml"; then
     CONFIG_OK=0
+fi
+
+# The model the service would serve: the installed config's, or the file about to be.
+config_model() {
+    local f=$CONF_DIR/tuned.toml
+    [ -n "$CONFIG_SRC" ] && f=$CONFIG_SRC
+    [ -f "$f" ] || f=$EXAMPLE_SRC
+    "$PYTHON" -c 'import sys, tomllib
+try:
+    print(tomllib.load(open(sys.argv[1], "rb")).get("model", "demo:small"))
+except Exception:
+    print("demo:small")' "$f" 2>/dev/null || echo demo:small
+}
+if [ "$START" = auto ]; then
+    MODEL=$(config_model)
+    case "$MODEL" in
+        demo:*) START=0
+                echo "install-systemd: not starting: the config serves the random-weight $MODEL model;" \
+                     "set model in $CONF_DIR/tuned.toml (or pass --config, or --start)" ;;
+        *) START=1 ;;
+    esac
 fi
 
 # 4. unit

@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
-# Set up tuned in ./.venv: the CPU build of vLLM (or the GPU one with TUNED_EXTRA=gpu),
-# tuned itself (editable) and its test tools. Safe to run again: it only reinstalls
-# when pyproject.toml or this script changed.
+# Set up tuned in ./.venv: vLLM (the GPU build on a host with an NVIDIA GPU, the CPU
+# build elsewhere; TUNED_EXTRA=cpu|gpu chooses), tuned itself (editable) and its test
+# tools. Safe to run again: it only reinstalls when pyproject.toml or this script
+# changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-EXTRA=${TUNED_EXTRA:-cpu}
+# An NVIDIA GPU is there when its driver answers (nvidia-smi lists a GPU) or NVML's
+# library is installed.
+has_nvidia_gpu() {
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    return 0
+  fi
+  ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so'
+}
+if [ -n "${TUNED_EXTRA:-}" ]; then
+  EXTRA=$TUNED_EXTRA; why="TUNED_EXTRA=$EXTRA"
+elif has_nvidia_gpu; then
+  EXTRA=gpu; why="an NVIDIA GPU was found (set TUNED_EXTRA=cpu for the CPU build)"
+else
+  EXTRA=cpu; why="no NVIDIA GPU was found (set TUNED_EXTRA=gpu for the GPU build)"
+fi
 case "$EXTRA" in cpu|gpu) ;; *) echo "TUNED_EXTRA must be cpu or gpu, got '$EXTRA'" >&2; exit 2;; esac
+echo "[setup] vLLM build: $EXTRA ($why)"
+if [ "${1:-}" = --detect ]; then exit 0; fi   # say which build, install nothing
 
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PYTHON --version 2>&1)"

@@ -172,6 +172,8 @@ class Config:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if not f.metadata.get("internal")}
 RESTART_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata["restart"])
+#: fields never written to a file or shown (the reload token)
+SECRET_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata.get("secret"))
 
 
 class ConfigError(ValueError):

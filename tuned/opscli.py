@@ -23,6 +23,7 @@ import urllib.request
 from typing import Any, TextIO
 
 from tuned import config as config_mod
+from tuned import sdnotify
 from tuned.inputs import CLIP_CHARS, clip_text
 
 DEFAULT_URL = "http://127.0.0.1:9464"
@@ -115,22 +116,11 @@ def _seconds(text: str) -> float:
     return v
 
 
-def watchdog_from_environ(environ: dict[str, str] | None = None) -> float | None:
-    """systemd's watchdog in seconds from ``WATCHDOG_USEC`` (None when unset or
-    malformed)."""
-    env = os.environ if environ is None else environ
-    try:
-        usec = int(env.get("WATCHDOG_USEC", ""))
-    except ValueError:
-        return None
-    return usec / 1e6 if usec > 0 else None
-
-
 @_pipe_safe
 def cmd_check_config(args: argparse.Namespace) -> int:
     watchdog_s = args.watchdog_s
     if watchdog_s is None:
-        watchdog_s = watchdog_from_environ() or config_mod.UNIT_WATCHDOG_S
+        watchdog_s = sdnotify.watchdog_s(os.environ) or config_mod.UNIT_WATCHDOG_S
     return check_config(args.files, explain=args.explain, watchdog_s=watchdog_s or None)
 
 

@@ -15,6 +15,9 @@ byte) and prints a summary. ``result.json``::
      "failed": [ids of requests refused because they need more KV blocks than the
                 cache holds]}
 
+``config`` leaves out ``reload_token`` (a secret is never written to a file), and the
+file is written readable by its owner only.
+
 Without ``--config`` the controller runs the embedded default's settings on the
 KV cache of the hardware or profile (the default's 48 blocks are sized for the CPU
 demo's 128-token blocks).

@@ -81,6 +81,12 @@ With ``max_model_len`` the lengths are clamped so that prompt + output ≤
 max_model_len (the output keeps at least one token and is cut first, the prompt
 gets the rest; ``max_tokens`` is cut to what is left after the prompt); the number
 of clamped requests is in :meth:`Workload.describe`.
+
+Bounds (a :class:`WorkloadError` names the field and the range): token counts and
+distribution parameters up to :data:`MAX_TOKENS`, ``n`` up to :data:`MAX_REQUESTS`,
+``cv`` in :data:`CV_RANGE`, ``length_scale`` / ``scale`` up to
+:data:`MAX_LENGTH_SCALE`, and every arrival within :data:`MAX_ARRIVAL_S` (30 days) of
+the first; a trace file is a regular file of at most :data:`MAX_TRACE_BYTES`.
 """
 
 from __future__ import annotations

@@ -58,8 +58,9 @@ def test_every_kind_of_field_round_trips(tmp_path):
         "class_deadlines_s": {"qna": 1.0, "code gen": 8, "x.y": 2.5},
         "profile": profile, "log_level": "debug", "batch_policy": "trtllm"})
     back = _roundtrip(cfg, tmp_path)
-    assert back == cfg
-    assert back.vllm_args[3].endswith("\U0001F600") and back.reload_token.endswith("\ttab")
+    # the reload secret is never written to a file (a bench server listens on loopback)
+    assert back == dataclasses.replace(cfg, reload_token="")
+    assert back.vllm_args[3].endswith("\U0001F600")
     assert back.class_deadlines_s == {"qna": 1.0, "code gen": 8, "x.y": 2.5}
 
 

@@ -279,7 +279,7 @@ def test_scaled_rate_and_head():
                                          "missing n= (poisson needs rate, prompt, output, n)"),
     ("poisson:rate=0,prompt=5,output=5,n=3", "rate='0' must be a number > 0"),
     ("poisson:rate=x,prompt=5,output=5,n=3", "rate='x' must be a number > 0"),
-    ("poisson:rate=1,prompt=5,output=5,n=2.5", "n='2.5' must be an integer >= 1"),
+    ("poisson:rate=1,prompt=5,output=5,n=2.5", "n='2.5' must be an integer in [1, 1000000]"),
     ("poisson:rate=1,prompt=5,output=5,n=3,temp=1", "unknown field 'temp' for poisson "
                                                     "(allowed: rate, prompt, output, n, "
                                                     "length_scale, max_tokens)"),
@@ -287,7 +287,7 @@ def test_scaled_rate_and_head():
     ("poisson:rate=1,fast", "'fast' is not FIELD=VALUE (fields of poisson: rate, prompt, "
                             "output, n, length_scale, max_tokens)"),
     ("poisson:rate=1,prompt=0,output=5,n=3", "workload 'poisson:rate=1,prompt=0,output=5,n=3'"
-                                             ": prompt='0' must be a token count >= 1"),
+                                             ": prompt='0' must be a token count in [1, 16777216]"),
     ("poisson:rate=1,prompt=5,output=abc,n=3", "output='abc' is neither a token count (64) "
                                                "nor a distribution (U(lo,hi), N(mean,std), "
                                                "LN(mean,median), Exp(mean))"),
@@ -312,8 +312,8 @@ def test_scaled_rate_and_head():
     ("saber:mix=W1,rate=1,n=3,arrival=gamma", "arrival=gamma needs cv=C (coefficient of "
                                               "variation of the gaps)"),
     ("lmsys:rate=1,n=3,cv=2", "cv= applies only with arrival=gamma"),
-    ("lmsys:rate=1,n=3,length_scale=-1", "length_scale='-1' must be a number > 0"),
-    ("lmsys:rate=1,n=3,max_tokens=0", "max_tokens='0' must be an integer >= 1"),
+    ("lmsys:rate=1,n=3,length_scale=-1", "length_scale='-1' must be a number in (0, 1000]"),
+    ("lmsys:rate=1,n=3,max_tokens=0", "max_tokens='0' must be an integer in [1, 16777216]"),
     ("trace:", "workload 'trace:': trace needs a PATH before its fields "
                "(trace:PATH[,time_scale=X,length_scale=Y,n=N,rate=R])"),
     ("trace:n=5", "trace needs a PATH before its fields"),
@@ -325,7 +325,7 @@ def test_scaled_rate_and_head():
                                              " phase p1: workload 'lmsys:rate=1': missing n= "
                                              "(lmsys needs rate, n)"),
     ("phase-shift:rate=2,n=0", "workload 'phase-shift:rate=2,n=0': n='0' must be an integer "
-                               ">= 1"),
+                               "in [1, 1000000]"),
     ("phase-shift:speed=2", "unknown field 'speed' for phase-shift (allowed: rate, n, scale)"),
 ])
 def test_bad_specs(spec, message):
@@ -348,7 +348,7 @@ def test_trace_errors(tmp_path, trace_csv):
     assert err(f"trace:{f}") == (f"trace {f}: line 3: arrived_at and token counts must be "
                                  f"numbers")
     f.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,-1,1\n")
-    assert err(f"trace:{f}") == f"trace {f}: line 2: values must be >= 0"
+    assert err(f"trace:{f}") == f"trace {f}: line 2: token counts must be in [0, 16777216]"
     f.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n")
     assert err(f"trace:{f}") == f"trace {f}: no rows"
     f.write_text("")

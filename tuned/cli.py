@@ -11,14 +11,36 @@ import importlib
 import sys
 
 from tuned import __version__
+from tuned.config import ConfigError
+from tuned.curves.profile import ProfileError
 from tuned.extras import BENCH_EXTRA_MODULES, bench_extra_error, bench_extra_message
+from tuned.inputs import CLIP_CHARS, UserError, clip_text
+from tuned.workloads import WorkloadError
+
+#: the errors that mean bad input, not a bug: one line and exit 2, never a traceback
+USER_ERRORS = (UserError, ConfigError, ProfileError, WorkloadError)
 
 SUBCOMMAND_MODULES = ("tuned.serve", "tuned.demo", "tuned.profiler", "tuned.opscli",
                       "tuned.simulate", "tuned.bench.command")
 
 
+class Parser(argparse.ArgumentParser):
+    """tuned's argument parser: no abbreviated options (``--model`` must never be read
+    as ``--model-cache``), and a usage error is one line on stderr and exit 2.
+
+    Subcommand parsers (``add_subparsers``) are of this class too."""
+
+    def __init__(self, *args, **kw) -> None:
+        kw["allow_abbrev"] = False
+        super().__init__(*args, **kw)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {clip_text(message, 3 * CLIP_CHARS)} "
+                     f"(see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tuned", description="Live batch-size autotuner embedded in vLLM.")
     parser.add_argument("--version", action="version", version=f"tuned {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -56,3 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except USER_ERRORS as e:
+        for line in user_error_lines(e):
+            print(f"tuned {args.command}: {line}", file=sys.stderr)
+        return 2
+
+
+def user_error_lines(e: Exception) -> list[str]:
+    """The one line (one per problem for a config) that a user error prints."""
+    from tuned.config import ConfigError
+
+    if isinstance(e, ConfigError):
+        where = f"{e.source}: " if e.source else ""
+        return [clip_text(where + p, 4 * CLIP_CHARS) for p in e.problems] or \
+            [clip_text(str(e), 4 * CLIP_CHARS)]
+    return [clip_text(str(e), 4 * CLIP_CHARS)]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
 # the one registry of policy names (tuned.policies.registry)
 from tuned.policies.registry import BATCH_POLICIES
 from tuned.policies.registry import QUEUE_POLICIES as _QUEUE_POLICY_CLASSES
@@ -173,6 +174,8 @@ class Config:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if not f.metadata.get("internal")}
 RESTART_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata["restart"])
+#: fields never written to a file or shown (the reload token)
+SECRET_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata.get("secret"))
 
 
 class ConfigError(ValueError):
@@ -214,29 +217,29 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     raw = value  # errors quote what the user wrote, not our conversion of it
     if want == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {value!r}"
+            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {clip(value)}"
     elif want == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {value!r}"
+            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {clip(value)}"
         if not _finite(value):
-            return None, f"{name}: must be a finite number {_range_text(meta)}, got {value!r}"
+            return None, f"{name}: must be a finite number {_range_text(meta)}, got {clip(value)}"
         value = float(value)
     elif want == "str":
         if not isinstance(value, str):
-            return None, f"{name}: must be a string, got {value!r}"
+            return None, f"{name}: must be a string, got {clip(value)}"
     elif want == "dict":
         if not isinstance(value, dict):
-            return None, f"{name}: must be a table, got {value!r}"
+            return None, f"{name}: must be a table, got {clip(value)}"
         value = dict(value)
     elif want == "tuple[str, ...]":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            return None, f"{name}: must be a list of strings, got {value!r}"
+            return None, f"{name}: must be a list of strings, got {clip(value)}"
         value = tuple(value)
     if meta["choices"] and value not in meta["choices"]:
-        return None, f"{name}: must be {_range_text(meta)}, got {raw!r}"
+        return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
     lo, hi = meta["lo"], meta["hi"]
     if lo is not None and (value < lo or value > hi):
-        return None, f"{name}: must be {_range_text(meta)}, got {raw!r}"
+        return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
     return value, None
 
 
@@ -255,7 +258,8 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in FIELDS:
-            problems.append(f"{key}: unknown key (known keys: see `tuned check-config --explain`)")
+            problems.append(f"{clip_text(key)}: unknown key (known keys: see "
+                            "`tuned check-config --explain`)")
             continue
         check = _check_secret if FIELDS[key].metadata.get("secret") else _check_field
         checked, err = check(key, value)
@@ -304,38 +308,112 @@ def cross_field_problems(cfg: Config) -> list[str]:
         problems.append(f"eps_d_s: must be < tbt_sla_s ({cfg.tbt_sla_s:g}), got {cfg.eps_d_s:g}")
     if cfg.batch_policy not in BATCH_POLICIES and not _PLUGIN.fullmatch(cfg.batch_policy):
         problems.append(f"batch_policy: must be one of {', '.join(BATCH_POLICIES)} or "
-                        f"package.module:Class, got {cfg.batch_policy!r}")
+                        f"package.module:Class, got {clip(cfg.batch_policy)}")
     for cls, secs in cfg.class_deadlines_s.items():
         if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not _finite(secs) \
                 or not secs > 0:
-            problems.append(f"class_deadlines_s.{cls}: must be a number of seconds > 0, "
-                            f"got {secs!r}")
+            problems.append(f"class_deadlines_s.{clip_text(cls)}: must be a number of "
+                            f"seconds > 0, got {clip(secs)}")
     try:
         from tuned.policies.queues import make_policy
 
         make_policy(*cfg.queue_spec())
     except (ValueError, TypeError, OverflowError) as e:
         problems.append(f"queue_options: must be valid for queue_policy "
-                        f"{cfg.queue_policy!r}: {e}")
+                        f"{cfg.queue_policy!r}: {clip_text(str(e), 2 * CLIP_CHARS)}")
     if cfg.profile and not Path(cfg.profile).is_file():
-        problems.append(f"profile: must be an existing file, not found: {cfg.profile}")
+        problems.append(f"profile: must be an existing file, not found: "
+                        f"{clip_text(cfg.profile)}")
     if cfg.metrics_port == cfg.port and cfg.metrics_host == cfg.host:
         problems.append(f"metrics_port: must be different from port ({cfg.port})")
+    if not cfg.model.strip():
+        problems.append("model: must be a model folder or demo:tiny / demo:small, got ''")
+    problems += vllm_args_problems(cfg.vllm_args)
+    return problems
+
+
+#: vLLM flags that tuned sets itself, with the config key that sets each (None: tuned's
+#: own, not settable); repeating one in vllm_args would override tuned's value.
+VLLM_FLAGS_SET = {"--model": "model", "--host": "host", "--port": "port",
+                  "--max-num-seqs": "max_num_seqs",
+                  "--max-num-batched-tokens": "max_num_batched_tokens",
+                  "--max-model-len": "max_model_len",
+                  "--num-gpu-blocks-override": "num_gpu_blocks",
+                  "--scheduler-cls": None, "--additional-config": None}
+
+
+def vllm_args_problems(args, field_name: str = "vllm_args") -> list[str]:
+    """One line per argument that repeats a flag tuned sets itself (vLLM's last value
+    wins, so it would override the config's key, or turn tuned off for
+    ``--scheduler-cls``). vLLM reads ``--max_num_seqs`` as ``--max-num-seqs``."""
+    problems = []
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        key = VLLM_FLAGS_SET.get("--" + flag[2:].replace("_", "-"), False)
+        if key is False:
+            continue
+        instead = (f"set {key} in the config instead" if key else
+                   "tuned sets it itself and cannot run without it")
+        problems.append(f"{field_name}: must not contain {clip_text(flag)} ({instead})")
+    return problems
+
+
+#: the shipped unit's WatchdogSec (systemd/tuned.service); check-config's default
+UNIT_WATCHDOG_S = 30.0
+
+
+def service_problems(cfg: Config, watchdog_s: float | None) -> list[str]:
+    """What only the service (`tuned serve` under systemd) cannot live with.
+
+    ``watchdog_s`` is systemd's watchdog (WATCHDOG_USEC / 1e6, or None for none). The
+    controller pings on its ticks once about ``watchdog_s / 2`` has passed
+    (:meth:`tuned.controller.Controller._notify`), so two pings are at most
+    ``watchdog_s / 2 + interval_s / 2`` apart: ``interval_s <= watchdog_s / 2`` keeps
+    that gap at three quarters of the watchdog, the rest is room for a late tick. The
+    supervisor's reload (SIGHUP) and `tuned status` reach the endpoint at
+    ``metrics_port``, which 0 (any free port) leaves unknown."""
+    problems = []
+    if watchdog_s is not None and watchdog_s > 0 and cfg.interval_s > watchdog_s / 2:
+        problems.append(f"interval_s: must be <= {watchdog_s / 2:g} (half the systemd "
+                        f"watchdog of {watchdog_s:g} s: pings ride on ticks), got "
+                        f"{cfg.interval_s:g}")
+    if cfg.metrics_port == 0:
+        problems.append("metrics_port: must be in [1, 65535] for `tuned serve` (reloads "
+                        "and `tuned status` reach the endpoint there; 0 picks an unknown "
+                        "port), got 0")
     return problems
 
 
 def load(path: str | Path) -> Config:
     """Read and validate a TOML config file; raise :class:`ConfigError` on any problem."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError([f"cannot read config file: {e.strerror}"], str(p)) from None
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError([f"not valid TOML: {e}"], str(p)) from None
+    raw = read_toml(p)
     return validate(raw, source=str(p.resolve()), base_dir=p.resolve().parent)
+
+
+#: a config file larger than this is not a config file
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML table of a config file; :class:`ConfigError` (one problem)
+    when it is unreadable, not a regular file, too large or not TOML."""
+    p = Path(path)
+    try:
+        text = read_text(p, "config file", MAX_CONFIG_BYTES)
+    except UserError as e:
+        problem = (f"{e.problem}: a TOML file must be UTF-8" if e.problem.startswith("not UTF-8")
+                   else f"cannot read config file: {e.problem}")
+        raise ConfigError([problem], clip_text(str(p))) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"not valid TOML: {clip_text(str(e), 2 * CLIP_CHARS)}"],
+                          clip_text(str(p))) from None
+    except RecursionError:
+        raise ConfigError(["not valid TOML: nested too deeply"], clip_text(str(p))) from None
 
 
 # The embedded default (`tuned serve` / `tuned demo` with no --config): the small demo

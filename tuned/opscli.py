@@ -14,6 +14,7 @@ import argparse
 import functools
 import http.client
 import json
+import math
 import os
 import sys
 import time
@@ -22,6 +23,8 @@ import urllib.request
 from typing import Any, TextIO
 
 from tuned import config as config_mod
+from tuned import sdnotify
+from tuned.inputs import CLIP_CHARS, clip_text
 
 DEFAULT_URL = "http://127.0.0.1:9464"
 EXIT_OK, EXIT_INVALID, EXIT_UNREACHABLE, EXIT_BAD_ANSWER = 0, 2, 3, 4
@@ -67,6 +70,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="*", metavar="FILE", help="TOML config file")
     p.add_argument("--explain", action="store_true",
                    help="print every key with its type, default, range and meaning")
+    p.add_argument("--watchdog-s", type=_seconds, default=None, metavar="S",
+                   help="systemd's watchdog the service runs under (default: "
+                        "WATCHDOG_USEC when set, else the shipped unit's "
+                        f"{config_mod.UNIT_WATCHDOG_S:g} s; 0 = none)")
     p.set_defaults(func=cmd_check_config)
 
     p = subparsers.add_parser(
@@ -98,15 +105,34 @@ def _pipe_safe(func):
 
 # --------------------------------------------------------------------------- check-config
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 <= v <= 86400):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in [0, 86400], "
+                                         f"got {clip_text(text)}")
+    return v
+
+
 @_pipe_safe
 def cmd_check_config(args: argparse.Namespace) -> int:
-    return check_config(args.files, explain=args.explain)
+    watchdog_s = args.watchdog_s
+    if watchdog_s is None:
+        watchdog_s = sdnotify.watchdog_s(os.environ) or config_mod.UNIT_WATCHDOG_S
+    return check_config(args.files, explain=args.explain, watchdog_s=watchdog_s or None)
 
 
 def check_config(paths: list[str] | str, explain: bool = False, out: TextIO | None = None,
-                 err: TextIO | None = None) -> int:
+                 err: TextIO | None = None, watchdog_s: float | None = None) -> int:
     """Validate each file; print ``FILE: ok`` (stdout) or one ``FILE: <problem>`` line
-    per problem (stderr); return 0 when all are valid, else 2."""
+    per problem (stderr); return 0 when all are valid, else 2.
+
+    Beyond the file itself, it finds what `tuned serve` would fail on only after the
+    model loaded: the profile's contents (:func:`profile_problems`), a plugin that
+    cannot be imported or is not a policy class, and what the service cannot live
+    with under a watchdog of ``watchdog_s`` (:func:`tuned.config.service_problems`)."""
     out = out or sys.stdout
     err = err or sys.stderr
     if isinstance(paths, str):
@@ -117,22 +143,30 @@ def check_config(paths: list[str] | str, explain: bool = False, out: TextIO | No
         return EXIT_INVALID
     code = EXIT_OK
     for path in paths:
-        problems = config_problems(path)
+        problems = config_problems(path, watchdog_s=watchdog_s, deep=True)
         if problems:
             for line in problems:
-                print(f"{path}: {line}", file=err)
+                print(f"{clip_text(path)}: {line}", file=err)
             code = EXIT_INVALID
         else:
-            print(f"{path}: ok", file=out)
+            print(f"{clip_text(path)}: ok", file=out)
     if explain:
         print(config_mod.explain(), file=out)
     return code
 
 
-def config_problems(path: str) -> list[str]:
-    """Every problem :func:`tuned.config.load` finds, one line each; [] when valid."""
+def config_problems(path: str, watchdog_s: float | None = None,
+                    deep: bool = False) -> list[str]:
+    """Every problem :func:`tuned.config.load` finds, one line each; [] when valid.
+    ``deep`` adds the start-up checks of :func:`check_config`."""
     try:
-        config_mod.load(path)
+        cfg = config_mod.load(path)
+        if not deep:
+            return []
+        problems = config_mod.service_problems(cfg, watchdog_s)
+        problems += plugin_problems(cfg)
+        problems += profile_problems(cfg)
+        return [_one_line(p) for p in problems]
     except config_mod.ConfigError as e:
         return [_one_line(p) for p in e.problems] or [_one_line(str(e))]
     except UnicodeDecodeError as e:
@@ -141,11 +175,46 @@ def config_problems(path: str) -> list[str]:
         return ["not valid TOML: nested too deeply"]
     except Exception as e:  # a validator bug must still read as one line, not a traceback
         return [f"cannot be checked: {type(e).__name__}: {_one_line(str(e))}"]
+
+
+def plugin_problems(cfg: config_mod.Config) -> list[str]:
+    """A ``package.module:Class`` batch policy that cannot be imported or is not a
+    policy class (the controller would fail on it after the model loaded)."""
+    from tuned.policies.select import is_builtin, load_plugin
+
+    if is_builtin(cfg.batch_policy):
+        return []
+    try:
+        load_plugin(cfg.batch_policy)
+    except ValueError as e:
+        return [str(e)]
+    return []
+
+
+def profile_problems(cfg: config_mod.Config) -> list[str]:
+    """The profile read as the controller reads it, and the fits this config uses:
+    the SLA search starts from the profile's step-time (or speed) curve, the saber
+    queue asks it for speeds."""
+    if not cfg.profile:
+        return []
+    from tuned.curves.profile import ProfileError, load_profile
+
+    try:
+        prof = load_profile(cfg.profile)
+    except ProfileError as e:
+        return [f"profile: {clip_text(e.problem, 2 * CLIP_CHARS)} ({e.source})"]
+    speed = prof.best_speed is not None or prof.usl is not None
+    if prof.step_time is None and not speed:
+        return ["profile: must have a step-time, speed or USL fit, has none (re-fit it "
+                "with `tuned fit`)"]
+    if cfg.queue_policy == "saber" and not speed:
+        return ["profile: must have a speed or USL fit for queue_policy 'saber' (it "
+                "predicts each request's speed), has only a step-time fit"]
     return []
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split("\n"))
+    return clip_text(str(text), 4 * CLIP_CHARS)
 
 
 # --------------------------------------------------------------------------- status
@@ -409,7 +478,7 @@ def format_status(data: dict[str, Any], base: str, now: float,
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point (``python -m tuned.opscli``), same commands as ``tuned``."""
-    parser = argparse.ArgumentParser(prog="tuned")
+    parser = argparse.ArgumentParser(prog="tuned", allow_abbrev=False)
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

@@ -1180,7 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
-    parser = argparse.ArgumentParser(prog="tuned")
+    parser = argparse.ArgumentParser(prog="tuned", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(argv)

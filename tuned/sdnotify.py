@@ -145,3 +145,10 @@ def from_environ(environ: Mapping[str, str]) -> SdNotifier:
     except ValueError:
         usec = None
     return SdNotifier(path, usec)
+
+
+def watchdog_s(environ: Mapping[str, str]) -> float | None:
+    """systemd's watchdog in seconds (``WATCHDOG_USEC`` / 1e6) from a process
+    environment the caller passes in; None when unset or malformed."""
+    usec = from_environ(environ).watchdog_usec
+    return usec / 1e6 if usec else None

@@ -236,6 +236,15 @@ def cmd_serve(args) -> int:
         for p in e.problems:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
         return 2
+    from tuned.sdnotify import watchdog_s
+
+    # what would otherwise fail only after the model loaded (or be silently overridden)
+    problems = (config_mod.service_problems(cfg, watchdog_s(os.environ))
+                + config_mod.vllm_args_problems(extra, "arguments after --"))
+    if problems:
+        for p in problems:
+            print(f"{cfg.source_path or 'config'}: {p}", file=sys.stderr)
+        return 2
     log_mod.configure(cfg.log_level)
     try:
         model_path = resolve_model(cfg, Path(args.model_cache))

@@ -15,6 +15,9 @@ byte) and prints a summary. ``result.json``::
      "failed": [ids of requests refused because they need more KV blocks than the
                 cache holds]}
 
+``config`` leaves out ``reload_token`` (a secret is never written to a file), and the
+file is written readable by its owner only.
+
 Without ``--config`` the controller runs the embedded default's settings on the
 KV cache of the hardware or profile (the default's 48 blocks are sized for the CPU
 demo's 128-token blocks).
@@ -31,6 +34,17 @@ from typing import Any
 from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.config import Config, ConfigError
+from tuned.inputs import CLIP_CHARS, clip_text
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600): a run's files
+    describe the deployment they were made for."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
 
 
 def register(subparsers) -> None:
@@ -78,9 +92,11 @@ def _file_dict(cfg: Config) -> dict[str, Any]:
 
 def result_json(res, workload, summary: dict) -> str:
     """The run as ``result.json`` text (keys sorted, stable floats)."""
+    # the reload secret is never written to a file (result.json is shared, archived)
+    config = {k: v for k, v in res.config.items() if k not in config_mod.SECRET_FIELDS}
     doc = {"requests": res.request_rows(), "steps": [s._asdict() for s in res.steps],
            "decisions": res.decisions, "summary": summary, "hardware": res.hardware,
-           "config": res.config, "workload": workload.describe(), "failed": res.failed}
+           "config": config, "workload": workload.describe(), "failed": res.failed}
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str) + "\n"
 
 
@@ -98,7 +114,7 @@ def run_summary(res, slo=None) -> dict[str, Any]:
 
 
 def cmd_simulate(args) -> int:
-    from tuned.engines.sim import simulate
+    from tuned.engines.sim import SimulationError, simulate
     from tuned.sim.hardware import resolve_hardware
     from tuned.workloads import WorkloadError, parse_workload
 
@@ -114,7 +130,7 @@ def cmd_simulate(args) -> int:
         hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
         wl = parse_workload(args.workload, args.seed, max_model_len=cfg.max_model_len)
     except (ValueError, FileNotFoundError, WorkloadError) as e:
-        print(f"tuned simulate: {e}", file=sys.stderr)
+        print(f"tuned simulate: {clip_text(str(e), 4 * CLIP_CHARS)}", file=sys.stderr)
         return 2
     cfg = sim_config(cfg, hw)
     if cfg.num_gpu_blocks < 2:
@@ -123,13 +139,27 @@ def cmd_simulate(args) -> int:
         print(f"tuned simulate: num_gpu_blocks: must be >= 2, got {cfg.num_gpu_blocks} ({why})",
               file=sys.stderr)
         return 2
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"tuned simulate: --out {clip_text(str(out))}: cannot create the folder "
+              f"({e.strerror or e})", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
-    res = simulate(cfg, hw, wl.requests, static_batching=args.static_batching)
+    try:
+        res = simulate(cfg, hw, wl.requests, static_batching=args.static_batching)
+    except SimulationError as e:
+        print(f"tuned simulate: {e}", file=sys.stderr)
+        return 2
     wall = time.perf_counter() - t0
     summary = run_summary(res)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(result_json(res, wl, summary))
+    try:
+        write_private(out / "result.json", result_json(res, wl, summary))
+    except OSError as e:
+        print(f"tuned simulate: --out {clip_text(str(out))}: cannot write result.json "
+              f"({e.strerror or e})", file=sys.stderr)
+        return 2
     print(f"simulated {len(res.requests)} requests on {hw.name} in {wall:.1f}s wall "
           f"({len(res.steps) / wall:,.0f} steps/s): {res.duration_s:.1f}s simulated")
     for key in ("completed", "failed", "request_throughput_rps", "output_tok_s",

@@ -83,12 +83,19 @@ With ``max_model_len`` the lengths are clamped so that prompt + output ≤
 max_model_len (the output keeps at least one token and is cut first, the prompt
 gets the rest; ``max_tokens`` is cut to what is left after the prompt); the number
 of clamped requests is in :meth:`Workload.describe`.
+
+Bounds (a :class:`WorkloadError` names the field and the range): token counts and
+distribution parameters up to :data:`MAX_TOKENS`, ``n`` up to :data:`MAX_REQUESTS`,
+``cv`` in :data:`CV_RANGE`, ``length_scale`` / ``scale`` up to
+:data:`MAX_LENGTH_SCALE`, and every arrival within :data:`MAX_ARRIVAL_S` (30 days) of
+the first; a trace file is a regular file of at most :data:`MAX_TRACE_BYTES`.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+from io import StringIO
 import math
 import os
 import random
@@ -99,6 +106,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuned.data import trace_path
+from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
 
 __all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "parse_dist",
            "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
@@ -106,9 +114,25 @@ __all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "parse_dist",
 
 KINDS = ("trace", "poisson", "gamma", "saber", "lmsys", "phases", "phase-shift")
 
+# Bounds that keep every workload finite and every run ending: a request longer than
+# any model's context, a spec of more requests than a run can hold, or arrivals
+# spread over more than a month are mistakes (a rate of 1e-300, a trace in
+# microseconds read as seconds), refused with the bound rather than run for ever.
+MAX_TOKENS = 1 << 24
+MAX_REQUESTS = 1_000_000
+MAX_ARRIVAL_S = 30 * 24 * 3600.0
+MAX_LENGTH_SCALE = 1000.0
+CV_RANGE = (1e-3, 1e3)
+MAX_TRACE_BYTES = 256 << 20
+
 
 class WorkloadError(ValueError):
     """A malformed workload spec; the message names the bad part and what is allowed."""
+
+
+def _spec(spec: str) -> str:
+    # a spec is quoted whole in its errors (it may hold a trace path): cut only a huge one
+    return clip(spec, 3 * CLIP_CHARS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +205,8 @@ class Dist:
             x = rng.expovariate(1.0 / self.a)
         else:
             raise ValueError(f"unknown distribution kind {k!r}")
-        return max(1, round(x))
+        # a wide lognormal's tail can pass any context (or overflow): cut at the bound
+        return max(1, round(min(x, MAX_TOKENS)))
 
     def __str__(self) -> str:
         k = self.kind
@@ -202,11 +227,11 @@ def parse_dist(text: str, what: str, *, context: str = "workload") -> Dist:
     Raises :class:`WorkloadError` ``"<context>: <what>=<text> ..."``.
     """
     t = text.strip()
-    where = f"{context}: {what}={text!r}"
+    where = f"{context}: {what}={clip(text)}"
     if re.fullmatch(r"\d+", t):
         n = int(t)
-        if n < 1:
-            raise WorkloadError(f"{where} must be a token count >= 1")
+        if not 1 <= n <= MAX_TOKENS:
+            raise WorkloadError(f"{where} must be a token count in [1, {MAX_TOKENS}]")
         return Dist.fixed(n)
     m = re.fullmatch(r"(\w+)\((.*)\)", t)
     if not m:
@@ -215,7 +240,7 @@ def parse_dist(text: str, what: str, *, context: str = "workload") -> Dist:
     name, args = m.group(1).upper(), m.group(2)
     nargs = {"U": 2, "N": 2, "LN": 2, "EXP": 1}.get(name)
     if nargs is None:
-        raise WorkloadError(f"{where}: unknown distribution {m.group(1)!r} (allowed: "
+        raise WorkloadError(f"{where}: unknown distribution {clip(m.group(1))} (allowed: "
                             f"{_DIST_FORMS})")
     parts = args.split(",")
     vals = [re.fullmatch(_NUM, p) for p in parts]
@@ -225,6 +250,8 @@ def parse_dist(text: str, what: str, *, context: str = "workload") -> Dist:
         raise WorkloadError(f"{where}: expected {form} with {nargs} number"
                             f"{'s' if nargs > 1 else ''}")
     x = [float(v.group(1)) for v in vals]
+    if not all(math.isfinite(v) and v <= MAX_TOKENS for v in x):
+        raise WorkloadError(f"{where}: parameters must be token counts <= {MAX_TOKENS}")
     if name == "U":
         if not all(v.is_integer() for v in x):
             raise WorkloadError(f"{where}: U(lo,hi) takes whole token counts")
@@ -400,17 +427,17 @@ class _Fields:
             key, eq, value = item.partition("=")
             key = key.strip()
             if not eq or not key:
-                raise self.error(f"{item.strip()!r} is not FIELD=VALUE (fields of {kind}: "
+                raise self.error(f"{clip(item.strip())} is not FIELD=VALUE (fields of {kind}: "
                                  f"{', '.join(allowed)})")
             if key not in allowed:
-                raise self.error(f"unknown field {key!r} for {kind} (allowed: "
+                raise self.error(f"unknown field {clip(key)} for {kind} (allowed: "
                                  f"{', '.join(allowed)})")
             if key in self.values:
-                raise self.error(f"field {key!r} given twice")
+                raise self.error(f"field {clip(key)} given twice")
             self.values[key] = value.strip()
 
     def error(self, msg: str) -> WorkloadError:
-        return WorkloadError(f"workload {self.spec!r}: {msg}")
+        return WorkloadError(f"workload {_spec(self.spec)}: {msg}")
 
     def has(self, key: str) -> bool:
         return key in self.values
@@ -423,7 +450,7 @@ class _Fields:
             return None
         return self.values[key]
 
-    def positive(self, key: str, default=None) -> float | None:
+    def positive(self, key: str, default=None, hi: float = math.inf) -> float | None:
         v = self._raw(key, default)
         if v is None:
             return default if default is not _REQUIRED else None
@@ -431,26 +458,27 @@ class _Fields:
             x = float(v)
         except ValueError:
             x = math.nan
-        if not (math.isfinite(x) and x > 0):
-            raise self.error(f"{key}={v!r} must be a number > 0")
+        if not (math.isfinite(x) and x > 0 and x <= hi):
+            allowed = "a number > 0" if hi == math.inf else f"a number in (0, {hi:g}]"
+            raise self.error(f"{key}={clip(v)} must be {allowed}")
         return x
 
-    def count(self, key: str, default=None) -> int | None:
+    def count(self, key: str, default=None, hi: int = MAX_TOKENS) -> int | None:
         v = self._raw(key, default)
         if v is None:
             return default if default is not _REQUIRED else None
-        if not re.fullmatch(r"\d+", v) or int(v) < 1:
-            raise self.error(f"{key}={v!r} must be an integer >= 1")
+        if not re.fullmatch(r"\d+", v) or not 1 <= int(v) <= hi:
+            raise self.error(f"{key}={clip(v)} must be an integer in [1, {hi}]")
         return int(v)
 
     def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
         v = self.values.get(key, default)
         if v not in allowed:
-            raise self.error(f"{key}={v!r} is not one of {', '.join(allowed)}")
+            raise self.error(f"{key}={clip(v)} is not one of {', '.join(allowed)}")
         return v
 
     def dist(self, key: str) -> Dist:
-        return parse_dist(self._raw(key, _REQUIRED), key, context=f"workload {self.spec!r}")
+        return parse_dist(self._raw(key, _REQUIRED), key, context=f"workload {_spec(self.spec)}")
 
 
 _REQUIRED = object()
@@ -490,16 +518,16 @@ def parse_workload(spec: str, seed: int = 0, *, max_model_len: int | None = None
         parts, names = [], []
         for i, (name, sub) in enumerate(named):
             if not sub:
-                raise WorkloadError(f"workload {spec!r}: phase {name} is empty "
+                raise WorkloadError(f"workload {_spec(spec)}: phase {name} is empty "
                                     f"(phases:SPEC1;SPEC2;...)")
             sub_kind = sub.partition(":")[0].strip()
             if sub_kind in ("phases", "phase-shift"):
-                raise WorkloadError(f"workload {spec!r}: phase {name}: phases cannot be "
+                raise WorkloadError(f"workload {_spec(spec)}: phase {name}: phases cannot be "
                                     f"nested")
             try:
                 parts.append(_build(sub, f"{seed}:{name}"))
             except WorkloadError as e:
-                raise WorkloadError(f"workload {spec!r}, phase {name}: {e}") from None
+                raise WorkloadError(f"workload {_spec(spec)}, phase {name}: {e}") from None
             names.append(name)
         rows, phase_of = _concatenate(parts, names)
         kinds = tuple(p.kind for p in parts)
@@ -513,8 +541,8 @@ def _phase_shift(spec: str, body: str) -> list[tuple[str, str]]:
     f = _Fields(spec, "phase-shift", _split_top(body, ",") if body.strip() else [],
                 _ALLOWED["phase-shift"])
     rate = f.positive("rate", PHASE_SHIFT_DEFAULTS["rate"])
-    n = f.count("n", PHASE_SHIFT_DEFAULTS["n"])
-    scale = f.positive("scale", PHASE_SHIFT_DEFAULTS["scale"])
+    n = f.count("n", PHASE_SHIFT_DEFAULTS["n"], hi=MAX_REQUESTS)
+    scale = f.positive("scale", PHASE_SHIFT_DEFAULTS["scale"], hi=MAX_LENGTH_SCALE)
     chat = (f"poisson:rate={rate!r},prompt=LN(200,120),output=LN(150,100),n={n},"
             f"length_scale={scale!r}")
     summarise = (f"poisson:rate={2 * rate!r},prompt=U(400,800),output=U(16,64),n={n},"
@@ -542,6 +570,14 @@ def _concatenate(parts: list[_Part], names: list[str]) -> tuple[list[_Row], list
 
 def _finish(spec: str, rows: list[_Row], phase_of: list, kinds: tuple[str, ...],
             max_model_len: int | None) -> Workload:
+    if len(rows) > MAX_REQUESTS:
+        raise WorkloadError(f"workload {_spec(spec)}: {len(rows)} requests, must be at most "
+                            f"{MAX_REQUESTS}")
+    last = max((r[0] for r in rows), default=0.0)
+    if not (math.isfinite(last) and last <= MAX_ARRIVAL_S):
+        raise WorkloadError(f"workload {_spec(spec)}: the last arrival is at {last:g} s, must "
+                            f"be <= {MAX_ARRIVAL_S:g} s (30 days): raise rate= or lower "
+                            f"time_scale=")
     reqs = []
     clamped = 0
     for i, ((t, p, o, m, cls, dl), ph) in enumerate(zip(rows, phase_of)):
@@ -565,25 +601,25 @@ def _build(spec: str, seed: str) -> _Part:
     kind, sep, body = spec.partition(":")
     kind = kind.strip()
     if kind not in _ALLOWED or kind == "phase-shift":
-        raise WorkloadError(f"workload {spec!r}: unknown kind {kind!r} (allowed: "
+        raise WorkloadError(f"workload {_spec(spec)}: unknown kind {clip(kind)} (allowed: "
                             f"{', '.join(KINDS)})")
     if kind != "trace" and (not sep or not body.strip()):
-        raise WorkloadError(f"workload {spec!r}: expected {kind}:FIELD=VALUE,... "
+        raise WorkloadError(f"workload {_spec(spec)}: expected {kind}:FIELD=VALUE,... "
                             f"(fields of {kind}: {', '.join(_ALLOWED[kind])})")
     items = _split_top(body, ",")
     if kind == "trace":
         path = items.pop(0).strip()
         if not path or ("=" in path and not Path(path).exists()):
-            raise WorkloadError(f"workload {spec!r}: trace needs a PATH before its fields "
+            raise WorkloadError(f"workload {_spec(spec)}: trace needs a PATH before its fields "
                                 f"(trace:PATH[,time_scale=X,length_scale=Y,n=N,rate=R])")
         f = _Fields(spec, kind, items, _ALLOWED[kind])
         return _trace(f, _trace_file(spec, path))
     f = _Fields(spec, kind, items, _ALLOWED[kind])
     rate = f.positive("rate", _REQUIRED)
-    n = f.count("n", _REQUIRED)
+    n = f.count("n", _REQUIRED, hi=MAX_REQUESTS)
     if kind in ("poisson", "gamma"):
         arrival = kind
-        cv = f.positive("cv", _REQUIRED) if kind == "gamma" else 1.0
+        cv = _cv(f, _REQUIRED) if kind == "gamma" else 1.0
         prompt, output = f.dist("prompt"), f.dist("output")
     else:
         arrival = f.choice("arrival", ("poisson", "gamma"), "poisson")
@@ -591,14 +627,19 @@ def _build(spec: str, seed: str) -> _Part:
             raise f.error("arrival=gamma needs cv=C (coefficient of variation of the gaps)")
         if arrival == "poisson" and f.has("cv"):
             raise f.error("cv= applies only with arrival=gamma")
-        cv = f.positive("cv", 1.0)
-    scale = f.positive("length_scale", 1.0)
+        cv = _cv(f, 1.0)
+    scale = f.positive("length_scale", 1.0, hi=MAX_LENGTH_SCALE)
     cap = f.count("max_tokens")
     mix = None
     if kind == "saber":
         mix = f.choice("mix", tuple(SABER_MIXES), f._raw("mix", _REQUIRED))
 
-    arrivals = _arrivals(n, rate, cv if arrival == "gamma" else None, _stream(seed, "arrivals"))
+    try:
+        arrivals = _arrivals(n, rate, cv if arrival == "gamma" else None,
+                             _stream(seed, "arrivals"))
+    except (ValueError, OverflowError, ZeroDivisionError) as e:
+        raise f.error(f"cannot draw arrivals at rate={rate:g}"
+                      + (f", cv={cv:g}" if arrival == "gamma" else "") + f" ({e})") from None
     rng = _stream(seed, "lengths")
     if kind == "saber":
         classes = _saber_classes(SABER_MIXES[mix], n, _stream(seed, "classes"))
@@ -615,6 +656,14 @@ def _build(spec: str, seed: str) -> _Part:
         deadline = SABER_TASKS[cls].sla_s if cls is not None else None
         rows.append(_row(t, p, o, cap, cls, deadline))
     return _Part(rows, 1.0 / rate, kind)
+
+
+def _cv(f: _Fields, default) -> float:
+    cv = f.positive("cv", default, hi=CV_RANGE[1])
+    if cv < CV_RANGE[0]:
+        raise f.error(f"cv={clip(f.values['cv'])} must be a number in [{CV_RANGE[0]:g}, "
+                      f"{CV_RANGE[1]:g}]")
+    return cv
 
 
 def _scaled(x: int, scale: float) -> int:
@@ -679,8 +728,8 @@ def _trace(f: _Fields, path: Path) -> _Part:
         raise f.error("give time_scale= or rate=, not both")
     time_scale = f.positive("time_scale", 1.0)
     rate = f.positive("rate")
-    n = f.count("n")
-    scale = f.positive("length_scale", 1.0)
+    n = f.count("n", hi=MAX_REQUESTS)
+    scale = f.positive("length_scale", 1.0, hi=MAX_LENGTH_SCALE)
     cap = f.count("max_tokens")
     rows = load_trace(path)
     if n is not None:
@@ -704,15 +753,20 @@ def load_trace(path: Path | str) -> list[tuple[float, int, int]]:
     """``(arrived_at, num_prefill_tokens, num_decode_tokens)`` rows of a trace CSV,
     in file order. Raises :class:`WorkloadError` naming the file (and line)."""
     path = Path(path)
+    name = clip_text(str(path))
     need = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
     try:
-        with open(path, newline="") as fh:
+        text = read_text(path, "trace", MAX_TRACE_BYTES)
+    except UserError as e:
+        raise WorkloadError(str(e)) from None
+    try:
+        with StringIO(text, newline="") as fh:
             reader = csv.reader(fh)
             header = next(reader, [])
             missing = [c for c in need if c not in header]
             if missing:
-                raise WorkloadError(f"trace {path}: missing column {missing[0]!r} (has: "
-                                    f"{', '.join(header) or 'nothing'}; needs: "
+                raise WorkloadError(f"trace {name}: missing column {missing[0]!r} (has: "
+                                    f"{clip_text(', '.join(header)) or 'nothing'}; needs: "
                                     f"{', '.join(need)})")
             ia, ip, io = (header.index(c) for c in need)
             rows = []
@@ -720,15 +774,19 @@ def load_trace(path: Path | str) -> list[tuple[float, int, int]]:
                 if not rec:
                     continue
                 try:
-                    t, p, o = float(rec[ia]), int(float(rec[ip])), int(float(rec[io]))
+                    t, pf, of = float(rec[ia]), float(rec[ip]), float(rec[io])
                 except (IndexError, ValueError):
-                    raise WorkloadError(f"trace {path}: line {line}: arrived_at and token "
+                    raise WorkloadError(f"trace {name}: line {line}: arrived_at and token "
                                         f"counts must be numbers") from None
-                if not (math.isfinite(t) and t >= 0) or p < 0 or o < 0:
-                    raise WorkloadError(f"trace {path}: line {line}: values must be >= 0")
-                rows.append((t, p, o))
-    except OSError as e:
-        raise WorkloadError(f"trace {path}: {e.strerror or e}") from None
+                if not (math.isfinite(t) and 0 <= t <= MAX_ARRIVAL_S):
+                    raise WorkloadError(f"trace {name}: line {line}: arrived_at must be in "
+                                        f"[0, {MAX_ARRIVAL_S:g}] s, got {clip(rec[ia])}")
+                if not (0 <= pf <= MAX_TOKENS and 0 <= of <= MAX_TOKENS):
+                    raise WorkloadError(f"trace {name}: line {line}: token counts must be in "
+                                        f"[0, {MAX_TOKENS}]")
+                rows.append((t, int(pf), int(of)))
+    except csv.Error as e:
+        raise WorkloadError(f"trace {name}: not CSV ({clip_text(str(e))})") from None
     if not rows:
-        raise WorkloadError(f"trace {path}: no rows")
+        raise WorkloadError(f"trace {name}: no rows")
     return rows

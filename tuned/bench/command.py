@@ -23,6 +23,7 @@ from typing import Any
 
 from tuned import config as config_mod
 from tuned import log as log_mod
+from tuned.inputs import CLIP_CHARS, clip_text
 
 CAPACITY_HEAD_S = 600.0
 
@@ -80,9 +81,7 @@ def base_config(args, slo, defaults: tuple[int, int], *, num_gpu_blocks: int = 0
     if model:
         raw["model"] = model
     if args.config:
-        import tomllib
-
-        raw.update(tomllib.loads(Path(args.config).read_text()))
+        raw.update(config_mod.read_toml(args.config))
     if slo.tpot_s and "tbt_sla_s" not in raw:
         raw["tbt_sla_s"] = slo.tpot_s
         raw.setdefault("eps_d_s", round(slo.tpot_s * 0.04, 6))
@@ -92,13 +91,34 @@ def base_config(args, slo, defaults: tuple[int, int], *, num_gpu_blocks: int = 0
     return config_mod.validate(raw, source=str(args.config or ""))
 
 
+def _out_dir(out: str) -> str | None:
+    """A problem line when ``--out`` cannot be created or written; None when it can."""
+    p = Path(out)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"--out {clip_text(out)}: cannot create the folder ({e.strerror or e})"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"--out {clip_text(out)}: must be a writable folder"
+    return None
+
+
 def cmd_bench(args) -> int:
     log_mod.configure("warning")
+    if args.jobs < 0:
+        return _fail(f"--jobs: must be >= 0 (0 = the CPU count), got {args.jobs}")
+    problem = _out_dir(args.out)
+    if problem:
+        return _fail(problem)
     if args.paper:
         from tuned.bench.papers import run_paper
 
-        return run_paper(args.paper, Path(args.out), quick=args.quick, seed=args.seed,
-                         data_dir=args.data_dir)
+        try:
+            return run_paper(args.paper, Path(args.out), quick=args.quick, seed=args.seed,
+                             data_dir=args.data_dir)
+        except FileNotFoundError as e:
+            return _fail(f"--paper {args.paper}: needs {clip_text(str(e.filename or e))}, "
+                         "which is not there")
     from tuned.bench.metrics import Slo
     from tuned.workloads import WorkloadError, parse_workload
 
@@ -124,7 +144,7 @@ def cmd_bench(args) -> int:
             base = base_config(args, slo, defaults, num_gpu_blocks=hw.num_gpu_blocks,
                                max_model_len=mml)
         except config_mod.ConfigError as e:
-            return _fail(str(e))
+            return _fail(clip_text(str(e), 4 * CLIP_CHARS))
         hardware_name = hw.name
     else:
         if not args.model:
@@ -144,7 +164,7 @@ def cmd_bench(args) -> int:
     try:
         wl = parse_workload(args.workload, args.seed, max_model_len=base.max_model_len)
     except (WorkloadError, ValueError) as e:
-        return _fail(str(e))
+        return _fail(clip_text(str(e), 4 * CLIP_CHARS))
     from tuned.bench import runner
 
     try:

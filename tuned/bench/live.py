@@ -146,12 +146,13 @@ def config_to_toml(cfg: Config) -> str:
     """The TOML text of every field of ``cfg`` that differs from its default, so that
     ``tuned.config.load`` of it gives back an equal Config. A relative ``profile``
     is written as an absolute path (``load`` resolves it against the file's folder,
-    this resolves it against the working directory)."""
+    this resolves it against the working directory). ``reload_token`` is left out
+    (a bench server listens on loopback, which needs none)."""
     lines = ["# written by `tuned bench`"]
     for name, f in FIELDS.items():
         value = getattr(cfg, name)
-        if value == f.metadata["default"]:
-            continue
+        if value == f.metadata["default"] or f.metadata.get("secret"):
+            continue  # the reload secret is never written to a file
         if name == "profile" and value:
             value = str(Path(value).resolve())
         lines.append(f"{name} = {_toml_value(value)}")

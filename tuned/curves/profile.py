@@ -46,6 +46,7 @@ import numpy as np
 from tuned.curves.fit import (FitError, FitResult, KvDemand, _is_number, fit_speed_models,
                               fit_step_time, fit_usl, kv_demand, r_squared)
 from tuned.curves.models import usl_peak_concurrency, usl_speed
+from tuned.inputs import UserError, clip_text, read_text
 
 SCHEMA_VERSION = 2
 
@@ -576,16 +577,49 @@ def _from_dict(d: Any, source: str) -> Profile:
                        f"models ({', '.join(speed) or 'none'})")
     st = fits.get("step_time")
     st = _fit(st, "fits.step_time", ("step_time", "step_time_kv")) if st is not None else None
+    if st is not None:
+        _step_time_in_range(st)
+    for where, f in [("fits.usl", usl)] + [(f"fits.speed.{k}", v) for k, v in speed.items()]:
+        if f is not None and f.name in ("usl_throughput", "usl_speed"):
+            _usl_in_range(f, where)
     kvd = _want(fits, "kv_demand", "object or null", "fits", required=False)
     kv, kv_n = None, 0
     if kvd:
         kv = KvDemand(float(_want(kvd, "mean", "number", "fits.kv_demand")),
                       float(_want(kvd, "var", "number", "fits.kv_demand")))
         kv_n = _want(kvd, "n", "integer", "fits.kv_demand")
+        for name, v in (("mean", kv.mean), ("var", kv.var), ("n", kv_n)):
+            if v < 0:
+                raise _Bad(f"'fits.kv_demand.{name}' must be >= 0, got {_short(v)}")
     notes = _want(fits, "notes", "list", "fits", required=False) or []
     return Profile(meta=meta, requests=req, steps=steps, levels=levels, usl=usl, speed=speed,
                    best_speed=best, step_time=st, kv=kv, kv_n=kv_n,
                    notes=[str(n) for n in notes], source=source)
+
+
+def _step_time_in_range(f: FitResult) -> None:
+    """T(b, c, kv) = a + beta b + gamma c (+ eta kv) is a time: no coefficient that makes
+    more work cheaper, and a positive step at batch 1."""
+    for k in ("beta", "gamma", "eta"):
+        if f.params.get(k, 0.0) < 0:
+            raise _Bad(f"'fits.step_time.params.{k}' must be >= 0 (more work never takes "
+                       f"less time), got {_short(f.params[k])}")
+    t1 = f.params["a"] + f.params["beta"]
+    if not t1 > 0:
+        raise _Bad(f"'fits.step_time.params': the step at batch 1 (a + beta) must be > 0 s, "
+                   f"got {_short(t1)}")
+
+
+def _usl_in_range(f: FitResult, where: str) -> None:
+    """The USL's bounds as fitted (:data:`tuned.curves.fit.USL_THROUGHPUT`): lam > 0,
+    sigma in [0, 1], kappa >= 0."""
+    p = f.params
+    if not p["lam"] > 0:
+        raise _Bad(f"'{where}.params.lam' must be > 0, got {_short(p['lam'])}")
+    if not 0 <= p["sigma"] <= 1:
+        raise _Bad(f"'{where}.params.sigma' must be in [0, 1], got {_short(p['sigma'])}")
+    if p["kappa"] < 0:
+        raise _Bad(f"'{where}.params.kappa' must be >= 0, got {_short(p['kappa'])}")
 
 
 def _levels(rows: list, required: tuple) -> list[dict[str, Any]]:
@@ -631,6 +665,7 @@ def _from_v1(d: dict, source: str) -> Profile:
     none = {k: None for k in params}
     usl = FitResult("usl_throughput", params, dict(none), float(r2), len(levels),
                     note="migrated from schema 1")
+    _usl_in_range(usl, "usl")
     speed: dict[str, FitResult] = {}
     best = None
     if levels:
@@ -651,7 +686,11 @@ def _from_v1(d: dict, source: str) -> Profile:
 
 # --- file I/O ----------------------------------------------------------------------------
 
-def load_profile(path: str | Path) -> Profile:
+#: the largest profile file read (a sweep of tens of thousands of steps is a few MB)
+MAX_PROFILE_BYTES = 256 << 20
+
+
+def load_profile(path: str | Path, max_bytes: int = MAX_PROFILE_BYTES) -> Profile:
     """Read, validate and (for schema 1) migrate a profile file.
 
     Raises :class:`ProfileError` whose message starts with the file name and says what
@@ -659,13 +698,13 @@ def load_profile(path: str | Path) -> Profile:
     key, a wrong type, an unknown or newer ``schema_version``.
     """
     p = Path(path)
-    source = str(p)
+    source = clip_text(str(p))
+    if not p.exists():
+        raise ProfileError(source, "file not found")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(source, "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProfileError(source, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+        text = read_text(p, "profile", max_bytes)
+    except UserError as e:
+        raise ProfileError(source, f"cannot read: {e.problem}") from None
     if not text.strip():
         raise ProfileError(source, "empty file")
     try:
@@ -674,6 +713,8 @@ def load_profile(path: str | Path) -> Profile:
         kind = "truncated JSON" if _unclosed(text) else "malformed JSON"
         raise ProfileError(source, f"{kind}: {e.msg} at line {e.lineno} column {e.colno}") \
             from None
+    except RecursionError:
+        raise ProfileError(source, "malformed JSON: nested too deeply") from None
     return Profile.from_dict(d, source)
 
 

@@ -61,6 +61,11 @@ STEP_RING = 8192
 FINISHED_RING = 4096
 
 
+class SimulationError(RuntimeError):
+    """A run that cannot end within the simulator's bound on virtual time
+    (``max_sim_s``): a workload that does not drain, or arrivals past the bound."""
+
+
 class SimRequest:
     """One request inside the simulated engine (the attribute names are vLLM's, so
     the queue core reads it as it reads a vLLM ``Request``)."""
@@ -432,6 +437,11 @@ class SimEngine:
         if self.horizon_s is not None and specs:
             # stop a run that cannot keep up: horizon_s after the last arrival
             self.max_sim_s = specs[-1].arrival_s + self.horizon_s
+        elif specs and not specs[-1].arrival_s <= self.max_sim_s:
+            # refused before the first tick: reaching it would tick for ever
+            raise SimulationError(f"workload: the last arrival at {specs[-1].arrival_s:g} s "
+                                  f"is past the simulator's bound of {self.max_sim_s:g} s of "
+                                  "virtual time")
         self.failed: list[str] = []
         self._step_log: list[StepSample] = []
         self._knob_log: list[tuple[int, int]] = []
@@ -476,7 +486,7 @@ class SimEngine:
             if self.now > self.max_sim_s:
                 if self.horizon_s is not None:
                     break      # the rest stays unfinished (counted so by the metrics)
-                raise RuntimeError(f"simulation passed {self.max_sim_s:.0f}s of virtual time "
+                raise SimulationError(f"simulation passed {self.max_sim_s:.0f}s of virtual time "
                                    f"with {len(self.running)} running and {len(self.waiting)} "
                                    "waiting: the workload does not drain")
         self._ticks_until(self.now + 1e-9)

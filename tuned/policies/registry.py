@@ -104,11 +104,23 @@ class TrtllmPolicy:
 
 
 def load_plugin(spec: str) -> type:
+    """The class ``package.module:Class`` names; ``ValueError`` when it cannot be
+    imported or is not a policy class (a class with a ``decide`` method): a plain
+    function such as ``os:system`` is refused here, before anything calls it."""
+    from tuned.inputs import clip, clip_text
+
     module, _, name = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"batch_policy: cannot load {spec!r}: {e}") from None
+        obj = getattr(importlib.import_module(module), name)
+    except Exception as e:  # ImportError, AttributeError, or whatever its import raises
+        raise ValueError(f"batch_policy: cannot load {clip(spec)}: "
+                         f"{clip_text(f'{type(e).__name__}: {e}')}") from None
+    if not isinstance(obj, type) or not callable(getattr(obj, "decide", None)):
+        what = "a class without a decide method" if isinstance(obj, type) else \
+            f"a {type(obj).__name__}, not a class"
+        raise ValueError(f"batch_policy: {clip(spec)} must name a policy class (with "
+                         f"decide(observation) -> Decision), got {what}")
+    return obj
 
 
 def is_builtin(name: str) -> bool:

@@ -154,7 +154,7 @@ def test_plugins_are_imported_and_type_checked(tmp_path, policy, line):
 
 def test_a_plugin_policy_class_passes(tmp_path):
     # tuned's own fault-injection policies are plugins of this shape
-    assert check(write(tmp_path, 'batch_policy = "tuned.policies.select:StaticPolicy"\n')) \
+    assert check(write(tmp_path, 'batch_policy = "tuned.policies.registry:StaticPolicy"\n')) \
         == (0, "")
 
 

@@ -180,7 +180,7 @@ def config_problems(path: str, watchdog_s: float | None = None,
 def plugin_problems(cfg: config_mod.Config) -> list[str]:
     """A ``package.module:Class`` batch policy that cannot be imported or is not a
     policy class (the controller would fail on it after the model loaded)."""
-    from tuned.policies.select import is_builtin, load_plugin
+    from tuned.policies.registry import is_builtin, load_plugin
 
     if is_builtin(cfg.batch_policy):
         return []

@@ -1,5 +1,6 @@
 """Compare two folders written by tools/sim_snapshot.sh: every result.json must be
-identical except ``config.source_path`` (where the config file lay). Exit 0 when all
+identical except ``config.source_path`` (where the config file lay) and
+``config.reload_token`` (a secret, no longer written since issue 20). Exit 0 when all
 match; otherwise name each file and the first differing key path, exit 1.
 
     python tools/sim_snapshot_compare.py BEFORE AFTER
@@ -15,6 +16,7 @@ from pathlib import Path
 def _load(p: Path) -> dict:
     doc = json.loads(p.read_text())
     doc.get("config", {}).pop("source_path", None)
+    doc.get("config", {}).pop("reload_token", None)
     return doc
 
 

@@ -12,6 +12,10 @@ late; this keeps the ones that can still be on time on time, and serves the late
 ones whenever nothing on time waits (nothing is refused or dropped). Each tier is in
 arrival order; the order is recomputed when the next request turns late (without a
 step model the late ones are the head of the arrival order, so it is one split).
+A queue that reports each request joining and leaving keeps the tiers with
+:class:`TieredOrder` (:meth:`FCFSPolicy.live_order`): a request moves once, when it
+turns late, so a recompute costs the on-time tier and the requests that turned late,
+not a sort of every waiting request (under an overload nearly all of them are late).
 
 With the admission guard's step model in the context (``ctx.step_model``, an SLA
 set), lateness is predicted rather than observed: a request is late once the time
@@ -99,6 +103,12 @@ class FCFSPolicy(QueuePolicy):
                 self.stats.demoted += 1
         return on_time + late
 
+    def live_order(self) -> TieredOrder | None:
+        """The incremental keeper of :meth:`order` for a queue that reports membership
+        (:class:`tuned.core.queue.QueueCore`); None without ``late_after_s``, where the
+        order is a keyed sort (:meth:`order_key`)."""
+        return TieredOrder(self) if self.late_after_s else None
+
     def refresh(self, waiting: Collection[ReqInfo], ctx: AdmitContext) -> bool:
         return bool(self.late_after_s) and ctx.now_s >= self._next_late_s
 
@@ -157,3 +167,135 @@ class FCFSPolicy(QueuePolicy):
     def admit(self, candidate: ReqInfo, running: Sequence[ReqInfo],
               admitted_this_step: Sequence[ReqInfo], ctx: AdmitContext) -> Verdict:
         return Verdict(True, "fcfs: always admit")
+
+
+class TieredOrder:
+    """:meth:`FCFSPolicy.order` kept up to date as requests join and leave.
+
+    The caller reports every request that joins the ordered set (:meth:`add`, in the
+    order it joins: the tie-break among equal arrival times, as the stable sort over
+    the caller's insertion-ordered set has it) and every one that leaves
+    (:meth:`discard`); :meth:`order` then returns what ``policy.order`` would return
+    for that set, with the same side effects (demotion counts, next lateness time).
+
+    A request's tier depends only on ``now`` and the step model: it turns late at a
+    fixed time (``arrival + late_after_s``, less its prefill with a model), so each
+    on-time request sits in a heap keyed on that time and moves to the late tier once,
+    by bisection; the late tier, nearly every waiting request under an overload, is
+    never sorted again. A new step model, or a clock that goes back, rebuilds the
+    tiers (the step model is refitted every few seconds at most). Moore and Hodgson's
+    rule runs over the on-time tier only, as before.
+    """
+
+    def __init__(self, policy: FCFSPolicy) -> None:
+        self.policy = policy
+        self._members: dict[str, tuple[ReqInfo, int]] = {}   # id -> (info, seq)
+        self._next_seq = 0
+        self._late_ids: set[str] = set()
+        self._late: list[ReqInfo] = []           # by (arrival, seq)
+        self._on_time: list[ReqInfo] = []        # by (arrival, seq)
+        self._heap: list[tuple[float, int, str]] = []   # on-time: (turns late, seq, id)
+        self._model: object = None
+        self._now_s = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def _key(self, r: ReqInfo) -> tuple[float, int]:
+        return r.arrival_s, self._members[r.request_id][1]
+
+    def _turns_late_key(self, r: ReqInfo) -> float:
+        # without a model: compared as arrival < now - late_after_s, as order() does
+        return r.arrival_s if self._model is None else self.policy._turns_late_s(r)
+
+    def add(self, info: ReqInfo) -> None:
+        """``info`` joins the set (after every member already there)."""
+        rid = info.request_id
+        self.discard(rid)
+        seq = self._next_seq
+        self._next_seq += 1
+        self._members[rid] = (info, seq)
+        bisect.insort_right(self._on_time, info, key=self._key)
+        heapq.heappush(self._heap, (self._turns_late_key(info), seq, rid))
+
+    def discard(self, request_id: str) -> None:
+        """``request_id`` leaves the set (absent: nothing); its heap entry goes stale."""
+        member = self._members.get(request_id)
+        if member is None:
+            return
+        info, seq = member
+        if request_id in self._late_ids:
+            self._late_ids.discard(request_id)
+            tier = self._late
+        else:
+            tier = self._on_time
+        del tier[bisect.bisect_left(tier, (info.arrival_s, seq), key=self._key)]
+        del self._members[request_id]
+
+    def order(self, now_s: float, ctx: AdmitContext | None = None) -> list[ReqInfo]:
+        """``policy.order(members in the order they joined, now_s, ctx)``."""
+        pol = self.policy
+        model = pol._model = ctx.step_model if ctx is not None else None
+        if model is not self._model or now_s < self._now_s:
+            self._rebuild(model)
+        self._now_s = now_s
+        for r in self._advance(now_s):
+            if r.request_id not in pol._late:
+                pol._late.add(r.request_id)
+                pol.stats.demoted += 1
+        on_time, late = self._on_time, self._late
+        if model is None:
+            pol._next_late_s = (on_time[0].arrival_s + pol.late_after_s if on_time
+                                else math.inf)
+            return on_time + late
+        pol._next_late_s = self._heap[0][0] if self._heap else math.inf
+        if not on_time:
+            return list(late)
+        kept, doomed = pol._fewest_late(on_time, now_s, ctx)
+        if not doomed:
+            return kept + late
+        for r in doomed:
+            if r.request_id not in pol._late:
+                pol._late.add(r.request_id)
+                pol.stats.demoted += 1
+        # sorted(doomed + late) by arrival, stable: on equal arrival times the doomed
+        # come first, in their own order, so each goes in before its equals, last first
+        out = list(late)
+        for r in reversed(doomed):
+            out.insert(bisect.bisect_left(out, r.arrival_s, key=_arrival), r)
+        return kept + out
+
+    def _rebuild(self, model: object) -> None:
+        self._model = model
+        self._late_ids.clear()
+        self._late = []
+        self._on_time = sorted((info for info, _ in self._members.values()), key=self._key)
+        self._heap = [(self._turns_late_key(r), self._members[r.request_id][1], r.request_id)
+                      for r in self._on_time]
+        heapq.heapify(self._heap)
+
+    def _advance(self, now_s: float) -> list[ReqInfo]:
+        """Move the members late at ``now_s`` to the late tier and return them; the
+        heap's top is then the earliest time an on-time member turns late."""
+        heap, members = self._heap, self._members
+        cut = now_s - self.policy.late_after_s
+        plain = self._model is None
+        moved: list[ReqInfo] = []
+        while heap:
+            key, seq, rid = heap[0]
+            member = members.get(rid)
+            if member is not None and member[1] == seq and rid not in self._late_ids:
+                if not (key < cut if plain else now_s >= key):
+                    break
+                info = member[0]
+                del self._on_time[bisect.bisect_left(self._on_time, (info.arrival_s, seq),
+                                                     key=self._key)]
+                bisect.insort_right(self._late, info, key=self._key)
+                self._late_ids.add(rid)
+                moved.append(info)
+            heapq.heappop(heap)                   # moved, or stale (left / re-added)
+        return moved
+
+
+def _arrival(r: ReqInfo) -> float:
+    return r.arrival_s

@@ -77,7 +77,8 @@ class LiveOrder(Protocol):
     """A policy's order kept up to date incrementally (a policy offers one through
     ``live_order()``): the queue reports each request joining the ordered set, in
     order, and leaving it; ``order(now_s, ctx)`` equals ``policy.order`` of the set,
-    in the order its members joined."""
+    in the order its members joined. The list it returns stays its own: a request
+    leaving is taken out of it by ``discard``, so the queue does not delete it."""
 
     def add(self, info: ReqInfo) -> None: ...
 
@@ -276,7 +277,7 @@ class QueueCore(Generic[R]):
         rid = req.request_id
         now = self._context().now_s
         pin_key = self._pinned.pop(rid, None)
-        if pin_key is None and self._order is not None:
+        if pin_key is None and self._order is not None and self._live is None:
             for i, r in enumerate(self._order):
                 if r.request_id == rid:
                     del self._order[i]
@@ -609,7 +610,7 @@ class QueueCore(Generic[R]):
             self._infos.pop(rid, None)
             self.policy.forget(rid)
             self._head_valid = False
-        if unordered and self._order is not None:
+        if unordered and self._order is not None and self._live is None:
             self._order = [r for r in self._order if r.request_id not in unordered]
 
     def _prune(self) -> None:

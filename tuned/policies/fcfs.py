@@ -178,35 +178,63 @@ class TieredOrder:
     (:meth:`discard`); :meth:`order` then returns what ``policy.order`` would return
     for that set, with the same side effects (demotion counts, next lateness time).
 
+    The list returned is kept, not rebuilt: a caller that caches it sees each
+    :meth:`discard` applied to it (as if it had deleted the request itself) and must
+    ask :meth:`order` again after an :meth:`add`. It holds the kept on-time requests
+    by (arrival, join) and after them the late part by (arrival, doomed first, join).
+
     A request's tier depends only on ``now`` and the step model: it turns late at a
     fixed time (``arrival + late_after_s``, less its prefill with a model), so each
-    on-time request sits in a heap keyed on that time and moves to the late tier once,
-    by bisection; the late tier, nearly every waiting request under an overload, is
-    never sorted again. A new step model, or a clock that goes back, rebuilds the
-    tiers (the step model is refitted every few seconds at most). Moore and Hodgson's
-    rule runs over the on-time tier only, as before.
+    on-time request sits in a heap keyed on that time and moves to the late part once,
+    by bisection; the late part, nearly every waiting request under an overload, is
+    never sorted or copied again. A new step model, or a clock that goes back,
+    rebuilds (the step model is refitted every few seconds at most). Moore and
+    Hodgson's rule runs over the on-time requests only, as before; the ones it dooms
+    sit in the late part until the next :meth:`order`.
     """
 
     def __init__(self, policy: FCFSPolicy) -> None:
         self.policy = policy
-        self._members: dict[str, tuple[ReqInfo, int]] = {}   # id -> (info, seq)
+        self._members: dict[str, tuple[ReqInfo, int]] = {}   # id -> (info, join seq)
         self._next_seq = 0
-        self._late_ids: set[str] = set()
-        self._late: list[ReqInfo] = []           # by (arrival, seq)
-        self._on_time: list[ReqInfo] = []        # by (arrival, seq)
-        self._heap: list[tuple[float, int, str]] = []   # on-time: (turns late, seq, id)
+        self._late_ids: set[str] = set()         # late by time at the last order()
+        self._doomed_ids: set[str] = set()       # on time, moved aside by Moore-Hodgson
+        self._out: list[ReqInfo] = []            # kept on-time, then the late part
+        self._n_kept = 0
+        self._heap: list[tuple[float, int, str]] = []   # on time: (turns late, seq, id)
         self._model: object = None
         self._now_s = -math.inf
 
     def __len__(self) -> int:
         return len(self._members)
 
-    def _key(self, r: ReqInfo) -> tuple[float, int]:
+    # sort keys of the two parts of _out
+    def _kept_key(self, r: ReqInfo) -> tuple[float, int]:
         return r.arrival_s, self._members[r.request_id][1]
+
+    def _late_key(self, r: ReqInfo) -> tuple[float, int, int]:
+        rid = r.request_id
+        return r.arrival_s, rid not in self._doomed_ids, self._members[rid][1]
 
     def _turns_late_key(self, r: ReqInfo) -> float:
         # without a model: compared as arrival < now - late_after_s, as order() does
         return r.arrival_s if self._model is None else self.policy._turns_late_s(r)
+
+    def _kept_insert(self, info: ReqInfo) -> None:
+        bisect.insort_right(self._out, info, 0, self._n_kept, key=self._kept_key)
+        self._n_kept += 1
+
+    def _kept_remove(self, info: ReqInfo, seq: int) -> None:
+        del self._out[bisect.bisect_left(self._out, (info.arrival_s, seq), 0, self._n_kept,
+                                         key=self._kept_key)]
+        self._n_kept -= 1
+
+    def _late_insert(self, info: ReqInfo) -> None:
+        bisect.insort_right(self._out, info, self._n_kept, key=self._late_key)
+
+    def _late_remove(self, info: ReqInfo, seq: int, doomed: bool) -> None:
+        del self._out[bisect.bisect_left(self._out, (info.arrival_s, not doomed, seq),
+                                         self._n_kept, key=self._late_key)]
 
     def add(self, info: ReqInfo) -> None:
         """``info`` joins the set (after every member already there)."""
@@ -215,7 +243,7 @@ class TieredOrder:
         seq = self._next_seq
         self._next_seq += 1
         self._members[rid] = (info, seq)
-        bisect.insort_right(self._on_time, info, key=self._key)
+        self._kept_insert(info)
         heapq.heappush(self._heap, (self._turns_late_key(info), seq, rid))
 
     def discard(self, request_id: str) -> None:
@@ -225,11 +253,13 @@ class TieredOrder:
             return
         info, seq = member
         if request_id in self._late_ids:
+            self._late_remove(info, seq, False)
             self._late_ids.discard(request_id)
-            tier = self._late
+        elif request_id in self._doomed_ids:
+            self._late_remove(info, seq, True)
+            self._doomed_ids.discard(request_id)
         else:
-            tier = self._on_time
-        del tier[bisect.bisect_left(tier, (info.arrival_s, seq), key=self._key)]
+            self._kept_remove(info, seq)
         del self._members[request_id]
 
     def order(self, now_s: float, ctx: AdmitContext | None = None) -> list[ReqInfo]:
@@ -239,44 +269,48 @@ class TieredOrder:
         if model is not self._model or now_s < self._now_s:
             self._rebuild(model)
         self._now_s = now_s
+        members = self._members
+        for rid in self._doomed_ids:     # back on time: Moore-Hodgson runs afresh
+            info, seq = members[rid]
+            self._late_remove(info, seq, True)
+        doomed_before, self._doomed_ids = self._doomed_ids, set()
+        for rid in doomed_before:
+            self._kept_insert(members[rid][0])
         for r in self._advance(now_s):
             if r.request_id not in pol._late:
                 pol._late.add(r.request_id)
                 pol.stats.demoted += 1
-        on_time, late = self._on_time, self._late
+        out, n_kept = self._out, self._n_kept
         if model is None:
-            pol._next_late_s = (on_time[0].arrival_s + pol.late_after_s if on_time
-                                else math.inf)
-            return on_time + late
+            pol._next_late_s = out[0].arrival_s + pol.late_after_s if n_kept else math.inf
+            return out
         pol._next_late_s = self._heap[0][0] if self._heap else math.inf
-        if not on_time:
-            return list(late)
-        kept, doomed = pol._fewest_late(on_time, now_s, ctx)
-        if not doomed:
-            return kept + late
+        if not n_kept:
+            return out
+        _, doomed = pol._fewest_late(out[:n_kept], now_s, ctx)
         for r in doomed:
-            if r.request_id not in pol._late:
-                pol._late.add(r.request_id)
+            rid = r.request_id
+            self._kept_remove(r, members[rid][1])
+            self._doomed_ids.add(rid)
+            self._late_insert(r)
+            if rid not in pol._late:
+                pol._late.add(rid)
                 pol.stats.demoted += 1
-        # sorted(doomed + late) by arrival, stable: on equal arrival times the doomed
-        # come first, in their own order, so each goes in before its equals, last first
-        out = list(late)
-        for r in reversed(doomed):
-            out.insert(bisect.bisect_left(out, r.arrival_s, key=_arrival), r)
-        return kept + out
+        return out
 
     def _rebuild(self, model: object) -> None:
         self._model = model
         self._late_ids.clear()
-        self._late = []
-        self._on_time = sorted((info for info, _ in self._members.values()), key=self._key)
+        self._doomed_ids.clear()
+        self._out = sorted((info for info, _ in self._members.values()), key=self._kept_key)
+        self._n_kept = len(self._out)
         self._heap = [(self._turns_late_key(r), self._members[r.request_id][1], r.request_id)
-                      for r in self._on_time]
+                      for r in self._out]
         heapq.heapify(self._heap)
 
     def _advance(self, now_s: float) -> list[ReqInfo]:
-        """Move the members late at ``now_s`` to the late tier and return them; the
-        heap's top is then the earliest time an on-time member turns late."""
+        """Move the on-time members late at ``now_s`` to the late part and return them;
+        the heap's top is then the earliest time an on-time member turns late."""
         heap, members = self._heap, self._members
         cut = now_s - self.policy.late_after_s
         plain = self._model is None
@@ -288,14 +322,9 @@ class TieredOrder:
                 if not (key < cut if plain else now_s >= key):
                     break
                 info = member[0]
-                del self._on_time[bisect.bisect_left(self._on_time, (info.arrival_s, seq),
-                                                     key=self._key)]
-                bisect.insort_right(self._late, info, key=self._key)
+                self._kept_remove(info, seq)
                 self._late_ids.add(rid)
+                self._late_insert(info)
                 moved.append(info)
             heapq.heappop(heap)                   # moved, or stale (left / re-added)
         return moved
-
-
-def _arrival(r: ReqInfo) -> float:
-    return r.arrival_s

@@ -103,6 +103,7 @@ queue_ops = st.lists(st.one_of(
     st.tuples(st.just("pop"), st.integers(0, 3), st.integers(0, 3)),
     st.tuples(st.just("remove"), st.integers(0, 1000)),
     st.tuples(st.just("preempt"), st.integers(0, 1000)),
+    st.tuples(st.just("switch"), st.sampled_from([0.0, LATE_AFTER_S, 1.0])),
     st.tuples(st.just("step"), st.sampled_from([0.0, 0.1, 0.7, 2.5]),
               st.integers(0, len(MODELS) - 1)),
 ), min_size=1, max_size=60)
@@ -137,6 +138,12 @@ def drive(script, live: bool, monkeypatch) -> list:
         elif op[0] == "preempt" and running:
             r = running.pop(op[1] % len(running))
             q.prepend_request(r)
+        elif op[0] == "switch":       # a live reload: fcfs again, maybe another target
+            if not live:
+                monkeypatch.setattr(queue_mod, "live_order_of", lambda policy: None)
+            q.switch_policy(FCFSPolicy(late_after_s=op[1]))
+            assert (q._live is not None) == (live and op[1] > 0)
+            monkeypatch.undo()
         elif op[0] == "step":
             now += op[1]
             q.begin_step(ctx(now, MODELS[op[2]], 512, len(running)), running)

@@ -415,6 +415,7 @@ class QueueCore(Generic[R]):
         return self._order
 
     def _rebuild_live(self) -> None:
+        self._invalidate_order()        # the cached order is the old live order's list
         self._live = live_order_of(self.policy)
         if self._live is not None:
             for info in self._unpinned.values():

@@ -172,6 +172,10 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             try:
                 request.settimeout(self.timeout_s)
                 request.sendall(_BUSY_RESPONSE)
+                # a close with the request unread would answer with a reset, which can
+                # reach the client before it reads the 503: take what has come in
+                request.setblocking(False)
+                request.recv(65536)
             except OSError:
                 pass
             self.shutdown_request(request)

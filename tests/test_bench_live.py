@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from tuned import config as config_mod
+from tuned import launch
 from tuned.bench import live
 from tuned.bench.live import (Contender, LiveStartError, _Client, config_to_toml,
-                              drive_open_loop, run_live, vllm_command)
+                              drive_open_loop, run_live)
 from tuned.config import Config, validate
 from tuned.workloads import RequestSpec, parse_workload
 
@@ -74,21 +75,6 @@ def test_relative_profile_is_written_absolute(tmp_path, monkeypatch):
 def test_values_toml_cannot_hold_are_refused():
     with pytest.raises(ValueError, match="finite"):
         config_to_toml(Config(interval_s=float("nan")))
-
-
-# --- the plain vLLM command ------------------------------------------------------------------
-
-def test_static_command_carries_the_cap_and_the_engine_settings():
-    cfg = validate({"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 512,
-                    "num_gpu_blocks": 48, "vllm_args": ["--dtype", "float32"]})
-    cmd = vllm_command(cfg, "/m", 8, 8001, extra=["--seed", "1"], python="py")
-    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
-    args = " ".join(cmd[3:])
-    assert ("--model /m --host 127.0.0.1 --port 8001 --max-num-seqs 8 "
-            "--max-num-batched-tokens 1024 --max-model-len 512 "
-            "--num-gpu-blocks-override 48 --dtype float32 --seed 1") == args
-    assert "--num-gpu-blocks-override" not in vllm_command(Config(), "/m", 8, 1)
-    assert "--scheduler-cls" not in args
 
 
 # --- the open-loop schedule on a fake clock --------------------------------------------------
@@ -267,11 +253,11 @@ def test_a_bad_answer_fails_the_request_with_its_reason(events, status, error):
 
 def test_a_server_that_dies_at_start_names_the_contender_and_shows_its_log(tmp_path,
                                                                         monkeypatch):
-    def dying(cfg, model_path, cap, port, extra=(), python=sys.executable):
+    def dying(cfg, model_path, *, port, max_num_seqs=None, extra=(), python=sys.executable):
         return [python, "-c", "import sys; print('no such model: ' + sys.argv[1]); "
                 "raise SystemExit(3)", model_path]
 
-    monkeypatch.setattr(live, "vllm_command", dying)
+    monkeypatch.setattr(launch, "static_command", dying)
     wl = parse_workload("poisson:rate=4,prompt=8,output=4,n=2", seed=0)
     with pytest.raises(LiveStartError) as e:
         run_live(Contender("static-8", "static", Config(), cap=8), wl, model_path="/nope",

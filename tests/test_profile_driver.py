@@ -11,7 +11,11 @@ import tomllib
 import numpy as np
 import pytest
 
-from tuned import profiler as P
+from tuned.curves.profile import time_weighted_load
+from tuned.profiler import cli as P
+from tuned.profiler.engine import profiling_settings, serve_config_toml
+from tuned.profiler.lengths import parse_sweep_workload
+from tuned.workloads import WorkloadError
 from tuned.curves.profile import Profile, build_profile, load_profile, save_profile
 
 from test_profile_io import META, V1, make_samples
@@ -22,29 +26,29 @@ AZURE = "azure_conv_2023"  # packaged with tuned (tuned/data/traces/)
 # --- workloads ---------------------------------------------------------------------------
 
 def test_synthetic_fixed_workload():
-    w = P.parse_workload("synthetic:prompt=64,output=32")
+    w = parse_sweep_workload("synthetic:prompt=64,output=32")
     assert [w.next() for _ in range(3)] == [(64, 32)] * 3
     assert w.describe()["prompt"] == "64"
 
 
 def test_synthetic_uniform_workload_stays_in_range_and_is_seeded():
-    w = P.parse_workload("synthetic:prompt=U(16,128),output=U(16, 128)", seed=7)
+    w = parse_sweep_workload("synthetic:prompt=U(16,128),output=U(16, 128)", seed=7)
     pairs = [w.next() for _ in range(2000)]
     p = np.array([x[0] for x in pairs])
     o = np.array([x[1] for x in pairs])
     assert p.min() == 16 and p.max() == 128 and o.min() == 16 and o.max() == 128
     assert abs(p.mean() - 72) < 3
-    w2 = P.parse_workload("synthetic:prompt=U(16,128),output=U(16, 128)", seed=7)
+    w2 = parse_sweep_workload("synthetic:prompt=U(16,128),output=U(16, 128)", seed=7)
     assert [w2.next() for _ in range(2000)] == pairs
 
 
 def test_workload_clamps_to_max_model_len_and_output_cap():
-    w = P.parse_workload("synthetic:prompt=1000,output=300").bind(1024)
+    w = parse_sweep_workload("synthetic:prompt=1000,output=300").bind(1024)
     assert w.next() == (724, 300)
     assert w.clamped == 1
-    w = P.parse_workload("synthetic:prompt=100,output=3000").bind(1024)
+    w = parse_sweep_workload("synthetic:prompt=100,output=3000").bind(1024)
     assert w.next() == (1, 1023)
-    w = P.parse_workload("synthetic:prompt=64,output=128").bind(1024, output_cap=32)
+    w = parse_sweep_workload("synthetic:prompt=64,output=128").bind(1024, output_cap=32)
     assert w.next() == (64, 32)
     assert w.clamped == 0  # the quick cap is not a clamp
 
@@ -53,7 +57,7 @@ def test_trace_workload_scales_and_cycles(tmp_path):
     csv = tmp_path / "t.csv"
     csv.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
                    "0.0,374,44\n1.0,3000,109\n2.0,5,1\n")
-    w = P.parse_workload(f"trace:{csv}:scale=0.1").bind(256)
+    w = parse_sweep_workload(f"trace:{csv}:scale=0.1").bind(256)
     assert [w.next() for _ in range(4)] == [(37, 4), (245, 11), (1, 1), (37, 4)]
     assert w.clamped == 1  # 300 + 11 > 256
     d = w.describe()
@@ -61,7 +65,7 @@ def test_trace_workload_scales_and_cycles(tmp_path):
 
 
 def test_azure_trace_reads():
-    w = P.parse_workload(f"trace:{AZURE}:scale=0.1").bind(1024)
+    w = parse_sweep_workload(f"trace:{AZURE}:scale=0.1").bind(1024)
     assert w.describe()["rows"] == 19366
     assert w.next() == (37, 4)  # first row 374, 44
 
@@ -77,15 +81,26 @@ def test_azure_trace_reads():
     ("trace:/x.csv:scale=0", "scale must be > 0"),
 ])
 def test_bad_workloads(spec, message):
-    with pytest.raises(P.UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        P.parse_workload(spec)
+    with pytest.raises(WorkloadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_sweep_workload(spec)
 
 
 def test_trace_missing_column(tmp_path):
     csv = tmp_path / "t.csv"
-    csv.write_text("a,b\n1,2\n")
-    with pytest.raises(P.UsageError, match="missing column 'num_prefill_tokens'"):
-        P.parse_workload(f"trace:{csv}")
+    csv.write_text("arrived_at,num_decode_tokens\n0,2\n")
+    with pytest.raises(WorkloadError, match="missing column 'num_prefill_tokens'"):
+        parse_sweep_workload(f"trace:{csv}")
+    # the one trace reader of tuned.workloads: a trace has arrival times
+    csv.write_text("num_prefill_tokens,num_decode_tokens\n1,2\n")
+    with pytest.raises(WorkloadError, match="missing column 'arrived_at'"):
+        parse_sweep_workload(f"trace:{csv}")
+
+
+def test_a_bad_workload_is_a_usage_error(tmp_path, capsys):
+    a = parser().parse_args(["profile", "--model", "m", "--out", str(tmp_path / "p.json"),
+                             "--workload", "synthetic:prompt=64"])
+    assert P.cmd_profile(a) == 2
+    assert "workload 'synthetic:prompt=64': missing output=" in capsys.readouterr().err
 
 
 def test_levels():
@@ -133,7 +148,7 @@ class LevelTrackingSweep(P.Sweep):
 
 def test_closed_loop_keeps_exactly_n_in_flight():
     eng = FakeEngine()
-    w = P.parse_workload("synthetic:prompt=8,output=4")
+    w = parse_sweep_workload("synthetic:prompt=8,output=4")
     sweep = LevelTrackingSweep(eng, w, P.PromptFactory(list(range(10, 50))), [1, 2, 4], 30.0,
                                lambda n: 5 * n, progress=False).run()
     assert sweep.measured == [1, 2, 4]
@@ -152,7 +167,7 @@ def test_closed_loop_keeps_exactly_n_in_flight():
 
 def test_level_time_budget_stops_issuing():
     eng = FakeEngine(base_s=0.05, per_req_s=0.0)
-    w = P.parse_workload("synthetic:prompt=8,output=4")
+    w = parse_sweep_workload("synthetic:prompt=8,output=4")
     t0 = time.monotonic()
     sweep = P.Sweep(eng.send, w, P.PromptFactory([5]), [2], 0.3, lambda n: 10_000,
                     progress=False).run()
@@ -163,16 +178,16 @@ def test_level_time_budget_stops_issuing():
 
 def test_time_weighted_load_hand_values():
     # [0,2] and [1,3] overlap for 1 s: each saw (2 + 1) / 2 = 1.5 in flight
-    np.testing.assert_allclose(P.time_weighted_load([0, 1], [2, 3]), [1.5, 1.5])
+    np.testing.assert_allclose(time_weighted_load([0, 1], [2, 3]), [1.5, 1.5])
     # add [0,4]: the first saw (2 + 1 + 2) / 2 = 2.5; the third (4 + 2 + 2) / 4 = 2
-    np.testing.assert_allclose(P.time_weighted_load([0, 1, 0], [2, 3, 4]), [2.5, 2.5, 2.0])
+    np.testing.assert_allclose(time_weighted_load([0, 1, 0], [2, 3, 4]), [2.5, 2.5, 2.0])
 
 
 def test_failing_engine_stops_the_level_with_its_error():
     def send(prompt, max_tokens):
         raise ConnectionError("refused")
 
-    sweep = P.Sweep(send, P.parse_workload("synthetic:prompt=8,output=4"),
+    sweep = P.Sweep(send, parse_sweep_workload("synthetic:prompt=8,output=4"),
                     P.PromptFactory([5]), [1, 2], 5.0, lambda n: 20, progress=False).run()
     assert sweep.measured == []
     assert sweep.failure.startswith("level N=1: 3 requests failed, last: N=1: "
@@ -204,7 +219,7 @@ def test_ctrl_c_keeps_measured_levels(default_sigint):
             signal.pthread_kill(main, signal.SIGINT)
         return eng.send(prompt, max_tokens)
 
-    sweep = P.Sweep(send, P.parse_workload("synthetic:prompt=8,output=4"),
+    sweep = P.Sweep(send, parse_sweep_workload("synthetic:prompt=8,output=4"),
                     P.PromptFactory([5]), [1, 2, 4, 8], 30.0,
                     lambda n: 4 if n < 4 else 100_000, progress=False)
     orig = sweep.run_level
@@ -336,8 +351,8 @@ def test_plan_quick_and_usage_errors(tmp_path):
 
 
 def test_serve_config_is_fixed_cap_and_valid():
-    s = P.profiling_settings("demo:tiny", 4, 2048, 1024, 8123, 9123)
-    raw = tomllib.loads(P.serve_config_toml(s))
+    s = profiling_settings("demo:tiny", 4, 2048, 1024, 8123, 9123)
+    raw = tomllib.loads(serve_config_toml(s))
     assert raw == s
     assert raw["b_min"] == raw["b_max"] == raw["max_num_seqs"] == 4
     from tuned.config import validate

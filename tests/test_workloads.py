@@ -366,10 +366,9 @@ def test_max_model_len_too_small():
 
 
 def test_profiler_uses_the_shared_distributions():
-    from tuned import profiler as P  # here: importing it (scipy) takes seconds
+    from tuned.profiler.lengths import parse_sweep_workload
 
-    w = P.parse_workload("synthetic:prompt=N(50,5),output=Exp(20)", seed=1)
+    w = parse_sweep_workload("synthetic:prompt=N(50,5),output=Exp(20)", seed=1)
     assert w.describe()["prompt"] == "N(50,5)" and w.describe()["output"] == "Exp(20)"
-    assert isinstance(P.parse_dist("U(1,4)", "prompt"), Dist)
-    with pytest.raises(P.UsageError, match="unknown distribution 'Q'"):
-        P.parse_dist("Q(1)", "prompt")
+    with pytest.raises(WorkloadError, match="unknown distribution 'Q'"):
+        parse_sweep_workload("synthetic:prompt=Q(1),output=4")

@@ -32,6 +32,7 @@ from pathlib import Path
 import structlog
 
 from tuned import config as config_mod
+from tuned import launch
 from tuned import log as log_mod
 from tuned.config import Config, ConfigError
 
@@ -64,30 +65,15 @@ def resolve_model(cfg: Config, cache_dir: Path) -> str:
     return str(_resolve(cfg.model, cache_dir, log=lambda msg: log.info("demo_model", step=msg)))
 
 
-def server_command(cfg: Config, model_path: str, extra: list[str] | None = None) -> list[str]:
-    serving_url = f"http://{_connect_host(cfg.host)}:{cfg.port}/health"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--model", model_path, "--host", cfg.host, "--port", str(cfg.port),
-           "--max-num-seqs", str(cfg.max_num_seqs),
-           "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
-           "--max-model-len", str(cfg.max_model_len),
-           "--scheduler-cls", "tuned.engines.vllm.TunedScheduler",
-           "--additional-config", json.dumps(additional_config(cfg, serving_url))]
-    if cfg.num_gpu_blocks:
-        cmd += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
-    from tuned.hostinfo import demo_dtype_args
-
-    # the demo model's dtype follows this CPU (bfloat16 only where it is fast)
-    args = list(cfg.vllm_args) + list(extra or [])
-    return cmd + demo_dtype_args(cfg.model, args) + args
+#: vLLM with tuned's scheduler embedded, on the config's host and port (see tuned.launch)
+server_command = launch.scheduler_command
 
 
 #: vLLM's ``additional_config`` entry carrying tuned's config (see tuned.config)
 additional_config = config_mod.engine_handoff
 
 
-def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+_connect_host = launch.connect_host
 
 
 def endpoint_url(cfg: Config, rank: int = 0) -> str:
@@ -175,7 +161,7 @@ class Supervisor:
                  metrics=endpoint_url(self.cfg) + "/metrics")
         # A new session keeps a terminal's Ctrl-C from reaching vLLM twice: it
         # arrives here and is forwarded once as SIGTERM.
-        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
+        self.proc = launch.spawn(self.cmd, env=self.env)
         threading.Thread(target=self._announce, daemon=True).start()
         last_term = 0.0
         while True:
@@ -220,12 +206,8 @@ class Supervisor:
             time.sleep(0.5)
 
 
-def build_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    # The CPU build sizes its KV cache in GiB from this variable; keep its footprint
-    # small unless the operator chose (num_gpu_blocks overrides it anyway).
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    return env
+#: the engine's environment (tuned.launch.child_env: the KV-cache space default)
+build_env = launch.child_env
 
 
 def cmd_serve(args) -> int:

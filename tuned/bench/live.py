@@ -49,25 +49,24 @@ import asyncio
 import dataclasses
 import json
 import math
-import os
 import re
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
+from tuned import launch
 from tuned.bench.metrics import RequestResult
 from tuned.bench.runner import Contender
 from tuned.config import FIELDS, Config
+from tuned.launch import EngineError, log_tail, server_info, stop_process, wait_ready
 from tuned.netutil import free_port
-from tuned.profiler import (EngineError, PromptFactory, server_info, stop_process,
-                            wait_ready)
+from tuned.prompts import PromptFactory
 from tuned.workloads import RequestSpec, Workload
 
 __all__ = ["Contender", "LiveRun", "LiveServer", "LiveStartError", "run_live", "config_to_toml",
-           "drive_open_loop", "vllm_command", "KINDS"]
+           "drive_open_loop", "KINDS"]
 
 KINDS = ("static", "peer", "tuned")
 POLL_INTERVAL_S = 0.5
@@ -161,19 +160,6 @@ def config_to_toml(cfg: Config) -> str:
 
 # --- servers -------------------------------------------------------------------------------
 
-def vllm_command(cfg: Config, model_path: str, cap: int, port: int,
-                 extra: Sequence[str] = (), python: str = sys.executable) -> list[str]:
-    """A plain vLLM OpenAI server with ``--max-num-seqs cap`` and the config's other
-    engine settings -- the same ones ``tuned serve`` hands vLLM, without tuned."""
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-           "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(cap),
-           "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
-           "--max-model-len", str(cfg.max_model_len)]
-    if cfg.num_gpu_blocks:
-        cmd += ["--num-gpu-blocks-override", str(cfg.num_gpu_blocks)]
-    return cmd + list(cfg.vllm_args) + list(extra)
-
-
 @dataclass
 class _Server:
     proc: subprocess.Popen
@@ -182,16 +168,11 @@ class _Server:
     log_path: Path
     config_path: Path | None
     stop_grace_s: float
-    log_file: Any = None
 
     def stop(self) -> None:
         if self.proc is None:     # attached to a server someone else runs
             return
-        try:
-            stop_process(self.proc, grace_s=self.stop_grace_s)
-        finally:
-            if self.log_file is not None:
-                self.log_file.close()
+        stop_process(self.proc, grace_s=self.stop_grace_s)
 
 
 def _safe_name(name: str) -> str:
@@ -206,16 +187,14 @@ def _start_server(c: Contender, model_path: str, log_dir: Path,
     log_dir.mkdir(parents=True, exist_ok=True)
     stem = _safe_name(c.name)
     log_path = log_dir / f"{stem}.log"
-    env = dict(os.environ)
-    # The CPU build sizes its KV cache in GiB from this; num_gpu_blocks overrides it.
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     port = free_port()
     config_path = None
     if c.kind == "static":
         cap = c.cap if c.cap is not None else c.config.max_num_seqs
         if cap < 1:
             raise ValueError(f"contender {c.name!r}: cap must be >= 1, got {cap}")
-        cmd = vllm_command(c.config, model_path, cap, port, extra)
+        cmd = launch.static_command(c.config, model_path, port=port, max_num_seqs=cap,
+                                    extra=extra)
         endpoint, grace = None, STATIC_STOP_GRACE_S
     else:
         mport = free_port(avoid=(port,))
@@ -223,52 +202,11 @@ def _start_server(c: Contender, model_path: str, log_dir: Path,
                                   metrics_host="127.0.0.1", metrics_port=mport)
         config_path = log_dir / f"{stem}.toml"
         config_path.write_text(config_to_toml(cfg))
-        cmd = [sys.executable, "-m", "tuned", "serve", "--config", str(config_path)]
-        if extra:
-            cmd += ["--", *extra]
+        cmd = launch.serve_command(config_path, extra=extra)
         endpoint, grace = f"http://127.0.0.1:{mport}", TUNED_STOP_GRACE_S
-    log_file = open(log_path, "wb")
-    log_file.write(f"# tuned bench: {c.name} ({c.kind}): {' '.join(cmd)}\n".encode())
-    log_file.flush()
-    try:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    except BaseException:
-        log_file.close()
-        raise
-    return _Server(proc, f"http://127.0.0.1:{port}", endpoint, log_path, config_path, grace,
-                   log_file)
-
-
-def _log_tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-def _wait_decided(srv: _Server, deadline: float) -> None:
-    """Until tuned's endpoint shows a first decision (the controller runs)."""
-    import requests
-
-    while True:
-        if srv.proc.poll() is not None:
-            raise EngineError(f"engine exited with code {srv.proc.returncode} while "
-                              f"starting; last lines of {srv.log_path}:\n"
-                              f"{_log_tail(srv.log_path)}")
-        try:
-            r = requests.get(f"{srv.endpoint}/decisions?limit=0", timeout=2)
-            if r.status_code == 200 and r.json().get("current"):
-                return
-        except (requests.RequestException, ValueError):
-            pass
-        if '"event": "endpoint_failed"' in _log_tail(srv.log_path, 400):
-            raise EngineError(f"tuned's endpoint could not bind {srv.endpoint}; last lines "
-                              f"of {srv.log_path}:\n{_log_tail(srv.log_path)}")
-        if time.monotonic() > deadline:
-            raise EngineError(f"tuned made no decision in time; last lines of "
-                              f"{srv.log_path}:\n{_log_tail(srv.log_path)}")
-        time.sleep(0.5)
+    proc = launch.spawn(cmd, log_path=log_path,
+                        header=f"# tuned bench: {c.name} ({c.kind}): {' '.join(cmd)}")
+    return _Server(proc, f"http://127.0.0.1:{port}", endpoint, log_path, config_path, grace)
 
 
 # --- the open loop -------------------------------------------------------------------------
@@ -517,7 +455,8 @@ class LiveServer:
                 deadline = time.monotonic() + startup_timeout_s
                 wait_ready(self.srv.url, self.srv.proc, startup_timeout_s, self.srv.log_path)
                 if self.srv.endpoint is not None:
-                    _wait_decided(self.srv, deadline)
+                    launch.wait_decided(self.srv.endpoint, self.srv.proc, deadline,
+                                        self.srv.log_path)
                 self.model_id = server_info(self.srv.url)["id"]
                 self.factory = PromptFactory.from_server(self.srv.url, self.model_id,
                                                          seed=seed)
@@ -527,7 +466,7 @@ class LiveServer:
             except Exception as e:  # the server answers, but not as vLLM should
                 raise LiveStartError(f"contender {contender.name!r} ({contender.kind}) did "
                                      f"not start: {type(e).__name__}: {e}; last lines of "
-                                     f"{self.srv.log_path}:\n{_log_tail(self.srv.log_path)}"
+                                     f"{self.srv.log_path}:\n{log_tail(self.srv.log_path)}"
                                      ) from None
         except BaseException:
             self.srv.stop()
@@ -583,7 +522,7 @@ class LiveServer:
         except EngineError as e:
             raise LiveStartError(f"contender {contender.name!r} ({contender.kind}): {e}; "
                                  f"last lines of {srv.log_path}:\n"
-                                 f"{_log_tail(srv.log_path)}") from None
+                                 f"{log_tail(srv.log_path)}") from None
         returncode = srv.proc.poll() if srv.proc is not None else None
         if contender.kind == "static":
             cap = contender.cap if contender.cap is not None else contender.config.max_num_seqs

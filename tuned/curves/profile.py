@@ -76,6 +76,20 @@ def empty_columns(names) -> dict[str, list]:
     return {n: [] for n in names}
 
 
+def time_weighted_load(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The ``load`` column: for each request, the mean number of requests in flight
+    (itself included) over its own lifetime: SABER's load L, exact also for the ramp
+    and drain of a level."""
+    start = np.asarray(start, dtype=float)
+    end = np.asarray(end, dtype=float)
+    overlap = np.clip(np.minimum(end[:, None], end[None, :]) -
+                      np.maximum(start[:, None], start[None, :]), 0.0, None)
+    dur = end - start
+    with np.errstate(invalid="ignore", divide="ignore"):
+        load = overlap.sum(axis=1) / dur
+    return np.where(dur > 0, load, 1.0)
+
+
 @dataclass
 class Profile:
     """A measured load-speed profile with its fitted curves.

@@ -121,7 +121,7 @@ def cv(values: Sequence[float]) -> float | None:
 # ------------------------------------------------------------------ offline phase
 
 def _time_weighted_load(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    from tuned.profiler import time_weighted_load
+    from tuned.curves.profile import time_weighted_load
 
     return time_weighted_load(start, end)
 

@@ -1,0 +1,3 @@
+from tuned.profiler.cli import main
+
+raise SystemExit(main())

@@ -13,47 +13,8 @@ from tuned import config
 from tuned.controller import Controller, Fallback
 from tuned.metrics import Metrics
 from tuned.sdnotify import SdNotifier
-from tuned.core.ring import FinishedRequest, Ring, StepSample
 
-
-class FakeEngine:
-    def __init__(self, ceiling=32, running=0, waiting=0):
-        self.steps = Ring(1024)
-        self.finished = Ring(256)
-        self.ceiling = ceiling
-        self.max_num_batched_tokens = 2048
-        self.kv_capacity_tokens = 1000
-        self.block_size = 1
-        self.dp_rank = 0
-        self.running, self.waiting = running, waiting
-        self.policies: list[str] = []
-        self.fail_counts = 0
-
-    def counts(self):
-        if self.fail_counts > 0:
-            self.fail_counts -= 1
-            raise RuntimeError("engine view not ready")
-        return self.running, self.waiting
-
-    def applied(self):
-        return {"cap": 0, "token_budget": 0, "fallback": False, "fallback_cause": None}
-
-    def set_queue_policy(self, name, cfg):
-        self.policies.append(name)
-
-    def queue_snapshot(self):
-        return None
-
-    def add_step(self, step_s, num_decode, t=None):
-        s = self.steps
-        s.append(StepSample(s.next_seq, time.monotonic() if t is None else t, step_s,
-                            num_decode, 0, 0, num_decode, num_decode, 0.1, 1, 10,
-                            self.running, self.waiting, 0))
-
-    def add_finished(self, prompt, output):
-        f = self.finished
-        f.append(FinishedRequest(f.next_seq, time.monotonic(), f"r{f.next_seq}", prompt,
-                                 output, output, 0.0, 0))
+from fakes import FakeEngine
 
 
 def write(tmp_path: Path, text: str, name="tuned.toml") -> Path:

@@ -285,7 +285,7 @@ def test_controller_json_has_no_request_text(tmp_path):
     """A controller on the fake engine (tests/test_controller.py's), fed finished requests
     and steps: /decisions and /steps over HTTP carry no text-bearing key and no string
     beyond ids, reasons and config names."""
-    from test_controller import FakeEngine
+    from fakes import FakeEngine
 
     eng = FakeEngine(running=4, waiting=2)
     for i in range(20):
@@ -319,7 +319,7 @@ def test_real_scheduler_never_exposes_request_text(tiny_model, capsys):
     """vLLM's EngineCore holds token ids, never text; even a request object carrying text
     (and an unrelated extra arg holding it) leaves no trace in /decisions, /steps,
     /metrics or tuned's log lines, and no run of its token ids either."""
-    from test_vllm_scheduler import make_scheduler, step
+    from fakes import make_scheduler, step
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 

@@ -49,7 +49,7 @@ def test_samples_every_device(fake_gpus, logs):
 
 
 def test_controller_exports_gpu_memory(fake_gpus):
-    from test_controller import FakeEngine
+    from fakes import FakeEngine
 
     s = NvmlSampler()
     s.start()
@@ -64,7 +64,7 @@ def test_controller_exports_gpu_memory(fake_gpus):
 
 
 def test_lost_device_degrades_once_and_keeps_deciding(fake_gpus, logs):
-    from test_controller import FakeEngine
+    from fakes import FakeEngine
 
     s = NvmlSampler()
     s.start()

@@ -18,7 +18,7 @@ from tuned.profiler.lengths import parse_sweep_workload
 from tuned.workloads import WorkloadError
 from tuned.curves.profile import Profile, build_profile, load_profile, save_profile
 
-from test_profile_io import META, V1, make_samples
+from fakes import META, V1, make_samples
 
 AZURE = "azure_conv_2023"  # packaged with tuned (tuned/data/traces/)
 

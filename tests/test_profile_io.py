@@ -8,54 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuned.curves import models as m
 from tuned.curves.fit import FitResult
 from tuned.curves.profile import (SCHEMA_VERSION, Profile, ProfileError, build_profile,
                                   empty_columns, load_profile, save_profile, STEP_COLUMNS)
 
+from fakes import META, V1, make_samples  # noqa: F401
+
 DATA = Path(__file__).parent / "data"
-V1 = DATA / "profile_v1.json"
-
-
-def make_samples(seed=0):
-    """Request and step samples shaped like a sweep of levels 1..16 on a USL engine."""
-    rng = np.random.default_rng(seed)
-    req = {k: [] for k in ("concurrency", "prompt_tokens", "output_tokens", "duration_s",
-                           "speed_tok_s", "start_s", "load")}
-    t = 0.0
-    for n in (1, 2, 4, 8, 16):
-        for _ in range(4 * n):
-            v = float(m.usl_speed(n, 50.0, 0.05, 0.002) * (1 + rng.normal(0, 0.01)))
-            out = 64
-            req["concurrency"].append(n)
-            req["prompt_tokens"].append(int(rng.integers(16, 129)))
-            req["output_tokens"].append(out)
-            req["duration_s"].append(out / v)
-            req["speed_tok_s"].append(v)
-            req["start_s"].append(t)
-            req["load"].append(float(n))
-            t += 0.01
-    steps = {k: [] for k in STEP_COLUMNS + ("concurrency",)}
-    for _ in range(300):
-        b = int(rng.integers(1, 17))
-        c = int(rng.choice([0, 0, 0, 64, 128]))
-        kv = b * int(rng.integers(50, 200))
-        steps["num_decode"].append(b)
-        steps["prefill_tokens"].append(c)
-        steps["kv_tokens_resident"].append(kv)
-        steps["kv_used_blocks"].append(kv // 16 + 1)
-        steps["step_s"].append(float(m.step_time(b, c, 0.004, 0.0006, 0.00002)
-                                     + rng.normal(0, 0.0001)))
-        steps["concurrency"].append(min(16, 1 << int(np.log2(b))))
-    return req, steps
-
-
-META = {"model": {"path": "/models/demo-tiny", "config": {"architecture": "LlamaForCausalLM",
-                                                          "num_layers": 2}},
-        "hardware": {"cpu_model": "Test CPU", "cpu_cores": 2, "gpu": None},
-        "created_at": "2025-06-01T00:00:00+00:00",
-        "workload": {"spec": "synthetic:prompt=U(16,128),output=64"},
-        "vllm_version": "0.32.0", "tuned_version": "0.1.0"}
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from pathlib import Path
 from tuned.curves.plot import plot_path_for, plot_profile
 from tuned.curves.profile import build_profile, load_profile, save_profile
 
-from test_profile_io import META, V1, make_samples
+from fakes import META, V1, make_samples
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_controller import FakeEngine
+from fakes import FakeEngine
 from tuned import config
 from tuned.controller import Controller
 from tuned.core.knobs import KnobSlot

@@ -10,72 +10,13 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 
-from tuned import config
 from tuned.controller import Fallback
-from tuned.engines.vllm import (TunedScheduler, UnsupportedVllmError, check_vllm_version,
-                                tuned_additional_config)
-from tuned.policies.batch import Decision
+from tuned.engines.vllm import UnsupportedVllmError, check_vllm_version
 
-BLOCK = 16
-NUM_BLOCKS = 64
-
-
-def make_scheduler(model: str, asynchronous: bool, **overrides):
-    cfg = config.validate({"max_num_seqs": 8, "max_num_batched_tokens": 256,
-                           "max_model_len": 256, "metrics_port": 0, "interval_s": 0.1,
-                           "fallback_cap": 3, **overrides})
-    sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256,
-                         enable_chunked_prefill=True, is_encoder_decoder=False,
-                         scheduler_cls="tuned.engines.vllm.TunedScheduler")
-    vc = VllmConfig(scheduler_config=sc,
-                    model_config=ModelConfig(model=model, dtype="float32", seed=0,
-                                             skip_tokenizer_init=True),
-                    cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-                    additional_config=tuned_additional_config(cfg))
-    # The CPU platform forces async scheduling off while finalising the config;
-    # set it afterwards to build the GPU default's variant.
-    vc.scheduler_config.async_scheduling = asynchronous
-    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
-    kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
-                                                      head_size=32, dtype=torch.float32))])
-    cls = vc.scheduler_config.get_scheduler_cls()
-    assert cls is TunedScheduler
-    s = cls(vllm_config=vc, kv_cache_config=kv,
-            structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK)
-    s.controller.stop()  # the test drives decisions by hand
-    return s
-
-
-def requests(n: int, prompt: int = 20, max_tokens: int = 5) -> list[Request]:
-    return [Request(request_id=f"r{i}", prompt_token_ids=[i + 1] * prompt,
-                    sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                    pooling_params=None) for i in range(n)]
-
-
-def step(s) -> tuple:
-    so = s.schedule()
-    ids = list(so.num_scheduled_tokens)
-    sampled = [[] if s.requests[r].is_prefill_chunk else [7] for r in ids]
-    out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                            sampled_token_ids=sampled)
-    s.update_from_output(so, out)
-    return so
-
-
-def decision(cap: int, budget: int = 256) -> Decision:
-    return Decision(target=cap, lower=1, upper=cap, cap=cap, batch=cap, token_budget=budget,
-                    reason="memory")
+from fakes import BLOCK, NUM_BLOCKS, decision, make_scheduler, requests, step  # noqa: F401,E402
 
 
 @pytest.fixture(params=[False, True], ids=["Scheduler", "AsyncScheduler"])

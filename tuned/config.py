@@ -66,6 +66,9 @@ class Config:
     interval_s: float = _f(0.5, "controller period", lo=0.05, hi=60.0)
     stale_after_s: float = _f(5.0, "a decision older than this makes the scheduler apply "
                               "fallback_cap", lo=0.2, hi=3600.0)
+    engine_stall_s: float = _f(20.0, "with requests in the engine and no engine step "
+                               "completed for this long, /healthz answers 503 and the "
+                               "systemd watchdog is no longer pinged", lo=1.0, hi=3600.0)
     fallback_cap: int = _f(4, "safe static cap applied when the controller fails or stalls",
                            lo=1, hi=4096)
     b_min: int = _f(1, "lowest batch size tuned may choose (B_min)", lo=1, hi=4096)
@@ -294,6 +297,9 @@ def cross_field_problems(cfg: Config) -> list[str]:
     if cfg.stale_after_s < 2 * cfg.interval_s:
         problems.append(f"stale_after_s: must be >= 2 * interval_s ({2 * cfg.interval_s:g}), "
                         f"got {cfg.stale_after_s:g}")
+    if cfg.engine_stall_s < 2 * cfg.interval_s:
+        problems.append(f"engine_stall_s: must be >= 2 * interval_s ({2 * cfg.interval_s:g}), "
+                        f"got {cfg.engine_stall_s:g}")
     if cfg.tbt_sla_auto and cfg.tbt_sla_auto <= 1.0:
         problems.append(f"tbt_sla_auto: must be 0 (off) or > 1 (a multiple of the batch-1 "
                         f"step time), got {cfg.tbt_sla_auto:g}")

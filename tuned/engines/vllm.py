@@ -230,6 +230,18 @@ class _TunedMixin:
                 enter()
         except Exception:
             pass
+        # the held fallback cap now, not at the next step (the fault may be in the
+        # very code that applies the knobs)
+        slot = self.controller.slot
+        try:
+            knobs = slot.take()
+            if knobs is not None:
+                self._write_knobs(knobs)
+        except Exception:
+            try:
+                self._write_knobs(slot.clamp(slot.fallback_cap, slot.max_num_batched_tokens))
+            except Exception:
+                pass
 
     def _tuned_recover(self) -> None:
         """An episode of step-path faults ended: tuned's queue order again."""

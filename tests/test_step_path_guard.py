@@ -346,7 +346,44 @@ def test_engine_stall_s_is_validated_against_interval_s():
     assert "engine_stall_s: must be >= 2 * interval_s (10), got 8" in e.value.problems
 
 
-def test_the_real_scheduler_reports_its_last_step(sched):
+def healthz(s) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{s.endpoint.port}/healthz",
+                                    timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_real_scheduler_whose_step_never_returns_fails_healthz(tiny_model):
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    s = make_scheduler(str(tiny_model), False, engine_stall_s=1.0)
+    try:
+        s.add_request(requests(1)[0])
+        step(s)
+        s.controller.last_ok = time.monotonic()
+        assert healthz(s) == 200
+        so = s.schedule()               # the model runs ... and never returns
+        t0 = time.monotonic()
+        while time.monotonic() - t0 <= 1.0 + 0.2:
+            time.sleep(0.05)
+        s.controller.last_ok = time.monotonic()        # the controller still ticks
+        assert s.controller.engine_stalled() and healthz(s) == 503
+        ids = list(so.num_scheduled_tokens)
+        s.update_from_output(so, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=[[7] for _ in ids]))   # the step returns
+        assert healthz(s) == 200
+    finally:
+        s.shutdown()
+
+
+def test_liveness_survives_a_failing_step_record(sched, monkeypatch):
+    monkeypatch.setattr(sched, "_tuned_record", lambda so, mro: 1 / 0)
     t0 = sched.last_step_done_s
     sched.add_request(requests(1)[0])
     step(sched)

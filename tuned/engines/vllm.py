@@ -191,7 +191,6 @@ class _TunedMixin:
 
     def _tuned_record(self, so, mro) -> None:
         now = self._clock()
-        self.last_step_done_s = now
         start = self._sched_times.popleft() if self._sched_times else now
         step_s = now - max(start, self._last_update_t)
         self._last_update_t = now
@@ -269,6 +268,8 @@ class _TunedMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):
         result = super().update_from_output(scheduler_output, model_runner_output)
+        # the engine's liveness, kept even while recording the step fails
+        self.last_step_done_s = self._clock()
         try:
             self._tuned_record(scheduler_output, model_runner_output)
         except Exception as e:

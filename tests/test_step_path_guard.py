@@ -343,7 +343,10 @@ def test_work_after_an_idle_spell_is_not_a_stall():
 def test_engine_stall_s_is_validated_against_interval_s():
     with pytest.raises(config.ConfigError) as e:
         config.validate({"interval_s": 5.0, "engine_stall_s": 8.0, "stale_after_s": 10.0})
-    assert "engine_stall_s: must be >= 2 * interval_s (10), got 8" in e.value.problems
+    assert "engine_stall_s: must be 0 (auto) or >= 2 * interval_s (10), got 8" in e.value.problems
+    assert config.validate({"interval_s": 30.0, "stale_after_s": 60.0}).effective_engine_stall_s \
+        == 60.0
+    assert config.validate({}).effective_engine_stall_s == 20.0
 
 
 def healthz(s) -> int:

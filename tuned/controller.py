@@ -544,11 +544,11 @@ class Controller:
 
     def engine_stalled(self) -> bool:
         """True while the engine has requests (running or waiting) and no engine step
-        has completed for ``engine_stall_s``, counted from the later of the newest
-        step's end (``engine.last_step_done_s``) and the first check that found work
-        after an idle spell: an idle engine steps never and is not stalled. Engines
-        that do not report ``last_step_done_s`` (the simulator) never are. Logs
-        ``engine_stalled`` once per stall and ``engine_step_resumed`` after it."""
+        has completed for ``cfg.effective_engine_stall_s``, counted from the later of
+        the newest step's end (``engine.last_step_done_s``) and the first check that
+        found work after an idle spell: an idle engine steps never and is not stalled.
+        Engines that do not report ``last_step_done_s`` (the simulator) never are.
+        Logs ``engine_stalled`` once per stall and ``engine_step_resumed`` after it."""
         last = getattr(self.engine, "last_step_done_s", None)
         if last is None:
             return False
@@ -561,13 +561,13 @@ class Controller:
             if self._busy_since is None:
                 self._busy_since = now
             age = now - max(last, self._busy_since)
-            stalled = age > self.cfg.engine_stall_s
+            stalled = age > self.cfg.effective_engine_stall_s
         if stalled != self._stall_logged:
             self._stall_logged = stalled
             if stalled:
                 log.error("engine_stalled", running=running, waiting=waiting,
                           since_last_step_s=round(now - last, 3),
-                          engine_stall_s=self.cfg.engine_stall_s,
+                          engine_stall_s=self.cfg.effective_engine_stall_s,
                           action="/healthz 503, no watchdog ping")
             else:
                 log.info("engine_step_resumed")

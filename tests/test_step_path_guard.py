@@ -98,13 +98,15 @@ def test_a_raising_queue_method_falls_back_to_fcfs_and_every_request_completes(
 
 
 @pytest.mark.parametrize("hook", ["_tuned_apply", "_tuned_record"])
-def test_a_raising_scheduler_hook_is_contained(sched, monkeypatch, hook):
+def test_a_raising_scheduler_hook_is_contained(sched, monkeypatch, logs, hook):
     sched.controller.pending = decision(6)
     monkeypatch.setattr(sched, hook, lambda *a: 1 / 0)
     want = workload(sched)
     assert completed(sched) == want
     where = {"_tuned_apply": "apply", "_tuned_record": "record"}[hook]
-    assert errors(sched, where) >= 1
+    # raised on every step, logged once: the episode never ended
+    assert errors(sched, where) >= 5
+    assert [e["where"] for e in logs() if e["event"] == "step_path_error"] == [where]
     assert sched.waiting.fallback is not None
     assert sched.applied()["fallback_cause"] == "step_path_error"
 
@@ -239,15 +241,39 @@ def test_logging_never_raises_and_counts_the_drops(stream):
 
 
 def test_step_path_with_stderr_on_a_full_disk(sched, monkeypatch):
+    import structlog
+
     log_mod.configure("info", stream=FullDisk())
-    before = log_mod.dropped_lines()
-    monkeypatch.setattr(QueueCore, "__bool__", lambda self: 1 / 0)
-    sched.controller.pending = decision(6)
-    assert completed(sched) == set()
-    want = workload(sched)
-    assert completed(sched) == want
-    assert sched.controller.run_once() is not None     # the tick logs, never raises
-    assert log_mod.dropped_lines() > before
+    try:
+        before = log_mod.dropped_lines()
+        monkeypatch.setattr(QueueCore, "__bool__", lambda self: 1 / 0)
+        sched.controller.pending = decision(6)
+        want = workload(sched)
+        assert completed(sched) == want
+        assert errors(sched, "__bool__") == 1
+        assert sched.controller.run_once() is not None     # the tick logs, never raises
+        assert log_mod.dropped_lines() > before
+    finally:
+        structlog.reset_defaults()
+
+
+def test_a_failing_tick_with_stderr_on_a_full_disk_still_returns_and_pings(monkeypatch):
+    log_mod.configure("info", stream=FullDisk())
+    try:
+        cfg = config.validate({"interval_s": 0.5, "stale_after_s": 2.0,
+                               "batch_policy": "static"})
+        n = Notifier()
+        c = Controller(cfg, StallEngine(), Metrics(), notifier=n, clock=lambda: 0.0)
+        monkeypatch.setattr(c, "observe", lambda: 1 / 0)
+        before = log_mod.dropped_lines()
+        assert c.run_once() is None                 # controller_error, logged to nowhere
+        assert n.pings == 1
+        assert c.metrics.errors._value.get() == 1
+        assert log_mod.dropped_lines() > before
+    finally:
+        import structlog
+
+        structlog.reset_defaults()
 
 
 # ---------------------------------------------------------------- liveness

@@ -439,3 +439,27 @@ def test_a_backward_wall_clock_step_does_not_make_later_requests_late():
                                arrival_offset_s=4000.0)
     frozen.add_request(req("b", t=wall[0]))
     assert frozen.info("b").arrival_s == 401.0       # what the frozen offset did
+
+
+def test_a_reload_that_installs_a_queue_policy_restores_tuned_order(sched, monkeypatch):
+    real = QueueCore.add_request
+
+    def once(self, r):
+        if r.request_id == "r0":
+            raise RuntimeError("injected once")
+        return real(self, r)
+
+    monkeypatch.setattr(QueueCore, "add_request", once)
+    for r in requests(3, max_tokens=6):
+        sched.add_request(r)
+    q = sched.waiting
+    assert q.fallback is not None
+    monkeypatch.setattr(QueueCore, "add_request", real)
+    cfg = config.validate({"max_num_seqs": 8, "max_num_batched_tokens": 256,
+                           "max_model_len": 256, "queue_policy": "saber"})
+    sched.set_queue_policy("saber", cfg)
+    step(sched)
+    assert sched.waiting is q and q.fallback is None and q.policy.name == "saber"
+    while sched.has_requests():
+        step(sched)
+    assert completed(sched) == {"r0", "r1", "r2"}

@@ -168,3 +168,17 @@ def step(s) -> tuple:
 def decision(cap: int, budget: int = 256) -> Decision:
     return Decision(target=cap, lower=1, upper=cap, cap=cap, batch=cap, token_budget=budget,
                     reason="memory")
+
+
+def req(rid, prompt=10, max_tokens=100, t=0.0, xargs=None, out=0):
+    """A vLLM Request of ``prompt`` tokens arriving at ``t`` (``xargs``: its
+    ``vllm_xargs``), with ``out`` tokens already generated."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    r = Request(request_id=rid, prompt_token_ids=[1] * prompt,
+                sampling_params=SamplingParams(max_tokens=max_tokens, extra_args=xargs),
+                pooling_params=None, arrival_time=t)
+    if out:
+        r.append_output_token_ids([5] * out)
+    return r

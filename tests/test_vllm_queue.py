@@ -23,14 +23,7 @@ from tuned.engines.vllm_queue import PolicyQueue, install, make_policy_queue
 from tuned.core.predictor import OutputLengthPredictor
 from tuned.policies.queues import POLICIES, AdmitContext, make_policy
 
-
-def req(rid, prompt=10, max_tokens=100, t=0.0, xargs=None, out=0):
-    r = Request(request_id=rid, prompt_token_ids=[1] * prompt,
-                sampling_params=SamplingParams(max_tokens=max_tokens, extra_args=xargs),
-                pooling_params=None, arrival_time=t)
-    if out:
-        r.append_output_token_ids([5] * out)
-    return r
+from fakes import req
 
 
 def ctx(m=10**6, now=100.0, cap=64, speed=None):

@@ -70,6 +70,10 @@ class Config:
     interval_s: float = _f(0.5, "controller period", lo=0.05, hi=60.0)
     stale_after_s: float = _f(5.0, "a decision older than this makes the scheduler apply "
                               "fallback_cap", lo=0.2, hi=3600.0)
+    engine_stall_s: float = _f(0.0, "with requests in the engine and no engine step "
+                               "completed for this long, /healthz answers 503 and the "
+                               "systemd watchdog is no longer pinged (0 = the larger of "
+                               "20 s and 2 * interval_s)", lo=0.0, hi=3600.0)
     fallback_cap: int = _f(4, "safe static cap applied when the controller fails or stalls",
                            lo=1, hi=4096)
     b_min: int = _f(1, "lowest batch size tuned may choose (B_min)", lo=1, hi=4096)
@@ -155,6 +159,10 @@ class Config:
     def guards_admission(self) -> bool:
         """Whether the per-request TPOT admission guard is on (it needs an SLA)."""
         return self.admission_guard == "tpot" and bool(self.tbt_sla_s or self.tbt_sla_auto)
+
+    @property
+    def effective_engine_stall_s(self) -> float:
+        return self.engine_stall_s or max(20.0, 2 * self.interval_s)
 
     @property
     def effective_b_max(self) -> int:
@@ -301,6 +309,9 @@ def cross_field_problems(cfg: Config) -> list[str]:
     if cfg.stale_after_s < 2 * cfg.interval_s:
         problems.append(f"stale_after_s: must be >= 2 * interval_s ({2 * cfg.interval_s:g}), "
                         f"got {cfg.stale_after_s:g}")
+    if cfg.engine_stall_s and cfg.engine_stall_s < 2 * cfg.interval_s:
+        problems.append(f"engine_stall_s: must be 0 (auto) or >= 2 * interval_s "
+                        f"({2 * cfg.interval_s:g}), got {cfg.engine_stall_s:g}")
     if cfg.tbt_sla_auto and cfg.tbt_sla_auto <= 1.0:
         problems.append(f"tbt_sla_auto: must be 0 (off) or > 1 (a multiple of the batch-1 "
                         f"step time), got {cfg.tbt_sla_auto:g}")

@@ -79,6 +79,8 @@ class Controller:
         self.seq = 0
         self.ready_sent = False
         self._last_watchdog = -math.inf
+        self._busy_since: float | None = None
+        self._stall_logged = False
         self._step_seq = 0
         self._fin_seq = 0
         self._queue_last: dict = {}
@@ -473,7 +475,8 @@ class Controller:
         # pings ride on ticks: allow half a tick of slack so a tick that lands a hair
         # early does not skip its ping (gaps would reach WATCHDOG_USEC otherwise)
         if (interval is not None and now - self._last_watchdog
-                >= interval - min(self.cfg.interval_s, interval) / 2):
+                >= interval - min(self.cfg.interval_s, interval) / 2
+                and not self.engine_stalled()):
             n.watchdog()
             self._last_watchdog = now
         if not self.ready_sent and self.current is not None:
@@ -487,7 +490,41 @@ class Controller:
 
     # ------------------------------------------------------------------ state
     def healthy(self) -> bool:
-        return self.clock() - self.slot.last_ok <= self.cfg.stale_after_s
+        """/healthz: the controller ticks (its last good tick is at most
+        ``stale_after_s`` old) and the engine is not stalled (:meth:`engine_stalled`)."""
+        return (self.clock() - self.slot.last_ok <= self.cfg.stale_after_s
+                and not self.engine_stalled())
+
+    def engine_stalled(self) -> bool:
+        """True while the engine has requests (running or waiting) and no engine step
+        has completed for ``cfg.effective_engine_stall_s``, counted from the later of
+        the newest step's end (``engine.last_step_done_s``) and the first check that
+        found work after an idle spell: an idle engine steps never and is not stalled.
+        Engines that do not report ``last_step_done_s`` (the simulator) never are.
+        Logs ``engine_stalled`` once per stall and ``engine_step_resumed`` after it."""
+        last = getattr(self.engine, "last_step_done_s", None)
+        if last is None:
+            return False
+        running, waiting = self.engine.counts()
+        now = self.clock()
+        if running + waiting == 0:
+            self._busy_since = None
+            stalled = False
+        else:
+            if self._busy_since is None:
+                self._busy_since = now
+            age = now - max(last, self._busy_since)
+            stalled = age > self.cfg.effective_engine_stall_s
+        if stalled != self._stall_logged:
+            self._stall_logged = stalled
+            if stalled:
+                log.error("engine_stalled", running=running, waiting=waiting,
+                          since_last_step_s=round(now - last, 3),
+                          engine_stall_s=self.cfg.effective_engine_stall_s,
+                          action="/healthz 503, no watchdog ping")
+            else:
+                log.info("engine_step_resumed")
+        return stalled
 
     def decisions_json(self, limit: int = 50) -> dict:
         obs = self._obs

@@ -8,7 +8,8 @@ Names follow ``tuned_<what>_<unit>``; counters end in ``_total``. The endpoint
   reload, as JSON (``tuned status`` reads it);
 * ``GET /steps?since=SEQ`` raw step samples (``tuned profile`` reads them);
 * ``POST /reload``   re-read and apply the config file (what SIGHUP triggers);
-* ``GET /healthz``   200 while the controller ticks, 503 once it has stalled.
+* ``GET /healthz``   200 while the controller ticks and the engine steps, 503 once
+  either has stalled (``Controller.healthy``).
 
 The endpoint is bounded: at most ``max_handler_threads`` connections are served at
 once (a connection beyond them is answered 503 at once and closed, on the accepting
@@ -36,12 +37,14 @@ from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 TBT_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
                  0.3, 0.5, 1.0, 2.0, 5.0)
 #: why the engine applies the fallback cap (tuned.core.knobs, tuned.controller)
-FALLBACK_CAUSES = ("stale", "controller_error", "invalid_decision", "slow_decision")
+FALLBACK_CAUSES = ("stale", "controller_error", "invalid_decision", "slow_decision",
+                   "step_path_error")
 TICK_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 #: why the endpoint let a connection go without a full answer (:class:`Endpoint`)
 DROP_REASONS = ("busy", "timeout", "disconnect")
@@ -54,7 +57,8 @@ CONN_TIMEOUT_S = 5.0
 class Metrics:
     """Every series tuned exports, registered on ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 log_drops: Callable[[], int] | None = None):
         r = self.registry = registry if registry is not None else CollectorRegistry()
         g = lambda name, doc, labels=(): Gauge(name, doc, labels, registry=r)  # noqa: E731
         c = lambda name, doc, labels=(): Counter(name, doc, labels, registry=r)  # noqa: E731
@@ -112,6 +116,12 @@ class Metrics:
                            "actual) of output-length predictions")
         self.pred_count = g("tuned_predictor_observations", "Finished requests the "
                             "output-length predictor has been scored on")
+        self.step_path_errors = c("tuned_step_path_errors_total", "Exceptions in tuned "
+                                  "code that vLLM's step path called, contained (by where: "
+                                  "a queue method or a scheduler hook)", ("where",))
+        if log_drops is None:
+            from tuned.log import dropped_lines as log_drops
+        r.register(_LogDrops(log_drops))
         self.queue_policy = Info("tuned_queue_policy", "Active queue policy", registry=r)
         self.endpoint_dropped = c("tuned_endpoint_connections_dropped_total", "Connections "
                                   "to tuned's endpoint let go without a full answer: busy "
@@ -208,6 +218,18 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
             self.on_drop("disconnect")
             return
         super().handle_error(request, client_address)   # a bug in tuned: keep the trace
+
+
+class _LogDrops:
+    """``tuned_log_lines_dropped_total`` read from the log sink's own count."""
+
+    def __init__(self, count: Callable[[], int]):
+        self._count = count
+
+    def collect(self):
+        yield CounterMetricFamily("tuned_log_lines_dropped", "Log lines dropped because "
+                                  "stderr could not take them (full disk, closed pipe)",
+                                  value=self._count())
 
 
 class Endpoint:

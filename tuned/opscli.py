@@ -58,6 +58,8 @@ FALLBACK_CAUSES = {
     "invalid_decision": "the batch policy returned a cap outside [1, ceiling] (NaN, "
                         "negative, huge)",
     "slow_decision": "the decide step took longer than interval_s",
+    "step_path_error": "tuned code on the engine's step path raised (see "
+                       "tuned_step_path_errors_total); vLLM's FCFS order meanwhile",
 }
 
 

@@ -35,7 +35,9 @@ the simulator). It then writes ``runtime.slot.applied`` to its knobs.
    the rings; nothing else on the step path may allocate per request beyond that.
    When a tuned queue is installed, also ``queue.step_done(num_decode, preempted)``.
 5. Nothing tuned does on the step path may raise into the engine: the vLLM adapter
-   wraps steps 1, 2 and 4 and counts failures (``tuned_step_error`` log line).
+   wraps steps 1, 2 and 4 and every queue method vLLM calls, and hands each failure
+   to :class:`tuned.core.steppath.StepPathGuard` (counted, logged once per episode,
+   fallback cap and arrival order until recovery).
 
 **Each controller tick** (every ``interval_s`` on the run's clock: apscheduler's
 thread in vLLM, the event loop in the simulator): ``controller.run_once()`` reads

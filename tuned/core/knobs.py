@@ -10,7 +10,10 @@ they changed. The slot also owns the fallback rules every engine must obey:
   applies ``fallback_cap`` with the full token budget;
 * a decision older than ``stale_after_s`` on the controller's clock (the
   controller stalled) does the same, with cause ``stale``; a fresh decision
-  clears either.
+  clears either;
+* :meth:`KnobSlot.hold` (tuned's code on the engine's step path raised, see
+  :mod:`tuned.core.steppath`) applies the fallback cap until :meth:`KnobSlot.release`,
+  whatever decisions arrive meanwhile; on release the newest one is taken.
 
 Every value written is clamped: the cap to [1, ceiling], the budget to
 [cap + 1, max_num_batched_tokens] (vLLM's ``max_num_scheduled_tokens`` must leave
@@ -75,6 +78,7 @@ class KnobSlot:
         self.last_ok = clock()
         self.fallback_cause: str | None = None
         self._taken: object = None
+        self.held: str | None = None
         self.applied = self.clamp(self.fallback_cap, self.max_num_batched_tokens)
         self._export()
 
@@ -97,6 +101,23 @@ class KnobSlot:
         self.last_ok = t
 
     # ------------------------------------------------------------ engine side
+    def hold(self, cause: str) -> None:
+        """Apply the fallback cap (cause ``cause``) from the next :meth:`take` until
+        :meth:`release`. Engine thread."""
+        self.held = cause
+
+    def release(self) -> None:
+        """End a :meth:`hold`: the next :meth:`take` applies the newest pending
+        decision (or fallback) again. Engine thread."""
+        if self.held is None:
+            return
+        self.held = None
+        self._taken = None
+        if self.pending is None and self.fallback_cause is not None:
+            self.fallback_cause = None
+            if self.metrics is not None:
+                self.metrics.in_fallback.set(0)
+
     def clamp(self, cap: float, budget: float) -> Knobs:
         cap = min(max(int(cap), 1), self.ceiling)
         return Knobs(cap, min(max(int(budget), cap + 1), self.max_num_batched_tokens))
@@ -105,7 +126,9 @@ class KnobSlot:
         """Top of every engine step: the knobs to write now, or None if unchanged."""
         before = self.applied
         p = self.pending
-        if p is not self._taken:
+        if self.held is not None:
+            self._enter_fallback(self.held, self.fallback_cap)
+        elif p is not self._taken:
             self._taken = p
             if isinstance(p, Decision):
                 self.applied = self.clamp(p.cap, p.token_budget)
@@ -116,7 +139,8 @@ class KnobSlot:
                         self.metrics.in_fallback.set(0)
             elif isinstance(p, Fallback):
                 self._enter_fallback(p.cause, p.cap)
-        if self.fallback_cause is None and self.clock() - self.last_ok > self.stale_after_s:
+        if (self.held is None and self.fallback_cause is None
+                and self.clock() - self.last_ok > self.stale_after_s):
             self._enter_fallback("stale", self.fallback_cap)
         if self.applied == before:
             return None

@@ -109,16 +109,18 @@ class QueueCore(Generic[R]):
     used only before the first :meth:`begin_step` (after it, ``ctx.now_s``);
     ``arrival_offset_s`` is subtracted from a request's ``arrival_time`` to bring
     it onto that clock (vLLM stamps arrivals with wall time, its scheduler runs on
-    the monotonic clock).
+    the monotonic clock): a number, or a callable read as each request is taken in
+    (so that a wall-clock step between two arrivals shifts neither).
     """
 
     def __init__(self, policy: QueuePolicy, predictor: OutputLengthPredictor | None = None, *,
                  class_deadlines_s: Mapping[str, float] | None = None,
                  on_warning: Callable[[str, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 arrival_offset_s: float = 0.0) -> None:
+                 arrival_offset_s: float | Callable[[], float] = 0.0) -> None:
         self.policy = policy
-        self.arrival_offset_s = float(arrival_offset_s)
+        self.arrival_offset_s = (arrival_offset_s if callable(arrival_offset_s)
+                                 else float(arrival_offset_s))
         self.predictor = predictor if predictor is not None else OutputLengthPredictor()
         self.class_deadlines_s = dict(class_deadlines_s or {})
         self._on_warning = on_warning
@@ -371,7 +373,8 @@ class QueueCore(Generic[R]):
                                       hints.output_tokens,
                                       overestimate=self.policy.overestimate,
                                       sla_class=hints.sla_class)
-        arrival_s = request.arrival_time - self.arrival_offset_s
+        off = self.arrival_offset_s
+        arrival_s = request.arrival_time - (off() if callable(off) else off)
         deadline = arrival_s + hints.deadline_s if hints.deadline_s is not None else None
         return ReqInfo(rid, arrival_s, request.num_prompt_tokens, max_tokens, pred,
                        request.num_output_tokens, None, hints.output_tokens, deadline,

@@ -13,8 +13,13 @@ from its busy loop. It overrides as little as it can:
 
 The controller (an apscheduler thread) and the HTTP endpoint start here, in
 ``__init__``, so there is one of each per data-parallel rank. Everything tuned does
-on the step path is wrapped so that an exception in tuned is counted and logged,
-never raised into the engine.
+on the step path (these three hooks and every method of tuned's waiting queue,
+:class:`tuned.engines.vllm_queue.PolicyQueue`) is wrapped so that an exception in
+tuned is contained by :class:`tuned.core.steppath.StepPathGuard` (counted, logged
+once per episode, fallback cap and vLLM's FCFS order until tuned recovers), never
+raised into the engine; tuned's log sink never raises either (:mod:`tuned.log`).
+``last_step_done_s`` (the end of the newest engine step) lets the controller tell a
+stalled engine from an idle one (``engine_stall_s``).
 
 ``TunedScheduler`` picks the synchronous base (vLLM's ``Scheduler``, forced on CPU) or
 ``AsyncScheduler`` (the GPU default) from the engine's config, so one class name
@@ -36,6 +41,7 @@ from tuned import log as log_mod
 from tuned.config import Config
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
 from tuned.runtime import production_runtime
+from tuned.core.steppath import StepPathGuard
 from tuned.core.ring import FinishedRequest, Ring, StepSample
 from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
@@ -82,9 +88,12 @@ class _TunedMixin:
         self._last_update_t = 0.0
         self._tuned_errors = 0
         # one clock for the whole control core: vLLM's arrival stamps are wall time
-        # and are moved onto it by the queue (tuned.engines.vllm_queue.wall_offset_s)
+        # and are moved onto it as they come (tuned.engines.vllm_queue.wall_offset_s)
         self._clock = time.monotonic
-        self._wall_offset_s = time.time() - time.monotonic()
+        from tuned.engines.vllm_queue import wall_offset_s
+
+        self._wall_offset_s = wall_offset_s
+        self.last_step_done_s = self._clock()
         serving = (lambda: _http_ok(serving_url)) if serving_url else (lambda: True)
         self.tuned = production_runtime(
             cfg, self, environ=os.environ, serving=serving, steps_json=self.steps_json,
@@ -93,6 +102,7 @@ class _TunedMixin:
         self.controller = self.tuned.controller
         self.metrics = self.tuned.metrics
         self.endpoint = self.tuned.endpoint
+        self._step_guard = StepPathGuard(self.controller.slot, self.metrics, clock=self._clock)
         # fcfs keeps vLLM's own queue (nothing added on the step path); any other
         # policy, or a later switch, installs tuned's PolicyQueue at the top of
         # schedule(), on this thread.
@@ -134,7 +144,8 @@ class _TunedMixin:
         before = len(self.waiting)
         # export the outgoing policy's last counts; the new one counts from zero
         self.controller.queue_switched(self.queue_snapshot())
-        vllm_queue.install(self, name, cfg, on_warning=self._hint_warning)
+        vllm_queue.install(self, name, cfg, on_warning=self._hint_warning,
+                           on_fault=self._tuned_guard)
         log.info("queue_policy", old=self.queue_policy, new=name, waiting_kept=len(self.waiting),
                  waiting_before=before, running=len(self.running))
         self.queue_policy = name
@@ -206,15 +217,42 @@ class _TunedMixin:
             gen, used / self._kv_usable_blocks, used, resident, running, waiting,
             len(so.preempted_req_ids or ())))
 
-    def _tuned_guard(self, where: str, e: Exception) -> None:
-        self._tuned_errors += 1
-        if self._tuned_errors <= 5:
-            log.error("tuned_step_error", where=where, error=f"{type(e).__name__}: {e}",
-                      count=self._tuned_errors, exc_info=True)
+    def _tuned_guard(self, where: str, e: BaseException) -> None:
+        """Every exception tuned's step-path code raises ends here (the hooks below, and
+        the queue's methods through ``on_fault``): counted and logged by the guard,
+        the fallback cap held, the queue on vLLM's FCFS order. Never raises."""
+        try:
+            self._tuned_errors += 1
+            self._step_guard.fault(where, e)
+            enter = getattr(self.waiting, "enter_fallback", None)
+            if enter is not None:
+                enter()
+        except Exception:
+            pass
+        # the held fallback cap now, not at the next step (the fault may be in the
+        # very code that applies the knobs)
+        slot = self.controller.slot
+        try:
+            knobs = slot.take()
+            if knobs is not None:
+                self._write_knobs(knobs)
+        except Exception:
+            try:
+                self._write_knobs(slot.clamp(slot.fallback_cap, slot.max_num_batched_tokens))
+            except Exception:
+                pass
+
+    def _tuned_recover(self) -> None:
+        """An episode of step-path faults ended: tuned's queue order again."""
+        if self._step_guard.poll():
+            restore = getattr(self.waiting, "restore", None)
+            if restore is not None:
+                restore()
 
     # -------------------------------------------------------------- overrides
     def schedule(self, *args, **kwargs):
         try:
+            self._tuned_recover()
             self._tuned_apply()
             if self._pending_queue is not None:
                 self._apply_queue_policy()
@@ -230,6 +268,8 @@ class _TunedMixin:
 
     def update_from_output(self, scheduler_output, model_runner_output):
         result = super().update_from_output(scheduler_output, model_runner_output)
+        # the engine's liveness, kept even while recording the step fails
+        self.last_step_done_s = self._clock()
         try:
             self._tuned_record(scheduler_output, model_runner_output)
         except Exception as e:
@@ -241,7 +281,7 @@ class _TunedMixin:
             self.finished.append(FinishedRequest(
                 self.finished.next_seq, self._clock(), request.request_id,
                 request.num_prompt_tokens, request.num_output_tokens,
-                request.max_tokens or 0, request.arrival_time - self._wall_offset_s,
+                request.max_tokens or 0, request.arrival_time - self._wall_offset_s(),
                 request.num_preemptions))
             q = self.waiting
             if hasattr(q, "on_request_finished"):

@@ -7,15 +7,18 @@ uses the queue); this module only maps vLLM's objects onto it: where a request's
 hints live (``sampling_params.extra_args``), which finished statuses are true
 samples of the output length, which requests of vLLM's own queue were preempted,
 and the scheduler's KV numbers for the :class:`AdmitContext`.
+
+It is also the guard around everything vLLM calls on its waiting queue: see
+:class:`PolicyQueue`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue, RequestQueue
 from vllm.v1.request import Request, RequestStatus
 
 from tuned.core.queue import QueueCore
@@ -28,7 +31,30 @@ _LEARN_FROM = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAP
 
 
 class PolicyQueue(QueueCore[Request], RequestQueue):
-    """The waiting queue of one vLLM scheduler (see :class:`QueueCore`)."""
+    """The waiting queue of one vLLM scheduler (see :class:`QueueCore`), guarded.
+
+    vLLM calls ``add_request``, ``pop_request``, ``peek_request``,
+    ``prepend_request(s)``, ``remove_request(s)``, ``__bool__``, ``__len__`` and
+    ``__iter__`` straight from its step path and its ``add_request``, where an
+    exception would take the engine down. Each of them here catches any exception
+    from tuned's code (policy, predictor, hints, logging), reports it to
+    ``on_fault(where, exc)`` (the scheduler's :class:`~tuned.core.steppath.StepPathGuard`;
+    ``where`` is the method's name) and switches the queue to :attr:`fallback`, a
+    vLLM ``FCFSRequestQueue``, without losing a request: the waiting ones move over,
+    preempted (pinned) ones first, then the rest in arrival order, and a request
+    being added when the fault hit is kept. vLLM's own contract errors (``IndexError``
+    from an empty queue, ``ValueError`` for a request not in it) pass through as
+    vLLM's queue raises them. In fallback every method is the FCFS queue's and no
+    policy code runs; :meth:`restore` (called when the guard's episode ends, and by a
+    reload through :func:`install`) puts the requests back under the policy.
+    """
+
+    def __init__(self, *args: Any, on_fault: Callable[[str, BaseException], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_fault = on_fault
+        #: vLLM's FCFS queue while tuned's order is suspended by a fault, else None
+        self.fallback: FCFSRequestQueue | None = None
 
     def extra_args(self, request: Request) -> Mapping[str, Any] | None:
         sp = request.sampling_params
@@ -38,25 +64,233 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
         """Called from the scheduler's ``_free_request`` once per request."""
         self.request_finished(request, learn=request.status in _LEARN_FROM)
 
+    # ------------------------------------------------------------ fallback
+    def enter_fallback(self, keep: Request | None = None) -> None:
+        """Serve vLLM's FCFS order from now on (idempotent; never raises). The waiting
+        requests move over, preempted ones first, then by arrival; ``keep`` (a
+        request being added when the fault hit) is added if it is not among them."""
+        fb = self.fallback
+        if fb is None:
+            fb = FCFSRequestQueue()
+            try:
+                fb.extend(self._salvage())
+            except Exception:
+                fb.extend(list(self._waiting.values()))
+            self._clear_waiting()
+            self.fallback = fb
+        if keep is not None and all(r is not keep for r in fb):
+            fb.append(keep)
+
+    def restore(self) -> bool:
+        """Put the fallback's requests back under the policy (preempted ones pinned
+        in front, the others ordered by it) and leave fallback. If that raises, the
+        fault is reported (``where="restore"``) and the queue stays as it was in
+        fallback; returns whether tuned's order is back."""
+        fb = self.fallback
+        if fb is None:
+            return True
+        reqs = list(fb)
+        self.fallback = None
+        try:
+            preempted = [r for r in reqs if r.status == RequestStatus.PREEMPTED]
+            for r in reqs:
+                if r.status != RequestStatus.PREEMPTED:
+                    QueueCore.add_request(self, r)
+            for r in reversed(preempted):
+                QueueCore.prepend_request(self, r)
+            return True
+        except Exception as e:
+            self._clear_waiting()
+            self.fallback = fb
+            self._report("restore", e)
+            return False
+
+    def _salvage(self) -> list[Request]:
+        waiting = self._waiting
+        pinned = [waiting[rid] for rid in sorted(self._pinned, key=self._pinned.__getitem__)
+                  if rid in waiting]
+        pinned_ids = {r.request_id for r in pinned}
+        rest = [r for rid, r in waiting.items() if rid not in pinned_ids]
+        rest.sort(key=lambda r: r.arrival_time)
+        return pinned + rest
+
+    def _clear_waiting(self) -> None:
+        """Empty tuned's side of the queue (the policy forgets the waiting requests;
+        running ones keep their cached views)."""
+        for rid in list(self._waiting):
+            self._infos.pop(rid, None)
+            try:
+                self.policy.forget(rid)
+            except Exception:
+                pass
+        self._waiting = {}
+        self._unpinned = {}
+        self._pinned = {}
+        self._popped.clear()
+        self._deferred_ids.clear()
+        self._order = None
+        self._head = None
+        self._head_valid = False
+
+    def _report(self, where: str, e: BaseException) -> None:
+        if self._on_fault is not None:
+            try:
+                self._on_fault(where, e)
+            except Exception:
+                pass
+
+    def _fault(self, where: str, e: BaseException, keep: Request | None = None) -> None:
+        self.enter_fallback(keep)
+        self._report(where, e)
+
+    # ------------------------------------------------------------ guarded entry points
+    def begin_step(self, ctx: AdmitContext, running_requests: list[Request]) -> None:
+        if self.fallback is None:
+            super().begin_step(ctx, running_requests)
+
+    def step_done(self, num_decode: int, preempted: int) -> None:
+        if self.fallback is None:
+            super().step_done(num_decode, preempted)
+
+    def add_request(self, request: Request) -> None:
+        if self.fallback is None:
+            try:
+                super().add_request(request)
+                return
+            except Exception as e:
+                self._fault("add_request", e, keep=request)
+                return
+        self.fallback.add_request(request)
+
+    def pop_request(self) -> Request:
+        if self.fallback is None:
+            try:
+                return super().pop_request()
+            except Exception as e:
+                if not self._waiting and isinstance(e, IndexError):
+                    raise          # vLLM's contract: pop from an empty queue
+                self._fault("pop_request", e)
+        return self.fallback.pop_request()
+
+    def peek_request(self) -> Request:
+        if self.fallback is None:
+            try:
+                return super().peek_request()
+            except Exception as e:
+                if not self._waiting and isinstance(e, IndexError):
+                    raise
+                self._fault("peek_request", e)
+        return self.fallback.peek_request()
+
+    def prepend_request(self, request: Request) -> None:
+        if self.fallback is None:
+            try:
+                super().prepend_request(request)
+                return
+            except Exception as e:
+                self._fault("prepend_request", e)
+                if request in self.fallback:
+                    self.fallback.remove(request)
+        self.fallback.prepend_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        if self.fallback is None:
+            requests = list(requests)
+            try:
+                super().prepend_requests(requests)
+                return
+            except Exception as e:
+                self._fault("prepend_requests", e)
+                back = {id(r) for r in requests}
+                for r in [r for r in self.fallback if id(r) in back]:
+                    self.fallback.remove(r)
+        self.fallback.prepend_requests(requests)
+
+    def remove_request(self, request: Request) -> None:
+        if self.fallback is None:
+            if request.request_id not in self._waiting:
+                raise ValueError(f"request {request.request_id} is not in the waiting queue")
+            try:
+                super().remove_request(request)
+                return
+            except Exception as e:
+                self._fault("remove_request", e)
+        if request in self.fallback:
+            self.fallback.remove_request(request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        if self.fallback is None:
+            requests = list(requests)
+            try:
+                super().remove_requests(requests)
+                return
+            except Exception as e:
+                self._fault("remove_requests", e)
+        self.fallback.remove_requests(requests)
+
+    def __bool__(self) -> bool:
+        if self.fallback is None:
+            try:
+                return super().__bool__()
+            except Exception as e:
+                self._fault("__bool__", e)
+        return bool(self.fallback)
+
+    def __len__(self) -> int:
+        fb = self.fallback
+        if fb is None:
+            try:
+                return super().__len__()
+            except Exception as e:
+                self._fault("__len__", e)
+                fb = self.fallback
+        return len(fb)
+
+    def __iter__(self) -> Iterator[Request]:
+        if self.fallback is None:
+            try:
+                return iter(list(super().__iter__()))
+            except Exception as e:
+                self._fault("__iter__", e)
+        return iter(list(self.fallback))
+
+    def __contains__(self, request: object) -> bool:
+        fb = self.fallback
+        if fb is None:
+            return super().__contains__(request)
+        return request in fb
+
+    def snapshot(self) -> dict[str, Any]:
+        d = super().snapshot()
+        fb = self.fallback
+        d["fallback"] = fb is not None
+        if fb is not None:
+            d["waiting"] = len(fb)
+        return d
+
 
 # ---------------------------------------------------------------- factories
 def make_policy_queue(name: str, options: Mapping[str, Any] | None,
                       predictor: OutputLengthPredictor | None, rng_seed: int = 0, *,
                       class_deadlines_s: Mapping[str, float] | None = None,
                       on_warning: Callable[[str, str], None] | None = None,
+                      on_fault: Callable[[str, BaseException], None] | None = None,
                       clock: Callable[[], float] = time.monotonic,
-                      arrival_offset_s: float = 0.0) -> PolicyQueue:
+                      arrival_offset_s: float | Callable[[], float] = 0.0) -> PolicyQueue:
     """A :class:`PolicyQueue` for the registered policy ``name`` built from ``options``
     (``ValueError`` on an unknown name or option)."""
     return PolicyQueue(make_policy(name, options, rng_seed), predictor,
                        class_deadlines_s=class_deadlines_s, on_warning=on_warning, clock=clock,
-                       arrival_offset_s=arrival_offset_s)
+                       arrival_offset_s=arrival_offset_s, on_fault=on_fault)
 
 
-def wall_offset_s() -> float:
+def wall_offset_s(wall: Callable[[], float] = time.time,
+                  mono: Callable[[], float] = time.monotonic) -> float:
     """wall clock − monotonic clock: vLLM stamps ``arrival_time`` with the wall clock,
-    tuned runs on the monotonic one; subtract this to convert."""
-    return time.time() - time.monotonic()
+    tuned runs on the monotonic one; subtract this to convert. Read it when a request
+    arrives, not once: a wall clock stepped since (NTP, an operator) would otherwise
+    shift every later arrival by the step."""
+    return wall() - mono()
 
 
 def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,
@@ -91,7 +325,8 @@ def begin_step(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None
 
 def install(scheduler: Any, name: str, cfg: Any = None, *,
             predictor: OutputLengthPredictor | None = None,
-            on_warning: Callable[[str, str], None] | None = None) -> PolicyQueue:
+            on_warning: Callable[[str, str], None] | None = None,
+            on_fault: Callable[[str, BaseException], None] | None = None) -> PolicyQueue:
     """Make ``scheduler.waiting`` a :class:`PolicyQueue` running policy ``name``.
 
     If it already is one, the policy is switched in place (live reload); otherwise
@@ -99,7 +334,8 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
     front. Reads ``cfg.queue_spec()`` (the policy's options, ``late_after_s`` from
     ``ttft_sla_s`` for fcfs) or ``cfg.queue_options`` (mapping of options for the policy),
     ``cfg.class_deadlines_s`` (SLA table) and ``cfg.queue_seed`` when the config
-    has them. Scheduler thread only, like :meth:`PolicyQueue.switch_policy`.
+    has them. Scheduler thread only, like :meth:`PolicyQueue.switch_policy`. A queue
+    in fallback (:meth:`PolicyQueue.restore`) goes back to tuned's order here.
     """
     spec = getattr(cfg, "queue_spec", None)
     options = spec()[1] if spec is not None else (getattr(cfg, "queue_options", None) or {})
@@ -109,9 +345,11 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
     if isinstance(q, PolicyQueue):
         q.class_deadlines_s = dict(classes)
         q.switch_policy(make_policy(name, options, seed))
+        q.restore()
         return q
     new = make_policy_queue(name, options, predictor, seed, class_deadlines_s=classes,
-                            on_warning=on_warning, arrival_offset_s=wall_offset_s())
+                            on_warning=on_warning, on_fault=on_fault,
+                            arrival_offset_s=wall_offset_s)
     old = list(q)
     preempted = [r for r in old if r.status == RequestStatus.PREEMPTED]
     for r in old:

@@ -562,7 +562,7 @@ def test_odd_vllm_xargs_are_served_counted_and_logged_short(ctx):
     assert "x" * 1000 not in log
     assert max(len(line) for line in log.splitlines()) < 20_000
     # the engine served on: nothing raised on the step path
-    assert "tuned_step_error" not in log
+    assert "step_path_error" not in log
     assert mval(v1, "tuned_controller_errors_total") == mval(v0, "tuned_controller_errors_total")
 
 

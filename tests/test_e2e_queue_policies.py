@@ -607,4 +607,4 @@ def test_per_policy_admitted_totals_and_predictor(ctx):
     assert totals == c.ledger
     assert mval(v, "tuned_predictor_observations") > 0
     assert mval(v, "tuned_controller_errors_total") == 0
-    assert "tuned_step_error" not in c.srv.log_path.read_text()
+    assert "step_path_error" not in c.srv.log_path.read_text()

@@ -1,6 +1,7 @@
 """Compare two folders written by tools/sim_snapshot.sh: every result.json must be
-identical except ``config.source_path`` (where the config file lay) and
-``config.reload_token`` (a secret, no longer written since issue 20). Exit 0 when all
+identical except ``config.source_path`` (where the config file lay),
+``config.reload_token`` (a secret, no longer written since issue 20) and config keys
+that exist on one side only (a key added since, at its default; listed). Exit 0 when all
 match; otherwise name each file and the first differing key path, exit 1.
 
     python tools/sim_snapshot_compare.py BEFORE AFTER
@@ -52,7 +53,14 @@ def main(argv: list[str]) -> int:
             print(f"{name}: missing in {after}")
             bad += 1
             continue
-        d = _first_diff(_load(before / name / "result.json"), _load(other))
+        a, b = _load(before / name / "result.json"), _load(other)
+        new_keys = sorted(set(a.get("config", {})) ^ set(b.get("config", {})))
+        for k in new_keys:
+            a.get("config", {}).pop(k, None)
+            b.get("config", {}).pop(k, None)
+        if new_keys and name == names[0]:
+            print(f"config keys on one side only (not compared): {', '.join(new_keys)}")
+        d = _first_diff(a, b)
         print(f"{name}: {'identical' if d is None else 'DIFFERS at ' + d}")
         bad += d is not None
     print(f"{len(names) - bad} of {len(names)} identical")

@@ -170,7 +170,7 @@ def test_reload_reads_the_file_under_the_lock(tmp_path):
     cfg_path.write_text("max_num_seqs = 32\n")
     ctrl = Controller(config.load(cfg_path), FakeEngine(), Metrics())
     order: list[str] = []
-    real = ctrl._read_config_file
+    real = ctrl.reloader.read_config_file
     first = threading.Event()
     release = threading.Event()
 
@@ -182,7 +182,7 @@ def test_reload_reads_the_file_under_the_lock(tmp_path):
             release.wait(10)      # the first reload is still being applied
         return cfg
 
-    ctrl.reload_source = source
+    ctrl.reloader.source = source
     a = threading.Thread(target=ctrl.reload)
     a.start()
     assert first.wait(10)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tuned import config
-from tuned.controller import Controller, feasibility_patience
+from tuned.controller import Controller
+from tuned.policies.registry import feasibility_patience
 from tuned.curves.online import LinearStepModel, fit_step_times
 from tuned.metrics import Metrics
 from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,

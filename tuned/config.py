@@ -380,7 +380,7 @@ def service_problems(cfg: Config, watchdog_s: float | None) -> list[str]:
 
     ``watchdog_s`` is systemd's watchdog (WATCHDOG_USEC / 1e6, or None for none). The
     controller pings on its ticks once about ``watchdog_s / 2`` has passed
-    (:meth:`tuned.controller.Controller._notify`), so two pings are at most
+    (:class:`tuned.control.liveness.Watchdog`), so two pings are at most
     ``watchdog_s / 2 + interval_s / 2`` apart: ``interval_s <= watchdog_s / 2`` keeps
     that gap at three quarters of the watchdog, the rest is room for a late tick. The
     supervisor's reload (SIGHUP) and `tuned status` reach the endpoint at

@@ -10,6 +10,11 @@ A tick that raises is counted and hands the scheduler the configured fallback ca
 the scheduler also falls back on its own when the last good tick is older than
 ``stale_after_s``. Nothing here can stop the engine: the loop runs in apscheduler's
 thread and only ever swaps a reference the scheduler reads.
+
+The loop composes its collaborators (:mod:`tuned.control`): reload, the Prometheus
+export, engine liveness and sd_notify, the derived SLA and the ``/decisions`` view each
+live in their own module; the batch policy comes from the one registry
+(:func:`tuned.policies.registry.build_batch_policy`).
 """
 
 from __future__ import annotations
@@ -21,17 +26,20 @@ from typing import Any, Callable
 
 import structlog
 
-from tuned import config as config_mod
-from tuned.config import Config, ConfigError
+from tuned.config import Config
+from tuned.control.export import MetricsExport
+from tuned.control.liveness import EngineLiveness, Watchdog
+from tuned.control.reload import Reloader
+from tuned.control.sla import SlaSource
+from tuned.control.status import decisions_view
 from tuned.metrics import Metrics
 from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
-from tuned.policies.registry import build_batch_policy, feasibility_patience  # noqa: F401
+from tuned.policies.registry import build_batch_policy
 from tuned.telemetry.nvml import NvmlSampler
-from tuned.core.ring import Ring
 
 __all__ = ["Controller", "EngineView", "Fallback"]
 
@@ -51,6 +59,10 @@ def load_profile(path: str):
 
 
 class Controller:
+    """One engine's control loop; see the module docstring. Every outside resource is
+    a parameter: the engine view, the metrics, NVML, the sd_notify socket, the clocks,
+    the profile loader and the config source a reload reads."""
+
     def __init__(self, cfg: Config, engine: EngineView, metrics: Metrics,
                  nvml: NvmlSampler | None = None, notifier: Any = None,
                  serving: Callable[[], bool] = lambda: True,
@@ -62,37 +74,30 @@ class Controller:
         self.engine = engine
         self.metrics = metrics
         self.nvml = nvml
-        self.notifier = notifier
-        self.serving = serving
         self.clock = clock
         self.wall = wall
         self.profile_loader = profile_loader
-        self.reload_source = reload_source or self._read_config_file
         self.on_decision = on_decision
         self._lock = threading.RLock()
         # the slot the engine takes its knobs from, on this controller's clock
         self.slot = KnobSlot(engine.ceiling, engine.max_num_batched_tokens,
                              stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap,
                              clock=clock, metrics=metrics)
+        self.export = MetricsExport(metrics)
+        self.liveness = EngineLiveness(engine, clock)
+        self.watchdog = Watchdog(notifier, clock, serving)
+        self.sla = SlaSource()
+        self.reloader = Reloader(self, metrics, self._lock, source=reload_source, wall=wall)
         self.current: Decision | None = None
         self.recent: list[dict] = []
         self.seq = 0
-        self.ready_sent = False
-        self._last_watchdog = -math.inf
-        self._busy_since: float | None = None
-        self._stall_logged = False
+        self.gpu: list | None = None                  # NVML's devices at the last tick
+        self.last_observation: Observation | None = None
         self._step_seq = 0
         self._fin_seq = 0
-        self._queue_last: dict = {}
-        self._gpu: list | None = None
-        self._obs: Observation | None = None
         self._fit_t = -math.inf
         self._failing: tuple | None = None  # ((cause, error), logged at, repeats since)
         self._step_fit = None
-        # tbt_sla_auto: the SLA this host earned at start (None until derived)
-        self.derived_sla: dict | None = None
-        self.last_reload: dict = {"t": None, "outcome": "none", "problems": [],
-                                  "restart_needed": []}
         self._scheduler = None
         self.cfg = cfg
         self._build(cfg)
@@ -117,13 +122,26 @@ class Controller:
     def last_ok(self, t: float) -> None:
         self.slot.mark_ok(t)
 
+    @property
+    def notifier(self) -> Any:
+        return self.watchdog.notifier
+
+    @property
+    def ready_sent(self) -> bool:
+        return self.watchdog.ready_sent
+
     # ------------------------------------------------------------------ config
     @property
     def sla_s(self) -> float:
         """The TBT SLA in force: the config's, or the one derived on this host."""
-        if self.cfg.tbt_sla_s:
-            return self.cfg.tbt_sla_s
-        return self.derived_sla["sla_s"] if self.derived_sla else 0.0
+        return self.sla.sla_s(self.cfg)
+
+    @property
+    def derived_sla(self) -> dict | None:
+        return self.sla.derived
+
+    def sla_source(self) -> str:
+        return self.sla.source(self.cfg)
 
     def admission_guard(self) -> tuple[Any, float, float]:
         """(step model, TPOT SLA, TTFT SLA) for the queue's admission guard
@@ -136,128 +154,62 @@ class Controller:
             return None, 0.0, 0.0
         return fit, self.sla_s, self.cfg.ttft_sla_s
 
-    def sla_source(self) -> str:
-        if self.cfg.tbt_sla_s:
-            return "config"
-        if self.cfg.tbt_sla_auto:
-            return "derived" if self.derived_sla else "pending"
-        return "none"
-
-    def _effective(self, cfg: Config) -> Config:
-        """``cfg`` with the derived SLA filled in (tbt_sla_auto on, tbt_sla_s = 0)."""
-        if cfg.tbt_sla_s or not cfg.tbt_sla_auto or not self.derived_sla:
-            return cfg
-        sla = self.derived_sla["sla_s"]
-        return _replace(cfg, {"tbt_sla_s": sla, "eps_d_s": min(cfg.eps_d_s, sla / 10)})
-
-    def _maybe_derive_sla(self, obs: Observation) -> None:
-        """tbt_sla_auto: once the online step fit exists, fix the SLA at
-        tbt_sla_auto x the predicted decode step at batch 1 (no prefill, the running
-        requests' mean context) and rebuild the policies with it."""
-        fit = self._step_fit
-        if self.derived_sla or not self.cfg.tbt_sla_auto or self.cfg.tbt_sla_s or fit is None:
-            return
-        kv_seq = obs.kv_tokens_resident / obs.num_running if obs.num_running else 0.0
-        t1 = fit.predict_step_s(1, 0.0, kv_seq)
-        if not (math.isfinite(t1) and t1 > 0):
-            return
-        sla = round(self.cfg.tbt_sla_auto * t1, 4)
-        self.derived_sla = {"sla_s": sla, "step_s_batch1": t1, "factor": self.cfg.tbt_sla_auto,
-                            "fit": fit.to_dict()}
-        self._build(self.cfg, reuse_profile=True)
-        log.info("sla_derived", sla_s=sla, step_s_batch1=round(t1, 5),
-                 factor=self.cfg.tbt_sla_auto, fit_samples=fit.n_samples,
-                 note="tbt_sla_auto: the TBT SLA follows this host's measured speed")
-
     def _build(self, cfg: Config, reuse_profile: bool = False) -> None:
         """(Re)build the policy objects from a validated config. All or nothing: the
         profile and the policy are built before anything is replaced, so a failure
         leaves the running objects untouched (a rollback that re-read the old profile
         from disk failed in turn when the file had been corrupted since)."""
-        eff = self._effective(cfg)
+        eff = self.sla.effective(cfg)
         if reuse_profile:  # same file, already loaded: do not read it again
             profile = self.profile
         else:
             profile = self.profile_loader(eff.profile) if eff.profile else None
-        policy, first_reason = self._make_policy(eff, profile)
+        eng = self.engine
+        policy, first_reason = build_batch_policy(
+            eff, ceiling=eng.ceiling, max_num_batched_tokens=eng.max_num_batched_tokens,
+            block_size=eng.block_size, profile=profile)
         self.cfg = cfg
-        cfg = eff
         self.policy, self._first_reason = policy, first_reason
         self.profile = profile
         # one bound method for the queue's admission checks (SABER): a new object
         # every step would make it recompute its order every step
         self.speed_fn = profile.speed_tok_s if profile is not None else None
-        self.slot.configure(stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap)
-        self.metrics.tbt_sla.set(cfg.tbt_sla_s)
+        self.slot.configure(stale_after_s=eff.stale_after_s, fallback_cap=eff.fallback_cap)
+        self.metrics.tbt_sla.set(eff.tbt_sla_s)
 
-    def _make_policy(self, cfg: Config, profile) -> tuple[Any, str | None]:
-        """The batch policy named by ``cfg.batch_policy`` (tuned.policies.registry)."""
-        eng = self.engine
-        return build_batch_policy(cfg, ceiling=eng.ceiling,
-                                  max_num_batched_tokens=eng.max_num_batched_tokens,
-                                  block_size=eng.block_size, profile=profile)
-
-    def _read_config_file(self) -> Config:
-        if not self.cfg.source_path:
-            return config_mod.default()
-        return config_mod.load(self.cfg.source_path)
-
-    def reload(self) -> dict:
-        """Re-read and validate the config; apply it live or keep the old one.
-
-        Reloads are serialised from the file read on (two POSTs at once: the second
-        reads the file after the first is applied, so the last file wins)."""
-        with self._lock:
-            return self._reload()
-
-    def _reload(self) -> dict:
-        now = self.wall()
-        try:
-            new = self.reload_source()
-        except ConfigError as e:
-            return self._refuse(now, e.problems)
-        except Exception as e:  # an unreadable file that load() did not turn into problems
-            return self._refuse(now, [f"{type(e).__name__}: {e}"])
-        restart = config_mod.restart_changes(self.cfg, new)
-        if restart:
-            # Keep the running engine's values for fields that size the engine.
-            new = _replace(new, {n: getattr(self.cfg, n) for n in restart})
-        changed = [n for n in config_mod.FIELDS if getattr(self.cfg, n) != getattr(new, n)]
+    def apply_config(self, new: Config) -> None:
+        """Apply a validated config live, all or nothing (the reloader's target): on an
+        exception the running policy, profile and slot settings are as they were (put
+        back, not re-read from disk) and the exception propagates."""
         with self._lock:
             old = self.cfg
             kept = (self.cfg, self.policy, self._first_reason, self.profile, self.speed_fn)
             try:
-                self._build(new)  # all or nothing
+                self._build(new)
                 if (new.queue_spec(), new.class_deadlines_s, new.queue_seed) != (
                         old.queue_spec(), old.class_deadlines_s, old.queue_seed) or (
                         old.native_queue and not new.native_queue):
                     self.engine.set_queue_policy(new.queue_policy, new)
-            except Exception as e:  # a profile that fails to load, a policy that fails
-                # put the running objects back as they were (no re-read from disk)
+            except Exception:
                 (self.cfg, self.policy, self._first_reason, self.profile,
                  self.speed_fn) = kept
-                eff = self._effective(old)
+                eff = self.sla.effective(old)
                 self.slot.configure(stale_after_s=eff.stale_after_s,
                                     fallback_cap=eff.fallback_cap)
                 self.metrics.tbt_sla.set(eff.tbt_sla_s)
-                return self._refuse(now, [f"{type(e).__name__}: {e}"])
+                raise
         if self._scheduler is not None and new.interval_s != old.interval_s:
             self._scheduler.reschedule_job("tuned-controller", trigger="interval",
                                            seconds=new.interval_s)
-        self.last_reload = {"t": now, "outcome": "ok", "problems": [],
-                            "restart_needed": restart, "changed": changed}
-        self.metrics.reloads.labels("ok").inc()
-        log.info("reload_applied", changed=changed, restart_needed=restart,
-                 source=new.source_path or "embedded default")
-        return dict(self.last_reload)
 
-    def _refuse(self, now: float, problems: list[str]) -> dict:
-        self.last_reload = {"t": now, "outcome": "refused", "problems": problems,
-                            "restart_needed": [], "changed": []}
-        self.metrics.reloads.labels("refused").inc()
-        log.warning("reload_refused", problems=problems, kept=self.cfg.source_path or
-                    "embedded default")
-        return dict(self.last_reload)
+    def reload(self) -> dict:
+        """Re-read and validate the config; apply it live or keep the old one
+        (:class:`tuned.control.reload.Reloader`)."""
+        return self.reloader.reload()
+
+    @property
+    def last_reload(self) -> dict:
+        return self.reloader.last
 
     # ------------------------------------------------------------------ loop
     def run_once(self) -> Decision | None:
@@ -268,12 +220,13 @@ class Controller:
         took longer than ``interval_s`` (``slow_decision``: by the time it lands it
         answers a question one tick old). Either hands the engine the fallback cap.
         """
-        m = self.metrics
         try:
             with self._lock:
                 t0 = self.clock()
                 obs = self.observe()
-                self._maybe_derive_sla(obs)
+                if self.sla.derive(self.cfg, self._step_fit, obs.kv_tokens_resident,
+                                   obs.num_running):
+                    self._build(self.cfg, reuse_profile=True)
                 t1 = self.clock()
                 dec = self.decide(obs)
                 t2 = self.clock()
@@ -281,10 +234,7 @@ class Controller:
                 if fault is None:
                     self.act(dec)
                 t3 = self.clock()
-            m.tick.labels("observe").observe(t1 - t0)
-            m.tick.labels("decide").observe(t2 - t1)
-            m.tick.labels("act").observe(t3 - t2)
-            m.tick.labels("total").observe(t3 - t0)
+            self.export.tick(t0, t1, t2, t3)
             if fault is not None:
                 self._fail(fault[0], fault[1])
                 return None
@@ -293,7 +243,7 @@ class Controller:
         except Exception as e:
             dec = None
             self._fail("controller_error", f"{type(e).__name__}: {e}", exc_info=True)
-        self._notify()
+        self.watchdog.tick(self.cfg.interval_s, self.engine_stalled, self.current)
         return dec
 
     def _fault(self, dec: object, decide_s: float) -> tuple[str, str] | None:
@@ -328,60 +278,38 @@ class Controller:
                   **({"repeated_since_last_line": repeats} if repeats else {}))
 
     def observe(self) -> Observation:
-        eng, m, cfg = self.engine, self.metrics, self.cfg
+        """Read the engine: its new steps and finished requests, the windowed step
+        aggregates, the online step fit (every few seconds), NVML and the queue."""
+        eng, cfg = self.engine, self.cfg
         now = self.clock()
         new_steps = eng.steps.since(self._step_seq)
         if new_steps:
             self._step_seq = new_steps[-1].seq + 1
-        gen = pre = 0
-        for s in new_steps:
-            if s.num_decode:
-                m.tbt.observe(s.step_s)
-            gen += s.generated_tokens
-            pre += s.preempted
-        m.steps.inc(len(new_steps))
-        m.generated.inc(gen)
-        m.preemptions.inc(pre)
+        self.export.steps(new_steps)
         win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
                           cap=self.slot.applied.cap)
-        if (now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto)
-                and (cfg.batch_policy in ("tuned", "sla") or cfg.guards_admission)):
-            # the online step model: refreshed every few seconds from this engine's
-            # own recent steps (tuned.curves.online)
-            self._fit_t = now
-            fit = fit_recent_steps(eng.steps.last(STEP_FIT_SAMPLES))
-            if fit is not None:
-                self._step_fit = fit
+        self._refresh_step_fit(now)
         fin = eng.finished.last(cfg.demand_window)
         new_fin = [f for f in fin if f.seq >= self._fin_seq]
         if fin:
             self._fin_seq = fin[-1].seq + 1
-        m.finished.inc(len(new_fin))
+        self.export.finished(len(new_fin))
         # A request's KV demand in blocks: what the paged allocator gives it.
         demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
                                 eng.block_size)
         running, waiting = eng.counts()
-        self._export_queue(eng.queue_snapshot())
+        self.export.queue(eng.queue_snapshot())
         if self.nvml is not None:
-            gpu = self.nvml.sample()
-            if gpu is None and self._gpu:
-                # NVML stopped answering: withdraw the series, not freeze the last value
-                m.gpu_used.clear()
-                m.gpu_total.clear()
-            self._gpu = gpu
-            for g in self._gpu or ():
-                m.gpu_used.labels(str(g.index)).set(g.used_bytes)
-                m.gpu_total.labels(str(g.index)).set(g.total_bytes)
-        m.running.set(running)
-        m.waiting.set(waiting)
+            self.gpu = self.nvml.sample()
+            self.export.gpu(self.gpu)
         # live where the engine can read it (vLLM: an abort frees blocks outside any
         # step, so the newest step's figure goes stale once the engine idles)
         live_kv = getattr(eng, "kv_usage_now", None)
         kv_usage = live_kv() if live_kv is not None else win.kv_usage
-        m.kv_usage.set(kv_usage)
+        self.export.engine(running, waiting, kv_usage)
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
-        self._obs = Observation(
+        self.last_observation = Observation(
             num_running=running, num_waiting=waiting, active=active,
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
             demand_mean=demand.mean, demand_std=demand.std, demand_samples=demand.n,
@@ -390,37 +318,24 @@ class Controller:
             decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
-        return self._obs
+        return self.last_observation
 
-    def _export_queue(self, snap: dict | None) -> None:
-        """Queue-policy counters as Prometheus counters (a policy switch restarts the
-        policy's own counts; the exported totals keep growing)."""
-        m = self.metrics
-        if not snap:
-            m.queue_policy.info({"policy": "fcfs", "queue": "vllm"})  # vLLM's own queue
-            return
-        pol = snap["policy"]
-        last = self._queue_last if self._queue_last.get("policy") == pol else {}
-        for key, counter in (("admitted", m.q_admitted), ("deferred", m.q_deferred),
-                             ("demoted", m.q_demoted)):
-            delta = snap[key] - last.get(key, 0)
-            if delta > 0:
-                counter.labels(pol).inc(delta)
-        m.q_bins.set(snap["bins_in_use"])
-        m.q_buckets.set(snap["buckets_in_use"])
-        m.pred_mae.set(snap["prediction_mae_tokens"])
-        m.pred_bias.set(snap["prediction_mean_error_tokens"])
-        m.pred_count.set(snap["prediction_count"])
-        m.queue_policy.info({"policy": pol, "queue": "tuned"})
-        self._queue_last = dict(snap)
+    def _refresh_step_fit(self, now: float) -> None:
+        """The online step model: refreshed every few seconds from this engine's own
+        recent steps (tuned.curves.online), where an SLA or the guard reads it."""
+        cfg = self.cfg
+        if (now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto)
+                and (cfg.batch_policy in ("tuned", "sla") or cfg.guards_admission)):
+            self._fit_t = now
+            fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES))
+            if fit is not None:
+                self._step_fit = fit
 
     def queue_switched(self, final: dict | None) -> None:
         """Called by the scheduler thread just before it installs another queue
         policy: export the outgoing policy's counts up to now, then start over."""
         with self._lock:
-            if final:
-                self._export_queue(final)
-            self._queue_last = {}
+            self.export.queue_switched(final)
 
     def decide(self, obs: Observation) -> Decision:
         dec = self.policy.decide(obs)
@@ -429,64 +344,18 @@ class Controller:
         return dec
 
     def act(self, dec: Decision) -> None:
-        m = self.metrics
+        """Hand the decision to the engine's slot, export it, keep it in the history."""
         old = self.current
         self.seq += 1
         self.current = dec
         self.slot.offer(dec)
-        m.target.set(dec.target)
-        m.batch.set(dec.batch)
-        m.lower.set(dec.lower)
-        m.upper.set(dec.upper)
-        if dec.b_mem is not None:
-            m.b_mem.set(dec.b_mem)
-        if dec.b_sla is not None:
-            m.b_sla.set(dec.b_sla)
-        m.decisions.labels(dec.reason).inc()
-        feasible = dec.inputs.get("sla_feasible")
-        if feasible is not None:
-            m.sla_feasible.set(1 if feasible else 0)
-            was = old.inputs.get("sla_feasible") if old is not None else True
-            if feasible != was:
-                (log.warning if not feasible else log.info)(
-                    "sla_infeasible" if not feasible else "sla_feasible_again",
-                    sla_s=self.sla_s, why=dec.inputs.get("sla_infeasible_why"),
-                    action="SLA bound set aside: memory bound and full token budget"
-                    if not feasible else "SLA search resumes")
+        self.export.decision(dec, old, self.sla_s)
         entry = {"t": self.wall(), "seq": self.seq, **dec.to_dict()}
         self.recent.append(entry)
         del self.recent[:-200]
         if self.on_decision is not None:
             self.on_decision(entry)
-        if old is None or (old.cap, old.token_budget) != (dec.cap, dec.token_budget):
-            m.decision_changes.inc()
-            log.info("decision", old_cap=old.cap if old else None, new_cap=dec.cap,
-                     old_token_budget=old.token_budget if old else None,
-                     new_token_budget=dec.token_budget, target=dec.target, batch=dec.batch,
-                     lower=dec.lower, upper=dec.upper, reason=dec.reason,
-                     b_mem=dec.b_mem, b_sla=dec.b_sla, inputs=dec.inputs)
-
-    def _notify(self) -> None:
-        n = self.notifier
-        if n is None or not getattr(n, "enabled", False):
-            return
-        now = self.clock()
-        interval = n.watchdog_interval_s
-        # pings ride on ticks: allow half a tick of slack so a tick that lands a hair
-        # early does not skip its ping (gaps would reach WATCHDOG_USEC otherwise)
-        if (interval is not None and now - self._last_watchdog
-                >= interval - min(self.cfg.interval_s, interval) / 2
-                and not self.engine_stalled()):
-            n.watchdog()
-            self._last_watchdog = now
-        if not self.ready_sent and self.current is not None:
-            try:
-                serving = self.serving()
-            except Exception:
-                serving = False
-            if serving:
-                n.ready(f"cap={self.current.cap} reason={self.current.reason}")
-                self.ready_sent = True
+        self.export.decision_recorded(dec, old)
 
     # ------------------------------------------------------------------ state
     def healthy(self) -> bool:
@@ -496,62 +365,12 @@ class Controller:
                 and not self.engine_stalled())
 
     def engine_stalled(self) -> bool:
-        """True while the engine has requests (running or waiting) and no engine step
-        has completed for ``cfg.effective_engine_stall_s``, counted from the later of
-        the newest step's end (``engine.last_step_done_s``) and the first check that
-        found work after an idle spell: an idle engine steps never and is not stalled.
-        Engines that do not report ``last_step_done_s`` (the simulator) never are.
-        Logs ``engine_stalled`` once per stall and ``engine_step_resumed`` after it."""
-        last = getattr(self.engine, "last_step_done_s", None)
-        if last is None:
-            return False
-        running, waiting = self.engine.counts()
-        now = self.clock()
-        if running + waiting == 0:
-            self._busy_since = None
-            stalled = False
-        else:
-            if self._busy_since is None:
-                self._busy_since = now
-            age = now - max(last, self._busy_since)
-            stalled = age > self.cfg.effective_engine_stall_s
-        if stalled != self._stall_logged:
-            self._stall_logged = stalled
-            if stalled:
-                log.error("engine_stalled", running=running, waiting=waiting,
-                          since_last_step_s=round(now - last, 3),
-                          engine_stall_s=self.cfg.effective_engine_stall_s,
-                          action="/healthz 503, no watchdog ping")
-            else:
-                log.info("engine_step_resumed")
-        return stalled
+        """The engine has requests and no step completed for ``engine_stall_s``
+        (:class:`tuned.control.liveness.EngineLiveness`)."""
+        return self.liveness.stalled(self.cfg.effective_engine_stall_s)
 
     def decisions_json(self, limit: int = 50) -> dict:
-        obs = self._obs
-        limit = max(0, min(limit, 200))
-        running, waiting = self.engine.counts()
-        gpu = None if self._gpu is None else [g._asdict() for g in self._gpu]
-        return {
-            "current": self.recent[-1] if self.recent else None,
-            "recent": self.recent[-limit:] if limit else [],
-            "applied": self.slot.state(),
-            "config": {"queue_policy": self.cfg.queue_policy, "profile": self.cfg.profile,
-                       "tbt_sla_s": self.sla_s, "sla_source": self.sla_source(),
-                       "derived_sla": self.derived_sla,
-                       "sla_statistic": self.cfg.sla_statistic,
-                       "batch_policy": self.cfg.batch_policy,
-                       "source_path": self.cfg.source_path,
-                       "interval_s": self.cfg.interval_s},
-            "last_reload": dict(self.last_reload),
-            "telemetry": {"tbt_mean_s": obs.tbt_mean_s if obs else None,
-                          "decode_batch_mean": obs.decode_batch_mean if obs else None,
-                          "kv_usage": obs.kv_usage if obs else 0.0,
-                          "kv_capacity_tokens": self.engine.kv_capacity_tokens,
-                          "gpu": gpu, "running": running, "waiting": waiting},
-            "engine": {"ceiling": self.engine.ceiling,
-                       "max_num_batched_tokens": self.engine.max_num_batched_tokens,
-                       "dp_rank": self.engine.dp_rank},
-        }
+        return decisions_view(self, limit)
 
     def start(self):
         """Run ``run_once`` every ``interval_s`` on apscheduler's thread, first tick now."""

@@ -1,0 +1,127 @@
+"""What the controller saw and decided, as Prometheus series (the metrics live in
+:mod:`tuned.metrics`; this module only feeds them) and as log lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("tuned.controller")
+
+
+class MetricsExport:
+    """Feeds :class:`tuned.metrics.Metrics` from one controller's ticks."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.m = metrics
+        self._queue_last: dict = {}
+        self._gpu_seen = False
+
+    def steps(self, new_steps: Sequence) -> None:
+        """Engine steps completed since the last tick."""
+        m = self.m
+        gen = pre = 0
+        for s in new_steps:
+            if s.num_decode:
+                m.tbt.observe(s.step_s)
+            gen += s.generated_tokens
+            pre += s.preempted
+        m.steps.inc(len(new_steps))
+        m.generated.inc(gen)
+        m.preemptions.inc(pre)
+
+    def finished(self, n: int) -> None:
+        self.m.finished.inc(n)
+
+    def gpu(self, samples: list | None) -> None:
+        """NVML's devices; when NVML stops answering the series are withdrawn, not
+        frozen at their last value."""
+        m = self.m
+        if samples is None and self._gpu_seen:
+            m.gpu_used.clear()
+            m.gpu_total.clear()
+        self._gpu_seen = bool(samples)
+        for g in samples or ():
+            m.gpu_used.labels(str(g.index)).set(g.used_bytes)
+            m.gpu_total.labels(str(g.index)).set(g.total_bytes)
+
+    def engine(self, running: int, waiting: int, kv_usage: float) -> None:
+        m = self.m
+        m.running.set(running)
+        m.waiting.set(waiting)
+        m.kv_usage.set(kv_usage)
+
+    def queue(self, snap: dict | None) -> None:
+        """Queue-policy counters as Prometheus counters (a policy switch restarts the
+        policy's own counts; the exported totals keep growing)."""
+        m = self.m
+        if not snap:
+            m.queue_policy.info({"policy": "fcfs", "queue": "vllm"})  # vLLM's own queue
+            return
+        pol = snap["policy"]
+        last = self._queue_last if self._queue_last.get("policy") == pol else {}
+        for key, counter in (("admitted", m.q_admitted), ("deferred", m.q_deferred),
+                             ("demoted", m.q_demoted)):
+            delta = snap[key] - last.get(key, 0)
+            if delta > 0:
+                counter.labels(pol).inc(delta)
+        m.q_bins.set(snap["bins_in_use"])
+        m.q_buckets.set(snap["buckets_in_use"])
+        m.pred_mae.set(snap["prediction_mae_tokens"])
+        m.pred_bias.set(snap["prediction_mean_error_tokens"])
+        m.pred_count.set(snap["prediction_count"])
+        m.queue_policy.info({"policy": pol, "queue": "tuned"})
+        self._queue_last = dict(snap)
+
+    def queue_switched(self, final: dict | None) -> None:
+        """The engine is about to install another queue policy: export the outgoing
+        policy's counts up to now, then start over."""
+        if final:
+            self.queue(final)
+        self._queue_last = {}
+
+    def tick(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        """One tick's phases: observe [t0, t1], decide [t1, t2], act [t2, t3]."""
+        tick = self.m.tick
+        tick.labels("observe").observe(t1 - t0)
+        tick.labels("decide").observe(t2 - t1)
+        tick.labels("act").observe(t3 - t2)
+        tick.labels("total").observe(t3 - t0)
+
+    def decision(self, dec: Any, old: Any, sla_s: float) -> None:
+        """A decision was handed to the engine: its gauges and reason counter, and a
+        line when the SLA turns infeasible or feasible again."""
+        m = self.m
+        m.target.set(dec.target)
+        m.batch.set(dec.batch)
+        m.lower.set(dec.lower)
+        m.upper.set(dec.upper)
+        if dec.b_mem is not None:
+            m.b_mem.set(dec.b_mem)
+        if dec.b_sla is not None:
+            m.b_sla.set(dec.b_sla)
+        m.decisions.labels(dec.reason).inc()
+        feasible = dec.inputs.get("sla_feasible")
+        if feasible is not None:
+            m.sla_feasible.set(1 if feasible else 0)
+            was = old.inputs.get("sla_feasible") if old is not None else True
+            if feasible != was:
+                (log.warning if not feasible else log.info)(
+                    "sla_infeasible" if not feasible else "sla_feasible_again",
+                    sla_s=sla_s, why=dec.inputs.get("sla_infeasible_why"),
+                    action="SLA bound set aside: memory bound and full token budget"
+                    if not feasible else "SLA search resumes")
+
+    def decision_recorded(self, dec: Any, old: Any) -> None:
+        """After the decision joined the history: a line (and a count) when the cap or
+        the token budget changed."""
+        m = self.m
+        if old is None or (old.cap, old.token_budget) != (dec.cap, dec.token_budget):
+            m.decision_changes.inc()
+            log.info("decision", old_cap=old.cap if old else None, new_cap=dec.cap,
+                     old_token_budget=old.token_budget if old else None,
+                     new_token_budget=dec.token_budget, target=dec.target, batch=dec.batch,
+                     lower=dec.lower, upper=dec.upper, reason=dec.reason,
+                     b_mem=dec.b_mem, b_sla=dec.b_sla, inputs=dec.inputs)

@@ -152,3 +152,37 @@ def test_unsupported_vllm_version_is_a_clear_error():
     assert check_vllm_version("0.32.0") == (0, 32)
     with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; found 0\.31\.2"):
         check_vllm_version("0.31.2")
+
+
+def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
+    """Contract: the engine's step path reads the slot (knobs and the queue's inputs)
+    and never calls the controller; a controller whose every method raises leaves the
+    steps untouched."""
+    from tuned.controller import Controller
+    from tuned.core.knobs import QueueInputs
+
+    s = make_scheduler(str(tiny_model), False, queue_policy="mcsf")
+    try:
+        marker = QueueInputs(speed_fn=None, step_model=None, tpot_sla_s=0.0, ttft_sla_s=0.0)
+        s.controller.slot.publish(marker)
+        for name in ("run_once", "observe", "decide", "act", "queue_inputs",
+                     "admission_guard", "decisions_json", "reload"):
+            monkeypatch.setattr(s.controller, name, lambda *a, **k: 1 / 0)
+        for attr in ("speed_fn", "cfg", "policy"):
+            monkeypatch.delattr(s.controller, attr, raising=False)
+        for r in requests(3):
+            s.add_request(r)
+        while s.has_requests():
+            step(s)
+        assert len(s.finished.since(0)) == 3
+        assert s._tuned_errors == 0
+        assert s.controller.slot.queue_inputs is marker
+    finally:
+        s.shutdown()
+
+
+def test_the_controller_publishes_the_queue_inputs_it_derives(sched):
+    """What the queue reads is what the controller derived, published on each change."""
+    ctrl = sched.controller
+    assert ctrl.slot.queue_inputs == ctrl.queue_inputs()
+    assert ctrl.slot.queue_inputs.step_model is None      # no step fit yet: guard off

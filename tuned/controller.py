@@ -34,7 +34,7 @@ from tuned.control.sla import SlaSource
 from tuned.control.status import decisions_view
 from tuned.metrics import Metrics
 from tuned.core.contract import EngineView
-from tuned.core.knobs import Fallback, KnobSlot, valid_cap
+from tuned.core.knobs import NO_SWITCH, Fallback, KnobSlot, QueueInputs, valid_cap
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
@@ -143,16 +143,22 @@ class Controller:
     def sla_source(self) -> str:
         return self.sla.source(self.cfg)
 
-    def admission_guard(self) -> tuple[Any, float, float]:
-        """(step model, TPOT SLA, TTFT SLA) for the queue's admission guard
-        (:meth:`tuned.core.queue.QueueCore._tpot_room` and ``_ttft_room``), or
-        (None, 0.0, 0.0) while it is off: ``admission_guard = "off"``, no SLA yet, or
-        no step fit yet. The TTFT SLA is 0 (that half off) without ``ttft_sla_s``.
-        Read by the engine's scheduling thread once per step."""
+    def queue_inputs(self) -> QueueInputs:
+        """What the engine's waiting queue reads each step, published into the slot
+        whenever one of its sources changes (the step fit, the config, the derived SLA,
+        the profile): the profile's speed curve, and the admission guard's step model,
+        TPOT SLA and TTFT SLA (:meth:`tuned.core.queue.QueueCore._tpot_room` and
+        ``_ttft_room``), or (None, 0.0, 0.0) while the guard is off:
+        ``admission_guard = "off"``, no SLA yet, or no step fit yet. The TTFT SLA is 0
+        (that half off) without ``ttft_sla_s``."""
         fit = self._step_fit
         if fit is None or not self.cfg.guards_admission:
-            return None, 0.0, 0.0
-        return fit, self.sla_s, self.cfg.ttft_sla_s
+            return QueueInputs(self.speed_fn)
+        return QueueInputs(self.speed_fn, fit, self.sla_s, self.cfg.ttft_sla_s)
+
+    def admission_guard(self) -> tuple[Any, float, float]:
+        """The guard's part of :meth:`queue_inputs`: (step model, TPOT SLA, TTFT SLA)."""
+        return self.queue_inputs().guard
 
     def _build(self, cfg: Config, reuse_profile: bool = False) -> None:
         """(Re)build the policy objects from a validated config. All or nothing: the
@@ -176,6 +182,7 @@ class Controller:
         self.speed_fn = profile.speed_tok_s if profile is not None else None
         self.slot.configure(stale_after_s=eff.stale_after_s, fallback_cap=eff.fallback_cap)
         self.metrics.tbt_sla.set(eff.tbt_sla_s)
+        self.slot.publish(self.queue_inputs())
 
     def apply_config(self, new: Config) -> None:
         """Apply a validated config live, all or nothing (the reloader's target): on an
@@ -197,6 +204,7 @@ class Controller:
                 self.slot.configure(stale_after_s=eff.stale_after_s,
                                     fallback_cap=eff.fallback_cap)
                 self.metrics.tbt_sla.set(eff.tbt_sla_s)
+                self.slot.publish(self.queue_inputs())
                 raise
         if self._scheduler is not None and new.interval_s != old.interval_s:
             self._scheduler.reschedule_job("tuned-controller", trigger="interval",
@@ -298,6 +306,9 @@ class Controller:
         demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
                                 eng.block_size)
         running, waiting = eng.counts()
+        final = self.slot.take_queue_switch()
+        if final is not NO_SWITCH:   # the engine installed another queue policy
+            self.export.queue_switched(final)
         self.export.queue(eng.queue_snapshot())
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
@@ -330,12 +341,7 @@ class Controller:
             fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES))
             if fit is not None:
                 self._step_fit = fit
-
-    def queue_switched(self, final: dict | None) -> None:
-        """Called by the scheduler thread just before it installs another queue
-        policy: export the outgoing policy's counts up to now, then start over."""
-        with self._lock:
-            self.export.queue_switched(final)
+                self.slot.publish(self.queue_inputs())
 
     def decide(self, obs: Observation) -> Decision:
         dec = self.policy.decide(obs)

@@ -224,7 +224,7 @@ class SimEngine:
     def _apply_queue_policy(self) -> None:
         name, cfg = self._pending_queue
         self._pending_queue = None
-        self.controller.queue_switched(self.queue_snapshot())
+        self.controller.slot.queue_switched(self.queue_snapshot())
         q = self.waiting
         policy = make_policy(name, cfg.queue_spec()[1], cfg.queue_seed)
         if isinstance(q, QueueCore):
@@ -279,10 +279,11 @@ class SimEngine:
             # contract step 2, before the running pass, as the vLLM adapter calls it
             # (before super().schedule()): the context's free KV is that of the top
             # of the step, and the queue hears of every step, preempting ones too
-            model, sla, ttft = self.controller.admission_guard()
+            qi = self.controller.slot.queue_inputs
+            model, sla, ttft = qi.guard
             q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
                                       self.free_blocks * self.block_size, self.cap,
-                                      self.controller.speed_fn, self.block_size,
+                                      qi.speed_fn, self.block_size,
                                       step_model=model, tpot_sla_s=sla, ttft_sla_s=ttft,
                                       token_budget=budget),
                                          running)

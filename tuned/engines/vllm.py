@@ -143,7 +143,7 @@ class _TunedMixin:
         self._pending_queue = None
         before = len(self.waiting)
         # export the outgoing policy's last counts; the new one counts from zero
-        self.controller.queue_switched(self.queue_snapshot())
+        self.controller.slot.queue_switched(self.queue_snapshot())
         vllm_queue.install(self, name, cfg, on_warning=self._hint_warning,
                            on_fault=self._tuned_guard)
         log.info("queue_policy", old=self.queue_policy, new=name, waiting_kept=len(self.waiting),
@@ -259,7 +259,8 @@ class _TunedMixin:
             if self.queue_policy != "fcfs" or self._queue_installed():
                 from tuned.engines.vllm_queue import begin_step
 
-                begin_step(self, self.controller.speed_fn, self.controller.admission_guard())
+                qi = self.controller.slot.queue_inputs
+                begin_step(self, qi.speed_fn, qi.guard)
         except Exception as e:
             self._tuned_guard("apply", e)
         out = super().schedule(*args, **kwargs)

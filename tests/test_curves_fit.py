@@ -171,3 +171,26 @@ def test_kv_bytes_per_token_bucketserve():
     assert kv_bytes_per_token(32, 32, 128, 2) == 524288
     # Llama-3-8B GQA: 8 KV heads
     assert kv_bytes_per_token(32, 8, 128, 2) == 131072
+
+
+def test_one_fitter_two_methods_for_the_step_time():
+    """fit_step_time is the one fitter of T(b, c, kv): OLS (profiles) and NNLS (the
+    online fit) recover the same known coefficients from clean samples; NNLS never
+    returns a negative coefficient; an unknown method is refused by name."""
+    rng = np.random.default_rng(3)
+    b = rng.integers(1, 33, 400).astype(float)
+    c = rng.choice([0, 0, 64, 256], 400).astype(float)
+    kv = b * rng.integers(50, 400, 400)
+    t = 0.004 + 0.0005 * b + 0.00002 * c + 1e-7 * kv
+    ols = fit_step_time(b, c, t, kv_tokens=kv)
+    nn = fit_step_time(b, c, t, kv_tokens=kv, method="nnls")
+    for f in (ols, nn):
+        assert f.name == "step_time_kv"
+        for k, v in {"a": 0.004, "beta": 0.0005, "gamma": 0.00002, "eta": 1e-7}.items():
+            assert f.params[k] == pytest.approx(v, rel=1e-6, abs=1e-12), (f.note, k)
+    # a decreasing cost in c: OLS follows the data, NNLS floors gamma at 0
+    t2 = 0.01 + 0.0005 * b - 0.00001 * c
+    assert fit_step_time(b, c, t2, kv_tokens=kv).params["gamma"] < 0
+    assert fit_step_time(b, c, t2, kv_tokens=kv, method="nnls").params["gamma"] == 0.0
+    with pytest.raises(ValueError, match="method must be 'ols' or 'nnls', got 'ridge'"):
+        fit_step_time(b, c, t, method="ridge")

@@ -354,14 +354,30 @@ def _ols(columns: dict[str, np.ndarray], y: np.ndarray) -> tuple[dict, dict, np.
     return params, stderr, y_hat, fixed
 
 
-def fit_step_time(b, c, step_s, kv_tokens=None) -> FitResult:
-    """Fit step time T(b, c) = a + beta b + gamma c by ordinary least squares, and
-    T = a + beta b + gamma c + eta kv_tokens when ``kv_tokens`` is given and the KV
-    term raises adjusted R² with eta > 0 (seed 000, PD fusion; attention cost grows
-    with the KV tokens read, so a negative eta is noise, not a model). ``step_s`` are the measured step times (seconds). The result's
-    name says which model won (``step_time`` or ``step_time_kv``) and ``note``
-    gives both adjusted R² values.
+def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitResult:
+    """Fit the engine's step time T(b, c, kv) (seed 000, PD fusion), the one fitter of
+    tuned's step-time model, by one of two methods that each earn their place:
+
+    * ``"ols"`` (profiles): T(b, c) = a + beta b + gamma c by ordinary least squares,
+      with standard errors, and T = a + beta b + gamma c + eta kv_tokens when
+      ``kv_tokens`` is given and the KV term raises adjusted R² with eta > 0
+      (attention cost grows with the KV tokens read, so a negative eta is noise, not
+      a model). The result's name says which model won (``step_time`` or
+      ``step_time_kv``) and ``note`` gives both adjusted R² values.
+    * ``"nnls"`` (the controller's online fit on the engine's own recent steps):
+      non-negative least squares of T on (1, b, c, kv): a step never gets faster with
+      more work, and a negative coefficient would size the token budget without
+      bound. Columns are scaled so the solver sees numbers of one size (kv is in the
+      thousands). Always ``step_time_kv``; no standard errors; ``r2`` is None when
+      every step took the same time.
+
+    ``step_s`` are the measured step times (seconds). :class:`FitError` when fewer
+    than 3 finite samples remain or the solver fails.
     """
+    if method == "nnls":
+        return _fit_step_time_nnls(b, c, step_s, kv_tokens)
+    if method != "ols":
+        raise ValueError(f"fit_step_time: method must be 'ols' or 'nnls', got {method!r}")
     b = np.asarray(b, dtype=float).ravel()
     c = np.asarray(c, dtype=float).ravel()
     y = np.asarray(step_s, dtype=float).ravel()
@@ -406,6 +422,32 @@ def fit_step_time(b, c, step_s, kv_tokens=None) -> FitResult:
             notes.append("KV term dropped: " + cmp)
     return FitResult(result.name, result.params, result.stderr, result.r2, result.n_samples,
                      adj_r2=result.adj_r2, note="; ".join(notes))
+
+
+def _fit_step_time_nnls(b, c, step_s, kv_tokens) -> FitResult:
+    from scipy.optimize import nnls
+
+    kv = np.zeros(len(step_s)) if kv_tokens is None else np.asarray(kv_tokens, float)
+    X = np.column_stack([np.ones(len(step_s)), np.asarray(b, float), np.asarray(c, float),
+                         kv])
+    y = np.asarray(step_s, float)
+    ok = np.isfinite(X).all(axis=1) & np.isfinite(y)
+    X, y = X[ok], y[ok]
+    if len(y) < 3:
+        raise FitError(f"step_time: needs at least 3 samples, got {len(y)}")
+    scale = np.maximum(np.abs(X).max(axis=0), 1e-12)
+    try:
+        coef, _ = nnls(X / scale, y, maxiter=50 * X.shape[1])
+    except RuntimeError as e:
+        raise FitError(f"step_time: non-negative least squares failed: {e}") from None
+    coef = coef / scale
+    pred = X @ coef
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+    names = ("a", "beta", "gamma", "eta")
+    return FitResult("step_time_kv", {k: float(v) for k, v in zip(names, coef)},
+                     {k: None for k in names}, r2, int(len(y)),
+                     note="non-negative least squares")
 
 
 def _fmt(v: float | None) -> str:

@@ -7,9 +7,8 @@ refreshed every few seconds from the engine's own step ring
 the profile was not made on. ``b`` is the number of decodes in a step, ``c`` its
 prefill tokens and ``kv`` the KV tokens resident (read by attention).
 
-The coefficients are fitted non-negative (scipy's ``nnls``): a step never gets
-faster with more work, and a model that said so would size the token budget
-without bound.
+Both are fitted by the one fitter, :func:`tuned.curves.fit.fit_step_time`: by
+ordinary least squares for a profile, non-negative (``method="nnls"``) online.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from tuned.curves.fit import FitError, fit_step_time
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,15 @@ class LinearStepModel:
             return int(b_max)
         return int(min(math.floor(room / per_seq), b_max))
 
+    @classmethod
+    def from_fit(cls, fit, source: str) -> "LinearStepModel":
+        """The model a step-time :class:`~tuned.curves.fit.FitResult` describes (its KV
+        term only when the fit kept it)."""
+        p = fit.params
+        return cls(p["a"], p["beta"], p["gamma"],
+                   p.get("eta", 0.0) if fit.name == "step_time_kv" else 0.0,
+                   fit.r2, fit.n_samples, source)
+
     def to_dict(self) -> dict:
         return {"a": self.a, "beta": self.beta, "gamma": self.gamma, "eta": self.eta,
                 "r2": self.r2, "n_samples": self.n_samples, "source": self.source}
@@ -70,29 +78,16 @@ class LinearStepModel:
 def fit_step_times(b: Sequence[float], c: Sequence[float], kv: Sequence[float],
                    t: Sequence[float], *, min_samples: int = 50,
                    source: str = "online") -> LinearStepModel | None:
-    """Non-negative least squares of step times on (1, b, c, kv); None with fewer than
-    ``min_samples`` finite samples or a singular design (e.g. every step alike)."""
-    from scipy.optimize import nnls
-
-    X = np.column_stack([np.ones(len(t)), np.asarray(b, float), np.asarray(c, float),
-                         np.asarray(kv, float)])
-    y = np.asarray(t, float)
-    ok = np.isfinite(X).all(axis=1) & np.isfinite(y)
-    X, y = X[ok], y[ok]
-    if len(y) < min_samples:
-        return None
-    # scale columns so the solver sees numbers of one size (kv is in the thousands)
-    scale = np.maximum(np.abs(X).max(axis=0), 1e-12)
+    """The online fit: :func:`tuned.curves.fit.fit_step_time` by non-negative least
+    squares on (1, b, c, kv); None with fewer than ``min_samples`` finite samples or a
+    singular design (e.g. every step alike)."""
     try:
-        coef, _ = nnls(X / scale, y, maxiter=50 * X.shape[1])
-    except RuntimeError:
+        fit = fit_step_time(b, c, t, kv, method="nnls")
+    except FitError:
         return None
-    coef = coef / scale
-    pred = X @ coef
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
-    return LinearStepModel(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]),
-                           r2, int(len(y)), source)
+    if fit.n_samples < min_samples:
+        return None
+    return LinearStepModel.from_fit(fit, source)
 
 
 def fit_recent_steps(steps: Sequence, *, min_samples: int = 50) -> LinearStepModel | None:

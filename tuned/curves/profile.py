@@ -180,10 +180,7 @@ class Profile:
         st = self.step_time
         if st is None:
             return None
-        p = st.params
-        return LinearStepModel(p["a"], p["beta"], p["gamma"],
-                               p.get("eta", 0.0) if st.name == "step_time_kv" else 0.0,
-                               st.r2, st.n_samples, f"profile:{self.source}")
+        return LinearStepModel.from_fit(st, f"profile:{self.source}")
 
     def largest_batch_within(self, tbt_s: float, b_max: int,
                              kv_tokens_per_seq: float | None = None) -> int:

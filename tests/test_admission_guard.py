@@ -1,5 +1,6 @@
-"""The admission guard of the waiting queue: its TPOT half (QueueCore._tpot_room), its
-TTFT half (QueueCore._ttft_room) and fcfs' predicted lateness.
+"""The admission guard around the queue policy's choice: its TPOT half
+(tuned.core.admission.AdmissionGuard.tpot_room), its TTFT half (``ttft_room``) and
+fcfs' predicted lateness.
 
 Step model here: T(b, c) = 20 ms + 5 ms * b + 1 ms * c. In the TPOT tests one request
 runs; it was admitted with a hint of 11 output tokens (n = 11, so TPOT = decode time

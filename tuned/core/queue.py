@@ -33,6 +33,10 @@ does not sort every waiting request; one ``ReqInfo`` per request id is cached; t
 running requests' progress is read once per step, lazily, when the gate first
 needs it.
 
+The admission guard (:mod:`tuned.core.admission`) wraps whatever the policy
+chooses: the chosen request waits while its prefill would push a running request
+over its TPOT or a prefilling cohort over its TTFT.
+
 All methods are for the engine's scheduling thread; ``stats`` and
 :meth:`QueueCore.snapshot` may be read from another thread.
 """
@@ -45,6 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from tuned.core.admission import AdmissionGuard, prompt_tokens_left
 from tuned.core.predictor import OutputLengthPredictor, parse_request_hints
 from tuned.core.queue_policy import AdmitContext, PolicyStats, QueuePolicy, ReqInfo, Verdict
 
@@ -64,13 +69,6 @@ class QueuedRequest(Protocol):
 
 
 R = TypeVar("R", bound=QueuedRequest)
-
-
-def prompt_tokens_left(r: QueuedRequest) -> int:
-    """Prompt tokens a running request has still to prefill (0 once through its
-    prompt; an engine request without ``num_computed_tokens`` counts as none done)."""
-    done = int(getattr(r, "num_computed_tokens", 0) or 0)
-    return max(int(r.num_prompt_tokens) - done, 0)
 
 
 class LiveOrder(Protocol):
@@ -143,8 +141,7 @@ class QueueCore(Generic[R]):
         self._popped: dict[str, _Popped] = {}
         self._deferred_ids: set[str] = set()
         self._step = 0
-        self._first_token_s: dict[str, float] = {}   # running: when its first token was seen
-        self.guard_holds = 0                          # steps the admission guard held the head
+        self.guard = AdmissionGuard()                # around whatever the policy chooses
 
     # ------------------------------------------------------------ per step
     def begin_step(self, ctx: AdmitContext, running_requests: list[R]) -> None:
@@ -163,13 +160,7 @@ class QueueCore(Generic[R]):
             under_prediction=excess if excess > 0 else ctx.under_prediction)
         self._ctx = ctx
         self._running = running_requests
-        if ctx.step_model is not None and ctx.tpot_sla_s > 0:
-            # the TPOT guard's clock: a request's first token came out in the step
-            # that just ended (cost: one dict lookup per running request)
-            first = self._first_token_s
-            for r in running_requests:
-                if r.num_output_tokens >= 1 and r.request_id not in first:
-                    first[r.request_id] = ctx.now_s
+        self.guard.begin_step(ctx, running_requests)
         self._n_running_at_gate = None
         self._running_infos = None
         self._deferred_ids.clear()
@@ -228,7 +219,7 @@ class QueueCore(Generic[R]):
         if rid in self._waiting:
             self._remove_ids({rid})
         info = self._infos.pop(rid, None)
-        self._first_token_s.pop(rid, None)
+        self.guard.forget(rid)
         if learn:
             self.predictor.observe(request.num_prompt_tokens, request.num_output_tokens,
                                    predicted=info.predicted_output if info else None,
@@ -249,11 +240,16 @@ class QueueCore(Generic[R]):
         errs = self.predictor.error_stats()
         d = self.policy.stats.as_dict()
         d.update(policy=self.policy.name, waiting=len(self._waiting), pinned=len(self._pinned),
-                 hint_warnings=self.hint_warnings, guard_holds=self.guard_holds,
+                 hint_warnings=self.hint_warnings, guard_holds=self.guard.holds,
                  prediction_count=errs.count,
                  prediction_mae_tokens=errs.mean_abs_error_tokens,
                  prediction_mean_error_tokens=errs.mean_error_tokens)
         return d
+
+    @property
+    def guard_holds(self) -> int:
+        """Steps the admission guard held the policy's choice."""
+        return self.guard.holds
 
     def info(self, request_id: str) -> ReqInfo | None:
         """The cached view of a waiting or running request."""
@@ -481,107 +477,14 @@ class QueueCore(Generic[R]):
                 self.policy.on_deferred(info, sel.verdict)
         self.last_verdict = sel.verdict
         if sel.chosen is not None:
-            held = ("tpot_guard" if not self._tpot_room(sel.chosen, ctx)
-                    else "ttft_guard" if not self._ttft_room(sel.chosen, ctx) else None)
+            held = self.guard.hold_reason(sel.chosen, ctx, self._running, self._infos)
             if held:
-                self.guard_holds += 1
                 self.policy.stats.deferred += 1
                 self.policy.stats.last_reason = held
                 self.last_verdict = Verdict(False, held)
                 return None
             self._head = self._waiting[sel.chosen.request_id]
         return self._head
-
-    def _tpot_room(self, cand: ReqInfo, ctx: AdmitContext) -> bool:
-        """The per-request TPOT admission guard: may ``cand``'s prefill run now?
-
-        vLLM's benchmark judges a request by its TPOT = (e2e - TTFT) / (output - 1),
-        the mean of every step it decodes in. A prefill of p tokens lengthens the steps
-        it runs in by about gamma * p (the step model's prefill term), for every
-        request decoding then. For each running request past its first token, with g
-        tokens out of a predicted n, the guard projects its TPOT as (time since its
-        first token + (n - g) * T(b, 0, kv)) / (n - 1) without the newcomer (kv: the
-        tokens resident in the cache, which every step reads) and adds
-        gamma * p + beta * (n - g) with it; the newcomer waits if that pushes a request
-        that still meets ``ctx.tpot_sla_s`` over it. Requests already past the SLA,
-        or whose first token came later than ``ctx.ttft_sla_s`` (when set), are not
-        protected (they are lost either way), so one slow request cannot
-        block admission; with nothing to protect the newcomer is admitted, so nothing
-        waits forever. Off (always True) without a step model or an SLA."""
-        model, sla, ttft = ctx.step_model, ctx.tpot_sla_s, ctx.ttft_sla_s
-        run = self._running
-        if model is None or not sla > 0 or not run:
-            return True
-        now = ctx.now_s
-        first = self._first_token_s
-        t_step = model.predict_step_s(len(run), 0.0, ctx.kv_resident_tokens)
-        extra_prefill = model.gamma * max(cand.prompt_tokens, 0)
-        beta = model.beta
-        for r in run:
-            g = r.num_output_tokens
-            if g < 1:
-                continue            # still in its prefill: its TPOT clock has not started
-            rid = r.request_id
-            t1 = first.get(rid)
-            if t1 is None:
-                # first seen past its first token now; it started at most g - 1 steps ago
-                t1 = first[rid] = now - (g - 1) * t_step
-            info = self._infos.get(rid)
-            pred = info.predicted_output if info is not None else int(r.max_tokens or 0)
-            n = max(pred, g + 1)
-            rem = n - g
-            denom = max(n - 1, 1)
-            base = (now - t1 + rem * t_step) / denom
-            if base > sla:
-                continue            # past saving: not protected
-            if ttft > 0 and info is not None and t1 - info.arrival_s > ttft:
-                continue            # its first token was late: lost either way
-            if base + (extra_prefill + beta * rem) / denom > sla:
-                return False
-        return True
-
-    def _ttft_room(self, cand: ReqInfo, ctx: AdmitContext) -> bool:
-        """The admission guard's TTFT half: may ``cand``'s prefill join the prompts
-        still prefilling?
-
-        A prompt's first token comes out at the end of the step that computes its last
-        prompt token, and vLLM packs every admitted prompt into the same steps (up to
-        the token budget): each newcomer delays the first token of all the prompts
-        prefilling beside it by about gamma * p. On a GPU that is milliseconds; on a
-        CPU a 300-token prompt costs half a second, and a cohort of four admitted
-        together can make all four miss a 3 s TTFT that each would meet alone. With
-        ``ctx.ttft_sla_s`` set, the newcomer waits while it would push a prefilling
-        request that still meets the TTFT SLA over it (predicted first token:
-        now + T(b, remaining prefill tokens of the cohort)), or would itself meet the
-        SLA prefilled alone but not in this cohort (else each newcomer finds the
-        cohort already late and it snowballs). Requests that miss it anyway are not
-        protected; with no prompt prefilling the newcomer is admitted, so nothing
-        waits forever. Off (always True) without a step model or a TTFT SLA."""
-        model, sla = ctx.step_model, ctx.ttft_sla_s
-        if model is None or not sla > 0:
-            return True
-        arrivals: list[float] = []
-        tokens = 0
-        for r in self._running:
-            if r.num_output_tokens >= 1:
-                continue
-            rem = prompt_tokens_left(r)
-            info = self._infos.get(r.request_id)
-            if rem <= 0 or info is None:
-                continue        # its last prompt token is already scheduled
-            tokens += rem
-            arrivals.append(info.arrival_s)
-        if not arrivals:
-            return True
-        p = max(cand.prompt_tokens, 0)
-        first = ctx.now_s + model.predict_step_s(len(self._running), tokens)
-        later = first + model.gamma * p
-        if any(first - a <= sla < later - a for a in arrivals):
-            return False
-        # nor may it doom itself by joining: one that would meet the SLA prefilled
-        # alone now but not in this cohort waits for a smaller one
-        wait = ctx.now_s - cand.arrival_s
-        return not (later - cand.arrival_s > sla >= wait + model.predict_step_s(0, p))
 
     def _head_or_first(self) -> R | None:
         """The gate's choice, else the first waiting request in policy order."""
@@ -621,5 +524,4 @@ class QueueCore(Generic[R]):
         live = set(self._waiting) | {r.request_id for r in self._running}
         for rid in [rid for rid in self._infos if rid not in live]:
             del self._infos[rid]
-        for rid in [rid for rid in self._first_token_s if rid not in live]:
-            del self._first_token_s[rid]
+        self.guard.prune(live)

@@ -1,0 +1,152 @@
+"""The admission guard around any queue policy's choice (``admission_guard = "tpot"``).
+
+A queue policy chooses the next request to admit; the guard decides whether that
+request's prefill may run *now*: it holds the choice while the prefill would push a
+running request over its TPOT target (:meth:`AdmissionGuard.tpot_room`) or a cohort of
+prompts still prefilling over the TTFT target (:meth:`AdmissionGuard.ttft_room`). It
+reads the engine's running requests (their progress, their remaining prompt tokens)
+and the step model T(b, c, kv) the controller publishes, so it lives beside the queue
+core that owns those, and wraps every policy the same way. Off without a step model
+or an SLA; a held request never waits forever (with nothing to protect it is
+admitted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from tuned.core.queue_policy import AdmitContext, ReqInfo
+
+
+def prompt_tokens_left(r) -> int:
+    """Prompt tokens a running request has still to prefill (0 once through its
+    prompt; an engine request without ``num_computed_tokens`` counts as none done)."""
+    done = int(getattr(r, "num_computed_tokens", 0) or 0)
+    return max(int(r.num_prompt_tokens) - done, 0)
+
+
+class AdmissionGuard:
+    """The guard's state: when each running request's first token came out (its TPOT
+    clock) and how many times the guard held a choice."""
+
+    def __init__(self) -> None:
+        self.first_token_s: dict[str, float] = {}
+        self.holds = 0
+
+    def begin_step(self, ctx: AdmitContext, running: Sequence) -> None:
+        """Top of a step: a running request's first token came out in the step that
+        just ended (cost: one dict lookup per running request, only while on)."""
+        if ctx.step_model is not None and ctx.tpot_sla_s > 0:
+            first = self.first_token_s
+            for r in running:
+                if r.num_output_tokens >= 1 and r.request_id not in first:
+                    first[r.request_id] = ctx.now_s
+
+    def hold_reason(self, cand: ReqInfo, ctx: AdmitContext, running: Sequence,
+                    infos: Mapping[str, ReqInfo]) -> str | None:
+        """``"tpot_guard"`` or ``"ttft_guard"`` when ``cand`` must wait, else None."""
+        held = ("tpot_guard" if not self.tpot_room(cand, ctx, running, infos)
+                else "ttft_guard" if not self.ttft_room(cand, ctx, running, infos) else None)
+        if held:
+            self.holds += 1
+        return held
+
+    def forget(self, request_id: str) -> None:
+        self.first_token_s.pop(request_id, None)
+
+    def prune(self, live: Iterable[str]) -> None:
+        live = set(live)
+        for rid in [rid for rid in self.first_token_s if rid not in live]:
+            del self.first_token_s[rid]
+
+    def tpot_room(self, cand: ReqInfo, ctx: AdmitContext, run: Sequence,
+                  infos: Mapping[str, ReqInfo]) -> bool:
+        """The per-request TPOT admission guard: may ``cand``'s prefill run now?
+
+        vLLM's benchmark judges a request by its TPOT = (e2e - TTFT) / (output - 1),
+        the mean of every step it decodes in. A prefill of p tokens lengthens the steps
+        it runs in by about gamma * p (the step model's prefill term), for every
+        request decoding then. For each running request past its first token, with g
+        tokens out of a predicted n, the guard projects its TPOT as (time since its
+        first token + (n - g) * T(b, 0, kv)) / (n - 1) without the newcomer (kv: the
+        tokens resident in the cache, which every step reads) and adds
+        gamma * p + beta * (n - g) with it; the newcomer waits if that pushes a request
+        that still meets ``ctx.tpot_sla_s`` over it. Requests already past the SLA,
+        or whose first token came later than ``ctx.ttft_sla_s`` (when set), are not
+        protected (they are lost either way), so one slow request cannot
+        block admission; with nothing to protect the newcomer is admitted, so nothing
+        waits forever. Off (always True) without a step model or an SLA."""
+        model, sla, ttft = ctx.step_model, ctx.tpot_sla_s, ctx.ttft_sla_s
+        if model is None or not sla > 0 or not run:
+            return True
+        now = ctx.now_s
+        first = self.first_token_s
+        t_step = model.predict_step_s(len(run), 0.0, ctx.kv_resident_tokens)
+        extra_prefill = model.gamma * max(cand.prompt_tokens, 0)
+        beta = model.beta
+        for r in run:
+            g = r.num_output_tokens
+            if g < 1:
+                continue            # still in its prefill: its TPOT clock has not started
+            rid = r.request_id
+            t1 = first.get(rid)
+            if t1 is None:
+                # first seen past its first token now; it started at most g - 1 steps ago
+                t1 = first[rid] = now - (g - 1) * t_step
+            info = infos.get(rid)
+            pred = info.predicted_output if info is not None else int(r.max_tokens or 0)
+            n = max(pred, g + 1)
+            rem = n - g
+            denom = max(n - 1, 1)
+            base = (now - t1 + rem * t_step) / denom
+            if base > sla:
+                continue            # past saving: not protected
+            if ttft > 0 and info is not None and t1 - info.arrival_s > ttft:
+                continue            # its first token was late: lost either way
+            if base + (extra_prefill + beta * rem) / denom > sla:
+                return False
+        return True
+
+    def ttft_room(self, cand: ReqInfo, ctx: AdmitContext, run: Sequence,
+                  infos: Mapping[str, ReqInfo]) -> bool:
+        """The admission guard's TTFT half: may ``cand``'s prefill join the prompts
+        still prefilling?
+
+        A prompt's first token comes out at the end of the step that computes its last
+        prompt token, and vLLM packs every admitted prompt into the same steps (up to
+        the token budget): each newcomer delays the first token of all the prompts
+        prefilling beside it by about gamma * p. On a GPU that is milliseconds; on a
+        CPU a 300-token prompt costs half a second, and a cohort of four admitted
+        together can make all four miss a 3 s TTFT that each would meet alone. With
+        ``ctx.ttft_sla_s`` set, the newcomer waits while it would push a prefilling
+        request that still meets the TTFT SLA over it (predicted first token:
+        now + T(b, remaining prefill tokens of the cohort)), or would itself meet the
+        SLA prefilled alone but not in this cohort (else each newcomer finds the
+        cohort already late and it snowballs). Requests that miss it anyway are not
+        protected; with no prompt prefilling the newcomer is admitted, so nothing
+        waits forever. Off (always True) without a step model or a TTFT SLA."""
+        model, sla = ctx.step_model, ctx.ttft_sla_s
+        if model is None or not sla > 0:
+            return True
+        arrivals: list[float] = []
+        tokens = 0
+        for r in run:
+            if r.num_output_tokens >= 1:
+                continue
+            rem = prompt_tokens_left(r)
+            info = infos.get(r.request_id)
+            if rem <= 0 or info is None:
+                continue        # its last prompt token is already scheduled
+            tokens += rem
+            arrivals.append(info.arrival_s)
+        if not arrivals:
+            return True
+        p = max(cand.prompt_tokens, 0)
+        first = ctx.now_s + model.predict_step_s(len(run), tokens)
+        later = first + model.gamma * p
+        if any(first - a <= sla < later - a for a in arrivals):
+            return False
+        # nor may it doom itself by joining: one that would meet the SLA prefilled
+        # alone now but not in this cohort waits for a smaller one
+        wait = ctx.now_s - cand.arrival_s
+        return not (later - cand.arrival_s > sla >= wait + model.predict_step_s(0, p))

@@ -147,9 +147,10 @@ class Controller:
         """What the engine's waiting queue reads each step, published into the slot
         whenever one of its sources changes (the step fit, the config, the derived SLA,
         the profile): the profile's speed curve, and the admission guard's step model,
-        TPOT SLA and TTFT SLA (:class:`tuned.core.admission.AdmissionGuard`), or (None, 0.0, 0.0) while the guard is off:
-        ``admission_guard = "off"``, no SLA yet, or no step fit yet. The TTFT SLA is 0
-        (that half off) without ``ttft_sla_s``."""
+        TPOT SLA and TTFT SLA (:class:`tuned.core.admission.AdmissionGuard`), or
+        (None, 0.0, 0.0) while the guard is off: ``admission_guard = "off"``, no SLA
+        yet, or no step fit yet. The TTFT SLA is 0 (that half off) without
+        ``ttft_sla_s``."""
         fit = self._step_fit
         if fit is None or not self.cfg.guards_admission:
             return QueueInputs(self.speed_fn)

@@ -1,4 +1,4 @@
-"""Fault injection for the real-engine tests (tests/test_e2e_faults.py).
+"""Fault injection for the real-engine tests (tests/e2e/test_e2e_faults.py).
 
 Two pieces, both driven by small files the test writes while the engine runs:
 

@@ -1,4 +1,4 @@
-"""The reliability fixes behind tests/test_e2e_faults.py, checked fast and without an
+"""The reliability fixes behind tests/e2e/test_e2e_faults.py, checked fast and without an
 engine: hostile request hints, NVML that comes and goes, the knob slot's staleness
 mark, all-or-nothing reloads, rate-limited error lines, live KV usage, an endpoint
 that always answers a reload."""

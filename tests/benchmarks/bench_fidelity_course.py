@@ -14,7 +14,7 @@ cap moves the way the simulator's does within that band. On a host whose step is
 mostly fixed cost the SLAs that bring the cap down span a narrow band of the batch-1
 step, about the host's drift within one run, which is why this is a benchmark: its
 outcome depends on the host's speed during the run. The static-cap fidelity it shares
-is a test (tests/test_fidelity.py).
+is a test (tests/e2e/test_fidelity.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Reproduces ``DynamicBatchTuner`` of NVIDIA/TensorRT-LLM, read at these commits:
 * ``TrtGptModelInflightBatching::setRuntimeBatchSize`` / ``setRuntimeMaxNumTokens``
   (``cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp``);
 * ``cpp/tests/unit_tests/executor/dynamicBatchTunerTest.cpp`` @ 2a9abd95 (its cases are
-  replayed in ``tests/test_peers.py``).
+  replayed in ``tests/policies/test_peers.py``).
 
 What the source does, step by step:
 

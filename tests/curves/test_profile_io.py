@@ -14,7 +14,7 @@ from tuned.curves.profile import (SCHEMA_VERSION, Profile, ProfileError, build_p
 
 from fakes import META, V1, make_samples  # noqa: F401
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.fixture
@@ -303,6 +303,6 @@ def test_refit_reproduces_fits(profile):
 def test_summary_says_no_peak_when_kappa_is_nil():
     """The shipped CPU profile fits kappa ~ 0 (N* in the millions): the summary says
     there is no peak in range instead of printing that concurrency."""
-    p = load_profile(Path(__file__).parents[1] / "profiles" / "demo-small-cpu.json")
+    p = load_profile(Path(__file__).parents[2] / "profiles" / "demo-small-cpu.json")
     assert p.usl.params["kappa"] < 1e-6
     assert "no peak within 10x the measured levels" in p.summary()

@@ -28,7 +28,7 @@ from tuned.policies.batch import (BatchPolicy, Decision, MemoryBound, Observatio
 from tuned.policies.queues import (POLICIES, AdmitContext, ReqInfo, Selection, make_policy,
                                    policy_class)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_PROFILE = ROOT / "profiles" / "demo-small-cpu.json"
 
 FAST = settings(derandomize=True, database=None, max_examples=100, deadline=None,

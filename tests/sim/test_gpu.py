@@ -19,7 +19,7 @@ from tuned.sim.stepmodel import StepShape
 DATA = gpu.default_data_dir()  # the tables packaged with tuned
 MD = DATA / "decode_step_llama2_7b.md"
 # The full upstream tables, beside the repository in this workspace only.
-FULL = Path(__file__).resolve().parents[2] / "shared" / "data" / "vidur-profiling"
+FULL = Path(__file__).resolve().parents[3] / "shared" / "data" / "vidur-profiling"
 needs_full = pytest.mark.skipif(not FULL.is_dir(),
                                 reason=f"full Vidur tables not at {FULL} (checks the packaged "
                                        "copy against them)")
@@ -324,7 +324,7 @@ def test_packaged_tables_give_the_model_of_the_full_ones(name):
 def test_packaged_data_is_what_the_tool_writes():
     import importlib.util
 
-    tool = Path(__file__).resolve().parents[1] / "tools" / "build_package_data.py"
+    tool = Path(__file__).resolve().parents[2] / "tools" / "build_package_data.py"
     spec = importlib.util.spec_from_file_location("build_package_data", tool)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

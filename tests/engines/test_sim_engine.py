@@ -27,7 +27,7 @@ from tuned.sim.stepmodel import ConstantStepModel, StepShape
 from tuned.simulate import result_json, run_summary
 from tuned.workloads import RequestSpec, Workload, parse_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PROPS = settings(derandomize=True, database=None, deadline=None, max_examples=30,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

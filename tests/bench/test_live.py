@@ -21,7 +21,7 @@ from tuned.bench.live import (Contender, LiveStartError, _Client, config_to_toml
 from tuned.config import Config, validate
 from tuned.workloads import RequestSpec, parse_workload
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 # --- config -> TOML --------------------------------------------------------------------------

@@ -225,7 +225,7 @@ def test_host_drift_tool_at_the_profiles_speed_is_the_bench(tmp_path):
 
     from tuned import cli
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     tool = [sys.executable, str(root / "tools" / "host_drift.py")]
     profile = str(root / "profiles" / "demo-small-cpu.json")
     wl = "phase-shift:rate=1.2,n=20,scale=0.5"   # the default misses a few

@@ -10,7 +10,7 @@ import pytest
 
 from tuned.bench import report as report_mod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -124,7 +124,7 @@ def test_controller_course_matches_the_simulator(tmp_path, small_model):
     from tuned.cli import main as tuned_main
     from tuned.curves.profile import load_profile
     from tuned.engines.sim import simulate
-    from tuned.profiler import StepsClient
+    from tuned.profiler.steps import StepsClient
     from tuned.sim.hardware import profile_hardware
     from tuned.workloads import parse_workload
 

@@ -30,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tuned.bench.report import _fmt as fmt  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+#: below this line the page holds measurements run by hand (benchmarks that are not a
+#: `tuned bench` report, each with its command, host and date); a rewrite keeps them
+KEPT_MARKER = "<!-- measurements run by hand below this line: kept by tools/results.py -->"
 NOT_RECORDED = "not recorded"
 
 
@@ -160,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     except ResultsError as e:
         print(f"results: {e}", file=sys.stderr)
         return 2
-    Path(args.out).write_text(render(reports))
+    out = Path(args.out)
+    kept = ""
+    if out.is_file() and KEPT_MARKER in out.read_text():
+        kept = out.read_text().split(KEPT_MARKER, 1)[1]
+    out.write_text(render(reports).rstrip("\n") + "\n\n" + KEPT_MARKER + kept.rstrip("\n")
+                   + "\n")
     print(f"wrote {args.out} from {len(reports)} reports")
     return 0
 

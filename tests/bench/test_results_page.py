@@ -133,3 +133,19 @@ def test_sim_bench_report_carries_its_command_and_renders(results, tmp_path):
     assert loaded["runs"][0]["never_served"] == 0
     assert loaded["runs"][0]["longest_wait_s"] > 0
     assert f"- command: `{report['command']}`" in page.read_text().splitlines()
+
+
+def test_a_rewrite_keeps_the_measurements_run_by_hand(results, tmp_path):
+    """Below the marker, docs/results.md holds benchmarks run by hand; regenerating the
+    page from bench reports keeps them as they were."""
+    results_tool = results
+    out = tmp_path / "results.md"
+    folder = _folder(tmp_path)
+    assert results_tool.main([str(folder), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert results_tool.KEPT_MARKER in page
+    out.write_text(page + "\n## Controller course\n\nfigures here\n")
+    assert results_tool.main([str(folder), "--out", str(out)]) == 0
+    again = out.read_text()
+    assert again.count(results_tool.KEPT_MARKER) == 1
+    assert again.endswith("## Controller course\n\nfigures here\n")

@@ -86,20 +86,24 @@ def test_run_paper_returns_1_and_names_the_figure_out_of_tolerance(tmp_path):
     assert "FAILED" in (tmp_path / "paper-multibin.md").read_text()
 
 
-def test_mcsf_checks_use_the_papers_average_ratios():
-    def model(avg, paper, proven, n=5):
-        return {"algorithms": {"MC-SF": {"avg": avg}}, "paper": {"avg": paper},
-                "ip": {"proven_optimal": proven, "instances": n}}
+def test_mcsf_checks_use_the_papers_own_range_of_ratios():
+    def model(avg, bench, proven, paper, n=5):
+        return {"algorithms": {"MC-SF": {"avg": avg}, "MC-Benchmark": {"vs_mcsf": bench}},
+                "paper": paper, "ip": {"proven_optimal": proven, "instances": n}}
 
-    res = {"models": {"all_at_once": model(1.008, 1.005, 5),
-                      "online": model(1.12, 1.047, 4)}}
+    from tuned.bench.papers.mcsf import PAPER_FIGURES
+    res = {"models": {"all_at_once": model(1.070, 1.3, 5, PAPER_FIGURES["all_at_once"]),
+                      "online": model(1.23, 0.99, 4, PAPER_FIGURES["online"])}}
     checks = mcsf_checks(res)
     assert [(c["figure"], c["ok"]) for c in checks] == [
         ("all_at_once MC-SF latency/OPT avg", True),
+        ("all_at_once MC-Benchmark latency / MC-SF's", True),
         ("all_at_once IP proven optimal", True),
         ("online MC-SF latency/OPT avg", False),
+        ("online MC-Benchmark latency / MC-SF's", False),
         ("online IP proven optimal", False)]
-    assert checks[2]["target"] == "1.047 ± 0.05" and checks[3]["ours"] == "4/5"
+    assert checks[3]["target"] == "in [1, 1.227] (paper's range, avg 1.047)"
+    assert checks[5]["ours"] == "4/5"
 
 
 def test_mcsf_dispatch_serialises_its_dataclasses(tmp_path):
@@ -112,6 +116,7 @@ def test_mcsf_dispatch_serialises_its_dataclasses(tmp_path):
     assert data["sizes"]["memory_tokens"] == [11, 17]       # the Sizes dataclass, as a dict
     assert {c["figure"] for c in data["checks"]} == {
         "all_at_once MC-SF latency/OPT avg", "all_at_once IP proven optimal",
+        "all_at_once MC-Benchmark latency / MC-SF's", "online MC-Benchmark latency / MC-SF's",
         "online MC-SF latency/OPT avg", "online IP proven optimal"}
     assert rc == (0 if data["passed"] else 1)
     assert "tolerance all_at_once IP proven optimal | 1/1 | 1/1 | ok" in out.getvalue()

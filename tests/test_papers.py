@@ -13,7 +13,7 @@ from tuned.bench import papers
 from tuned.bench.metrics import RequestResult
 from tuned.bench.papers import mcsf_checks, run_paper
 from tuned.bench.papers import multibin as mb
-from tuned.bench.papers import pang, saber
+from tuned.bench.papers import bucketserve, pang, saber
 from tuned.workloads import RequestSpec
 
 
@@ -36,7 +36,7 @@ def test_unknown_scenario_is_a_usage_error_naming_the_known_ones(tmp_path):
                    stderr=err)
     assert rc == 2
     assert err.getvalue().strip() == ("tuned bench: unknown paper scenario 'orca' "
-                                      "(known: multibin, mcsf, pang, saber)")
+                                      "(known: multibin, mcsf, pang, saber, bucketserve)")
     assert not (tmp_path / "out").exists()
 
 
@@ -46,7 +46,7 @@ def test_every_scenario_module_has_run_and_format_table():
     for name, (module, paper) in papers.SCENARIOS.items():
         mod = importlib.import_module(module)
         assert callable(mod.run) and callable(mod.format_table), name
-        assert paper.startswith(("000_", "001_", "002_", "003_"))
+        assert paper.startswith(("000_", "001_", "002_", "003_", "004_"))
 
 
 def test_run_paper_writes_json_and_markdown_and_returns_0(tmp_path):
@@ -156,7 +156,7 @@ def test_data_dir_reaches_the_scenario_and_is_refused_where_unused(tmp_path, mon
                           data_dir=Path("tables"), stderr=err)
     assert rc == papers.EXIT_USAGE
     assert err.getvalue() == ("tuned bench: --data-dir: paper multibin reads no operator "
-                              "tables (it applies to pang, saber)\n")
+                              "tables (it applies to pang, saber, bucketserve)\n")
 
 
 def test_markdown_turns_pipe_runs_into_tables():
@@ -325,3 +325,44 @@ def test_saber_quick_loses_goodput_because_it_holds_concurrency_down(saber_quick
             assert sa["goodput"] < best["goodput"]
             assert sa["mean_running"] < best["mean_running"]
             assert sa["demoted_share"] > 0.25
+
+
+# ------------------------------------------------------------------ bucketserve
+
+def test_bucketserve_mixed_workload_is_half_short_half_long_in_arrival_order():
+    reqs = bucketserve.mixed_requests(200, 0, rate=4.0)
+    assert [r.request_id for r in reqs][:2] == ["r000000", "r000001"]
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:]))
+    long = [r for r in reqs if r.prompt_tokens > 400]
+    assert 80 <= len(long) <= 110     # LongBench-like prompts (mean 2000) among 100 drawn
+    assert all(r.prompt_tokens + r.output_tokens <= bucketserve.MAX_MODEL_LEN for r in reqs)
+
+
+def test_bucketserve_checks_are_the_papers_direction():
+    res = {"offline": {"ratio": 1.02}, "online": {"ratio": 0.97}}
+    checks = bucketserve.checks(res)
+    assert [(c["figure"], c["ok"]) for c in checks] == [
+        ("(a) offline throughput, bucket / fcfs (paper's direction)", True),
+        ("(b) load at 80% attainment, bucket / fcfs (paper's direction)", False)]
+    assert checks[1]["target"] == "> 1 (paper 1.93x over DistServe)"
+
+
+def test_bucketserve_quick_runs_the_shipped_bucket_policy(tmp_path, monkeypatch):
+    from tuned.policies.bucket import BucketPolicy
+
+    modes = set()
+    real = BucketPolicy.order
+
+    def spy(self, waiting, now_s, ctx=None):
+        modes.add(self.mode)
+        return real(self, waiting, now_s, ctx)
+
+    monkeypatch.setattr(BucketPolicy, "order", spy)
+    out = io.StringIO()
+    rc = run_paper("bucketserve", tmp_path, quick=True, seed=0, stdout=out)
+    data = json.loads((tmp_path / "paper-bucketserve.json").read_text())
+    assert modes == {"offline_ljf", "online"}
+    assert rc == (0 if data["passed"] else 1)
+    assert data["offline"]["runs"]["bucket-offline"]["completed"] == 300
+    assert data["online"]["runs"]["fcfs"]["converged"] is True
+    assert "(b) load bucket / fcfs |" in out.getvalue()

@@ -12,7 +12,9 @@ checks are a list of ``{"figure", "ours", "target", "ok"}`` under the result's
   the paper's own range of per-instance ratios, MC-Benchmark slower, every IP proven
   optimal);
 * ``pang`` (seed 000): Tables I/II, memory-aware throughput and SLA capacity;
-* ``saber`` (seed 002): goodput and completion-time CV against the best static cap.
+* ``saber`` (seed 002): goodput and completion-time CV against the best static cap;
+* ``bucketserve`` (seed 004): the shipped bucket policy against a length-blind queue,
+  offline throughput and the load at 80% SLO attainment (Fig. 5's direction).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "mcsf": ("tuned.bench.papers.mcsf", "003_730bb3baf6ac1209.txt"),
     "pang": ("tuned.bench.papers.pang", "000_9c922f4ecf264ae4.txt"),
     "saber": ("tuned.bench.papers.saber", "002_56b8c98eae4faee6.txt"),
+    "bucketserve": ("tuned.bench.papers.bucketserve", "004_8072b537153b1f44.txt"),
 }
 
-TABLE_PAPERS: tuple[str, ...] = ("pang", "saber")
+TABLE_PAPERS: tuple[str, ...] = ("pang", "saber", "bucketserve")
 """Scenarios on the GPU step-time models: the ones ``--data-dir`` applies to."""
 
 EXIT_OK, EXIT_OUT_OF_TOLERANCE, EXIT_USAGE = 0, 1, 2

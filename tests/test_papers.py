@@ -224,6 +224,7 @@ def pang_quick():
         structlog.configure(**old)
 
 
+@pytest.mark.slow  # about a minute of simulation (four capacity searches)
 def test_pang_quick_meets_its_tolerances(pang_quick):
     res = pang_quick
     assert [p["gpu_memory_utilization"] for p in res["throughput"]] == [0.9, 0.5]
@@ -236,7 +237,34 @@ def test_pang_quick_meets_its_tolerances(pang_quick):
     cap = res["capacity"]
     assert cap["gain_vs_default"] >= 0.10
     assert cap["contenders"]["tuned"]["at_capacity"]["attainment"] >= 0.9
+    assert 0.10 <= cap["paper_gain_vs_default"] <= 0.267
+    assert [c["figure"].split(":")[0] for c in res["checks"]] == [
+        "paper's", "paper's", "paper's", "tuned's"]
     assert all(c["ok"] for c in res["checks"])
+
+
+def test_pang_paper_contender_is_algorithms_1_and_2_as_published():
+    hw = pang.gpu_hardware(pang.HARDWARE)
+    cfg = pang._config(hw, **pang.PAPER_ALGORITHM, tbt_sla_s=0.05)
+    assert (cfg.sla_mode, cfg.token_budget_policy, cfg.admission_guard) == ("paper", "max", "off")
+    assert cfg.batch_policy == "tuned" and cfg.max_num_seqs == 256
+
+
+def test_pang_prefill_stall_exceeds_the_sla_and_the_note_says_so():
+    hw = pang.gpu_hardware(pang.HARDWARE)
+    stall = pang.prefill_stall_ms(hw, 256.6)
+    assert all(alone < 50.0 < mixed for alone, mixed in stall.values())
+    cap = {"paper_gain_vs_default": 0.05, "prefill_stall_ms": stall,
+           "contenders": {"tuned": {"capacity_rps": 9.0}, "tuned-paper": {"capacity_rps": 7.6}}}
+    notes = pang._notes({"throughput": [], "capacity": cap})
+    assert len(notes) == 1
+    assert notes[0].startswith("note: Algorithms 1+2 as published gain +5.0%, below Table II's "
+                               "lowest (+10%).")
+    assert "9.00 qps against 7.60; that gain is tuned's, not the paper's." in notes[0]
+    checks = pang.checks({"throughput": [], "capacity": {**cap, "gain_vs_default": 0.2}})
+    assert [(c["figure"], c["ok"]) for c in checks] == [
+        ("paper's: (b) Algorithms 1+2 as published over vLLM default capacity gain", False),
+        ("tuned's: (b) tuned as shipped over vLLM default capacity gain", True)]
 
 
 # ------------------------------------------------------------------ saber

@@ -193,8 +193,15 @@ def prefill_stall_ms(hw, prompt_tokens: float, decodes: Sequence[int] = (32, 64,
     return out
 
 
+#: full mode: the published algorithm plus one of tuned's additions each, to measure
+#: which addition carries tuned's capacity beyond the paper's (diagnostics, unchecked)
+ABLATIONS = {"paper+sla-budget": {"token_budget_policy": "sla"},
+             "paper+guard": {"admission_guard": "tpot"},
+             "paper+evidence": {"sla_mode": "evidence"}}
+
+
 def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool = True,
-                  data_dir: Path | None = None) -> dict:
+                  data_dir: Path | None = None, ablations: bool = False) -> dict:
     """(b): capacity at TPOT ≤ 50 ms and TTFT ≤ 2 s (90% attainment) per contender."""
     from tuned.engines.sim import simulate
 
@@ -210,6 +217,9 @@ def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool 
         contenders[f"static-{cap}"] = static_config(hw, cap)
     if with_paper_mode:
         contenders["tuned-paper"] = _config(hw, **PAPER_ALGORITHM, **tuned_kw)
+    if ablations:
+        for name, change in ABLATIONS.items():
+            contenders[name] = _config(hw, **{**PAPER_ALGORITHM, **change}, **tuned_kw)
     out: dict = {"hardware": HARDWARE, "slo": str(SLO), "target": CAPACITY_TARGET,
                  "workload": wl.describe(), "contenders": {}}
     for name, cfg in contenders.items():
@@ -256,7 +266,7 @@ def run(seed: int = 0, *, quick: bool = False,
                          data_dir=data_dir)
     t1 = cpu_clock()
     cap = capacity_part(seed, plan["capacity_requests"], plan["capacity_caps"],
-                        data_dir=data_dir)
+                        data_dir=data_dir, ablations=not quick)
     t2 = cpu_clock()
     out = {"scenario": "pang", "seed": seed, "quick": quick, "hardware": HARDWARE,
            "length_cv": LENGTH_CV, "throughput": tp, "capacity": cap,
@@ -416,7 +426,9 @@ def _notes(result: dict) -> list[str]:
             f"prefill stalls the batch size cannot remove. tuned's token budget against the "
             f"SLA cuts those chunks: {_num(c['tuned']['capacity_rps'], 2)} qps against "
             f"{_num(c['tuned-paper']['capacity_rps'], 2)}; that gain is tuned's, not the "
-            f"paper's.")
+            f"paper's." + ("" if "paper+sla-budget" not in c else " One addition at a time: "
+                           + ", ".join(f"{k} {_num(c[k]['capacity_rps'], 2)} qps"
+                                       for k in ABLATIONS if k in c) + "."))
     return notes
 
 

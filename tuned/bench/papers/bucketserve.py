@@ -142,15 +142,18 @@ def run(seed: int = 0, *, quick: bool = False, data_dir: Path | None = None,
 
 
 def checks(result: dict) -> list[dict]:
-    """The paper's direction: the bucket policy ahead of the length-blind queue."""
+    """The paper's direction: the bucket policy ahead of the length-blind queue. The
+    paper reports single runs without a spread, so the direction is all a tolerance
+    can be derived from."""
     out = []
     for part, figure, paper in (
-            ("offline", "(a) offline throughput, bucket / fcfs", "offline_throughput_vs_distserve"),
-            ("online", "(b) load at 80% attainment, bucket / fcfs", "online_rps_at_80_mixed")):
+            ("offline", "(a) offline throughput, bucket / fcfs",
+             f"{PAPER['offline_throughput_vs_distserve']:g}x over DistServe"),
+            ("online", "(b) load at 80% attainment, bucket / fcfs",
+             f"{PAPER['online_rps_at_80_mixed']:g}x over DistServe")):
         r = result[part]["ratio"]
         out.append({"figure": f"{figure} (paper's direction)", "ours": r,
-                    "target": f"> 1 (paper {PAPER[paper]:g}x over {paper.split('_vs_')[-1] if '_vs_' in paper else 'DistServe'})",
-                    "ok": r is not None and r > 1.0})
+                    "target": f"> 1 (paper {paper})", "ok": r is not None and r > 1.0})
     return out
 
 

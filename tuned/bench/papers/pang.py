@@ -338,7 +338,7 @@ def format_table(result: dict) -> str:
         lines.append(f"{tag}: memory-aware (B_max {MEMORY_B_MAX}) tok/s | "
                      f"{_num(runs['tuned-memory']['output_tok_s'])} | {tr['dynamic_tok_s']:g}")
         lines.append(f"{tag}: gain over vLLM default | {_pct(part['gain_vs_default'])} | "
-                     f"{paper_gain:+.1%} (row), {lo:+.0%}..{hi:+.0%} (all rows)")
+                     f"{paper_gain:+.1%} (row), {lo:+.1%}..{hi:+.1%} (all rows)")
         for name, ratio in sorted(part["tuned_over_static"].items(),
                                   key=lambda kv: int(kv[0].split("-")[1])):
             r = runs[name]

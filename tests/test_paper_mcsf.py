@@ -241,3 +241,48 @@ def test_quick_scenario_mcsf_close_to_the_paper():
     text = format_table(result)
     assert "all_at_once MC-SF latency/OPT avg |" in text and "| 1.005" in text
     assert "online MC-SF latency/OPT worst |" in text and "| 1.227" in text
+
+
+# ------------------------------------------------------------------ Section 5.2, Table 1
+
+def test_table1_tolerances_are_table_1s_own_spread():
+    from tuned.bench.papers import mcsf_table1 as t1
+
+    # MC-Benchmark: 45.838 / 33.097 .. 47.135 / 31.505; α rows: 49.086 / 33.097 .. 56.357 / 31.505
+    assert t1.BENCHMARK_RANGE == pytest.approx((1.38496, 1.49611), abs=1e-5)
+    assert t1.ALPHA_RANGE == pytest.approx((1.48310, 1.78883), abs=1e-5)
+    rows = {"MC-SF": {"vs_mcsf": 1.0}, "MC-Benchmark": {"vs_mcsf": 1.44},
+            "vLLM FCFS": {"vs_mcsf": 1.40}}
+    checks = t1.table1_checks({"rows": rows, "benchmark_range": t1.BENCHMARK_RANGE,
+                               "alpha_range": t1.ALPHA_RANGE})
+    assert [(c["figure"], c["ok"]) for c in checks] == [
+        ("Table 1: MC-Benchmark latency / MC-SF's", True),
+        ("Table 1: vLLM FCFS latency / MC-SF's", False)]
+    assert checks[0]["target"] == "in [1.385, 1.496] (Table 1's spread, MC-Benchmark)"
+
+
+def test_table1_runs_the_shipped_mcsf_check_in_both_orders(monkeypatch):
+    from tuned.bench.papers import mcsf_table1 as t1
+    from tuned.bench.papers.mcsf import _ArrivalOrderMCSF
+    from tuned.policies.mcsf import MCSFPolicy
+    from tuned.sim.hardware import gpu_hardware
+    from tuned.workloads import parse_workload
+
+    seen = []
+    real = MCSFPolicy.admit
+
+    def spy(self, cand, running, admitted, ctx):
+        seen.append((type(self).__name__, ctx.kv_capacity_tokens, self.reserve(ctx)))
+        return real(self, cand, running, admitted, ctx)
+
+    monkeypatch.setattr(MCSFPolicy, "admit", spy)
+    hw = gpu_hardware(t1.HARDWARE)
+    reqs = parse_workload("lmsys:rate=50,n=150", 0, max_model_len=t1.MAX_MODEL_LEN).requests
+    mc = t1.one_run("MC-SF", reqs, hw)
+    kinds = {k for k, _, _ in seen}
+    bench = t1.one_run("MC-Benchmark", reqs, hw)
+    assert kinds == {"MCSFPolicy"}
+    assert {k for k, _, _ in seen} == {"MCSFPolicy", _ArrivalOrderMCSF.__name__}
+    # the paper's M in vLLM's 16-token blocks, no reserve
+    assert {(kv, a) for _, kv, a in seen} == {(16496, 0.0)}
+    assert mc > 0 and bench > 0

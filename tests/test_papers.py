@@ -111,7 +111,7 @@ def test_mcsf_dispatch_serialises_its_dataclasses(tmp_path):
 
     out = io.StringIO()
     rc = run_paper("mcsf", tmp_path, quick=True, seed=0, stdout=out,
-                   runner=lambda seed, quick: mcsf.run(seed, instances=1))
+                   runner=lambda seed, quick: mcsf.run(seed, instances=1, table1_seeds=0))
     data = json.loads((tmp_path / "paper-mcsf.json").read_text())
     assert data["sizes"]["memory_tokens"] == [11, 17]       # the Sizes dataclass, as a dict
     assert {c["figure"] for c in data["checks"]} == {
@@ -156,7 +156,7 @@ def test_data_dir_reaches_the_scenario_and_is_refused_where_unused(tmp_path, mon
                           data_dir=Path("tables"), stderr=err)
     assert rc == papers.EXIT_USAGE
     assert err.getvalue() == ("tuned bench: --data-dir: paper multibin reads no operator "
-                              "tables (it applies to pang, saber, bucketserve)\n")
+                              "tables (it applies to pang, saber, bucketserve, mcsf)\n")
 
 
 def test_markdown_turns_pipe_runs_into_tables():

@@ -43,8 +43,8 @@ def register(subparsers) -> None:
     hw.add_argument("--profile", help="sim: a profile measured by `tuned profile`")
     hw.add_argument("--model", help="vllm: the model to serve (demo:small, demo:tiny, a folder)")
     p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
-                   "(<gpu>/<model>/mlp.csv) for --hardware and --paper pang/saber/bucketserve (default: the ones packaged "
-                   "with tuned)")
+                   "(<gpu>/<model>/mlp.csv) for --hardware and --paper "
+                   "pang/saber/bucketserve/mcsf (default: the ones packaged with tuned)")
     p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
     p.add_argument("--slo", default="ttft=2,tpot=0.05",
                    help="SLOs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s)")

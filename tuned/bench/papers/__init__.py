@@ -37,7 +37,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "bucketserve": ("tuned.bench.papers.bucketserve", "004_8072b537153b1f44.txt"),
 }
 
-TABLE_PAPERS: tuple[str, ...] = ("pang", "saber", "bucketserve")
+TABLE_PAPERS: tuple[str, ...] = ("pang", "saber", "bucketserve", "mcsf")
 """Scenarios on the GPU step-time models: the ones ``--data-dir`` applies to."""
 
 EXIT_OK, EXIT_OUT_OF_TOLERANCE, EXIT_USAGE = 0, 1, 2
@@ -47,7 +47,8 @@ def mcsf_checks(result: dict) -> list[dict]:
     its 200 instances ([best, worst]: [1.000, 1.074] all at once, [1.000, 1.227]
     online); MC-Benchmark slower than MC-SF on average (Table 1's direction); the IP
     proven optimal on every instance (otherwise the ratio is over fewer instances
-    than were drawn)."""
+    than were drawn); with Section 5.2's Table 1 run, its latency ratios inside Table
+    1's own spread over 50 runs (:func:`tuned.bench.papers.mcsf_table1.table1_checks`)."""
     out = []
     for model, res in result["models"].items():
         algos = res["algorithms"]
@@ -66,6 +67,10 @@ def mcsf_checks(result: dict) -> list[dict]:
                     "ours": f"{ip['proven_optimal']}/{ip['instances']}",
                     "target": f"{ip['instances']}/{ip['instances']}",
                     "ok": ip["proven_optimal"] == ip["instances"]})
+    if result.get("table1"):
+        from tuned.bench.papers.mcsf_table1 import table1_checks
+
+        out.extend(table1_checks(result["table1"]))
     return out
 
 

@@ -102,6 +102,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -568,6 +569,7 @@ def _ratio_stats(ratios: list[float], unfinished: int) -> dict:
 
 def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
         time_limit_s: float = 30.0, sizes: Sizes = SCALED_SIZES,
+        table1_seeds: int | None = None, data_dir: Path | None = None,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.process_time) -> dict:
     """Section 5.1 at :data:`SCALED_SIZES`: both arrival models, IP optimum, every algorithm.
@@ -577,7 +579,11 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
     per model: ``algorithms`` (per algorithm avg / worst / best ratio of total latency
     to the optimum over the instances the IP proved optimal and the algorithm
     finished, the share exactly optimal, unfinished runs, latency relative to
-    MC-SF), ``ip`` (proven count, largest gap, solve times, sizes), ``paper``.
+    MC-SF), ``ip`` (proven count, largest gap, solve times, sizes), ``paper``;
+    ``table1``: Section 5.2's Table 1 on the simulator
+    (:mod:`tuned.bench.papers.mcsf_table1`) over ``table1_seeds`` workload draws
+    (quick 5, full 50 as in the paper; 0 skips it), on the operator tables in
+    ``data_dir`` (by default the packaged ones).
     """
     count = 5 if quick else int(instances)
     began, began_cpu = clock(), cpu_clock()
@@ -631,6 +637,11 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
         }
     out["paper_table1_vs_mcsf"] = {name: v / PAPER_TABLE1_AVG_LATENCY_S["MC-SF"]
                                    for name, v in PAPER_TABLE1_AVG_LATENCY_S.items()}
+    t1_seeds = (5 if quick else 50) if table1_seeds is None else int(table1_seeds)
+    if t1_seeds:
+        from tuned.bench.papers.mcsf_table1 import run_table1
+
+        out["table1"] = run_table1(seed, t1_seeds, data_dir)
     out["wall_s"] = clock() - began
     out["cpu_s"] = cpu_clock() - began_cpu
     return out
@@ -676,6 +687,10 @@ def format_table(result: dict) -> str:
                      f"M {ip['memory_tokens'][0]}–{ip['memory_tokens'][1]}, binaries mean "
                      f"{ip['variables_mean']:.0f} max {ip['variables_max']}, "
                      f"horizon max {ip['horizon_max']}")
+    if result.get("table1"):
+        from tuned.bench.papers.mcsf_table1 import format_table1
+
+        lines.extend(format_table1(result["table1"]))
     lines.append(f"wall {result['wall_s']:.1f} s, CPU {result['cpu_s']:.1f} s")
     return "\n".join(lines)
 

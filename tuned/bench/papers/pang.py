@@ -355,7 +355,8 @@ def format_table(result: dict) -> str:
     lines.append(f"(b) capacity (qps), tuned | {_num(c['tuned']['capacity_rps'], 2)} | "
                  f"{cr['dynamic_qps']:g}")
     lines.append(f"(b) capacity gain over vLLM default (tuned's) | "
-                 f"{_pct(cap['gain_vs_default'])} | {cr['dynamic_qps'] / cr['static_qps'] - 1:+.1%}")
+                 f"{_pct(cap['gain_vs_default'])} | "
+                 f"{cr['dynamic_qps'] / cr['static_qps'] - 1:+.1%}")
     if "tuned-paper" in c:
         lines.append(f"(b) capacity (qps), Algorithms 1+2 as published (tuned-paper) | "
                      f"{_num(c['tuned-paper']['capacity_rps'], 2)} | {cr['dynamic_qps']:g}")

@@ -238,7 +238,9 @@ def test_quick_scenario_mcsf_close_to_the_paper():
     for model in ("all_at_once", "online"):
         algos = result["models"][model]["algorithms"]
         assert algos["MC-Benchmark"]["vs_mcsf"] > 1.0
+    assert "table1" not in result
     text = format_table(result)
+    assert "Table 1 (Section 5.2): not run (--quick)" in text
     assert "all_at_once MC-SF latency/OPT avg |" in text and "| 1.005" in text
     assert "online MC-SF latency/OPT worst |" in text and "| 1.227" in text
 
@@ -286,3 +288,13 @@ def test_table1_runs_the_shipped_mcsf_check_in_both_orders(monkeypatch):
     # the paper's M in vLLM's 16-token blocks, no reserve
     assert {(kv, a) for _, kv, a in seen} == {(16496, 0.0)}
     assert mc > 0 and bench > 0
+
+
+@pytest.mark.slow  # 150 simulations of 1000 requests: a few minutes
+def test_table1_fifty_seeds_within_table_1s_spread():
+    from tuned.bench.papers import mcsf_table1 as t1
+
+    res = t1.run_table1(0, 50)
+    rows = res["rows"]
+    assert rows["MC-SF"]["avg_s"] < rows["MC-Benchmark"]["avg_s"] < rows["vLLM FCFS"]["avg_s"]
+    assert all(c["ok"] for c in t1.table1_checks(res)), t1.table1_checks(res)

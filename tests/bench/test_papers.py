@@ -13,7 +13,7 @@ from tuned.bench import papers
 from tuned.bench.metrics import RequestResult
 from tuned.bench.papers import mcsf_checks, run_paper
 from tuned.bench.papers import multibin as mb
-from tuned.bench.papers import pang, saber
+from tuned.bench.papers import bucketserve, pang, saber
 from tuned.workloads import RequestSpec
 
 
@@ -36,7 +36,7 @@ def test_unknown_scenario_is_a_usage_error_naming_the_known_ones(tmp_path):
                    stderr=err)
     assert rc == 2
     assert err.getvalue().strip() == ("tuned bench: unknown paper scenario 'orca' "
-                                      "(known: multibin, mcsf, pang, saber)")
+                                      "(known: multibin, mcsf, pang, saber, bucketserve)")
     assert not (tmp_path / "out").exists()
 
 
@@ -46,7 +46,7 @@ def test_every_scenario_module_has_run_and_format_table():
     for name, (module, paper) in papers.SCENARIOS.items():
         mod = importlib.import_module(module)
         assert callable(mod.run) and callable(mod.format_table), name
-        assert paper.startswith(("000_", "001_", "002_", "003_"))
+        assert paper.startswith(("000_", "001_", "002_", "003_", "004_"))
 
 
 def test_run_paper_writes_json_and_markdown_and_returns_0(tmp_path):
@@ -86,20 +86,24 @@ def test_run_paper_returns_1_and_names_the_figure_out_of_tolerance(tmp_path):
     assert "FAILED" in (tmp_path / "paper-multibin.md").read_text()
 
 
-def test_mcsf_checks_use_the_papers_average_ratios():
-    def model(avg, paper, proven, n=5):
-        return {"algorithms": {"MC-SF": {"avg": avg}}, "paper": {"avg": paper},
-                "ip": {"proven_optimal": proven, "instances": n}}
+def test_mcsf_checks_use_the_papers_own_range_of_ratios():
+    def model(avg, bench, proven, paper, n=5):
+        return {"algorithms": {"MC-SF": {"avg": avg}, "MC-Benchmark": {"vs_mcsf": bench}},
+                "paper": paper, "ip": {"proven_optimal": proven, "instances": n}}
 
-    res = {"models": {"all_at_once": model(1.008, 1.005, 5),
-                      "online": model(1.12, 1.047, 4)}}
+    from tuned.bench.papers.mcsf import PAPER_FIGURES
+    res = {"models": {"all_at_once": model(1.070, 1.3, 5, PAPER_FIGURES["all_at_once"]),
+                      "online": model(1.23, 0.99, 4, PAPER_FIGURES["online"])}}
     checks = mcsf_checks(res)
     assert [(c["figure"], c["ok"]) for c in checks] == [
         ("all_at_once MC-SF latency/OPT avg", True),
+        ("all_at_once MC-Benchmark latency / MC-SF's", True),
         ("all_at_once IP proven optimal", True),
         ("online MC-SF latency/OPT avg", False),
+        ("online MC-Benchmark latency / MC-SF's", False),
         ("online IP proven optimal", False)]
-    assert checks[2]["target"] == "1.047 ± 0.05" and checks[3]["ours"] == "4/5"
+    assert checks[3]["target"] == "in [1, 1.227] (paper's range, avg 1.047)"
+    assert checks[5]["ours"] == "4/5"
 
 
 def test_mcsf_dispatch_serialises_its_dataclasses(tmp_path):
@@ -107,11 +111,12 @@ def test_mcsf_dispatch_serialises_its_dataclasses(tmp_path):
 
     out = io.StringIO()
     rc = run_paper("mcsf", tmp_path, quick=True, seed=0, stdout=out,
-                   runner=lambda seed, quick: mcsf.run(seed, instances=1))
+                   runner=lambda seed, quick: mcsf.run(seed, instances=1, table1_seeds=0))
     data = json.loads((tmp_path / "paper-mcsf.json").read_text())
     assert data["sizes"]["memory_tokens"] == [11, 17]       # the Sizes dataclass, as a dict
     assert {c["figure"] for c in data["checks"]} == {
         "all_at_once MC-SF latency/OPT avg", "all_at_once IP proven optimal",
+        "all_at_once MC-Benchmark latency / MC-SF's", "online MC-Benchmark latency / MC-SF's",
         "online MC-SF latency/OPT avg", "online IP proven optimal"}
     assert rc == (0 if data["passed"] else 1)
     assert "tolerance all_at_once IP proven optimal | 1/1 | 1/1 | ok" in out.getvalue()
@@ -151,7 +156,7 @@ def test_data_dir_reaches_the_scenario_and_is_refused_where_unused(tmp_path, mon
                           data_dir=Path("tables"), stderr=err)
     assert rc == papers.EXIT_USAGE
     assert err.getvalue() == ("tuned bench: --data-dir: paper multibin reads no operator "
-                              "tables (it applies to pang, saber)\n")
+                              "tables (it applies to pang, saber, bucketserve, mcsf)\n")
 
 
 def test_markdown_turns_pipe_runs_into_tables():
@@ -219,6 +224,7 @@ def pang_quick():
         structlog.configure(**old)
 
 
+@pytest.mark.slow  # about a minute of simulation (four capacity searches)
 def test_pang_quick_meets_its_tolerances(pang_quick):
     res = pang_quick
     assert [p["gpu_memory_utilization"] for p in res["throughput"]] == [0.9, 0.5]
@@ -231,7 +237,34 @@ def test_pang_quick_meets_its_tolerances(pang_quick):
     cap = res["capacity"]
     assert cap["gain_vs_default"] >= 0.10
     assert cap["contenders"]["tuned"]["at_capacity"]["attainment"] >= 0.9
+    assert 0.10 <= cap["paper_gain_vs_default"] <= 0.267
+    assert [c["figure"].split(":")[0] for c in res["checks"]] == [
+        "paper's", "paper's", "paper's", "tuned's"]
     assert all(c["ok"] for c in res["checks"])
+
+
+def test_pang_paper_contender_is_algorithms_1_and_2_as_published():
+    hw = pang.gpu_hardware(pang.HARDWARE)
+    cfg = pang._config(hw, **pang.PAPER_ALGORITHM, tbt_sla_s=0.05)
+    assert (cfg.sla_mode, cfg.token_budget_policy, cfg.admission_guard) == ("paper", "max", "off")
+    assert cfg.batch_policy == "tuned" and cfg.max_num_seqs == 256
+
+
+def test_pang_prefill_stall_exceeds_the_sla_and_the_note_says_so():
+    hw = pang.gpu_hardware(pang.HARDWARE)
+    stall = pang.prefill_stall_ms(hw, 256.6)
+    assert all(alone < 50.0 < mixed for alone, mixed in stall.values())
+    cap = {"paper_gain_vs_default": 0.05, "prefill_stall_ms": stall,
+           "contenders": {"tuned": {"capacity_rps": 9.0}, "tuned-paper": {"capacity_rps": 7.6}}}
+    notes = pang._notes({"throughput": [], "capacity": cap})
+    assert len(notes) == 1
+    assert notes[0].startswith("note: Algorithms 1+2 as published gain +5.0%, below Table II's "
+                               "lowest (+10%).")
+    assert "9.00 qps against 7.60; that gain is tuned's, not the paper's." in notes[0]
+    checks = pang.checks({"throughput": [], "capacity": {**cap, "gain_vs_default": 0.2}})
+    assert [(c["figure"], c["ok"]) for c in checks] == [
+        ("paper's: (b) Algorithms 1+2 as published over vLLM default capacity gain", False),
+        ("tuned's: (b) tuned as shipped over vLLM default capacity gain", True)]
 
 
 # ------------------------------------------------------------------ saber
@@ -303,8 +336,9 @@ def test_saber_quick_runs_every_mix_and_rate_with_a_fitted_profile(saber_quick):
 
 
 @pytest.mark.xfail(strict=True, reason="SABER's Algorithm 1 as published loses to the best "
-                   "static cap on every mix in this simulator: a running request's recorded "
-                   "required speed bounds every later admission (see paper-saber.md)")
+                   "static cap on every mix in this simulator: its second condition (each "
+                   "running request's recorded required speed) spirals on this speed curve; "
+                   "without it the policy matches the best static (see paper-saber.md)")
 def test_saber_quick_meets_its_tolerances(saber_quick):
     assert all(c["ok"] for c in saber_quick["checks"])
 
@@ -320,3 +354,88 @@ def test_saber_quick_loses_goodput_because_it_holds_concurrency_down(saber_quick
             assert sa["goodput"] < best["goodput"]
             assert sa["mean_running"] < best["mean_running"]
             assert sa["demoted_share"] > 0.25
+
+
+# ------------------------------------------------------------------ bucketserve
+
+def test_bucketserve_mixed_workload_is_half_short_half_long_in_arrival_order():
+    reqs = bucketserve.mixed_requests(200, 0, rate=4.0)
+    assert [r.request_id for r in reqs][:2] == ["r000000", "r000001"]
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:]))
+    long = [r for r in reqs if r.prompt_tokens > 400]
+    assert 80 <= len(long) <= 110     # LongBench-like prompts (mean 2000) among 100 drawn
+    assert all(r.prompt_tokens + r.output_tokens <= bucketserve.MAX_MODEL_LEN for r in reqs)
+
+
+def test_bucketserve_checks_are_the_papers_direction():
+    res = {"offline": {"ratio": 1.02}, "online": {"ratio": 0.97}}
+    checks = bucketserve.checks(res)
+    assert [(c["figure"], c["ok"]) for c in checks] == [
+        ("(a) offline throughput, bucket / fcfs (paper's direction)", True),
+        ("(b) load at 80% attainment, bucket / fcfs (paper's direction)", False)]
+    assert checks[1]["target"] == "> 1 (paper 1.93x over DistServe)"
+
+
+def test_bucketserve_quick_runs_the_shipped_bucket_policy(tmp_path, monkeypatch):
+    from tuned.policies.bucket import BucketPolicy
+
+    modes = set()
+    real = BucketPolicy.order
+
+    def spy(self, waiting, now_s, ctx=None):
+        modes.add(self.mode)
+        return real(self, waiting, now_s, ctx)
+
+    monkeypatch.setattr(BucketPolicy, "order", spy)
+    out = io.StringIO()
+    rc = run_paper("bucketserve", tmp_path, quick=True, seed=0, stdout=out)
+    data = json.loads((tmp_path / "paper-bucketserve.json").read_text())
+    assert modes == {"offline_ljf", "online"}
+    assert rc == (0 if data["passed"] else 1)
+    assert data["offline"]["runs"]["bucket-offline"]["completed"] == 300
+    assert data["online"]["runs"]["fcfs"]["converged"] is True
+    assert "(b) load bucket / fcfs |" in out.getvalue()
+
+
+def test_saber_quick_measures_the_cause_of_the_shortfall(saber_quick):
+    res = saber_quick
+    # the SLAs re-derived on this testbed the paper's way are Table I's regime
+    assert set(res["calibrated_slas_s"]) == {"generation", "qna", "summary", "translation"}
+    for task, sla in res["calibrated_slas_s"].items():
+        assert 0.5 * res["table1_slas_s"][task] <= sla <= 1.5 * res["table1_slas_s"][task]
+    for mix in ("W1", "W2", "W3"):
+        s = res["mixes"][mix]
+        # without the running-request condition the same policy gains back most of the
+        # goodput the published one loses to the best static cap
+        assert s["diagnostic_goodput_avg"] > s["saber_goodput_avg"]
+        assert (s["best_static_goodput_avg"] - s["diagnostic_goodput_avg"]
+                < 0.25 * (s["best_static_goodput_avg"] - s["saber_goodput_avg"]))
+        for r in s["per_rate"]:
+            assert r["best_static"].startswith("static-")
+    text = saber.format_table(res)
+    assert "note: measured cause: without Algorithm 1's second condition" in text
+
+
+def test_saber_protect_running_off_checks_only_the_candidates_own_speed():
+    from tuned.policies.queues import AdmitContext, ReqInfo
+    from tuned.policies.saber import SaberPolicy
+
+    ctx = AdmitContext(now_s=10.0, kv_capacity_tokens=10_000, kv_free_tokens=10_000, cap=64,
+                       speed_tok_s=lambda n: 100.0 / n)
+    run = ReqInfo("a", 9.0, 10, 100, 100, deadline_s=11.0)     # recorded 100 / 2 = 50 tok/s
+    cand = ReqInfo("b", 10.0, 10, 40, 40, deadline_s=11.0)     # needs 40 tok/s; v(2) = 50
+    strict, lax = SaberPolicy(), SaberPolicy(protect_running=False)
+    for p in (strict, lax):
+        p.on_admitted(run, 9.0)
+    assert strict.admit(cand, [run], [], ctx).admit is True          # 50 >= 50
+    late = ReqInfo("c", 9.5, 10, 60, 60, deadline_s=10.5)            # recorded 60 tok/s
+    for p in (strict, lax):
+        p.on_admitted(late, 9.5)
+    v = strict.admit(cand, [run, late], [], ctx)
+    assert v == (False, "saber: v(3) = 33.3 tok/s < required 40.0 tok/s")
+    cand2 = ReqInfo("d", 10.0, 10, 20, 20, deadline_s=11.0)          # needs 20 tok/s
+    assert strict.admit(cand2, [run, late], [], ctx) == (
+        False, "saber: v(3) = 33.3 tok/s would break running c (needs 60.0 tok/s)")
+    assert lax.admit(cand2, [run, late], [], ctx).admit is True
+    with pytest.raises(ValueError, match="unknown option"):
+        SaberPolicy.from_options({"protect": False})

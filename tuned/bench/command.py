@@ -2,7 +2,7 @@
 
     tuned bench --engine {sim,vllm} (--hardware NAME | --profile FILE | --model M)
                 --workload SPEC --slo ttft=S,tpot=S[,e2el=S] --out DIR [--quick]
-    tuned bench --paper {multibin,mcsf,pang,saber} --out DIR [--quick]
+    tuned bench --paper {multibin,mcsf,pang,saber,bucketserve} --out DIR [--quick]
 
 Runs every contender of :func:`tuned.bench.runner.contenders` on the same arrivals
 (same seed), computes vLLM-benchmark metrics per run, the best static cap in
@@ -43,8 +43,8 @@ def register(subparsers) -> None:
     hw.add_argument("--profile", help="sim: a profile measured by `tuned profile`")
     hw.add_argument("--model", help="vllm: the model to serve (demo:small, demo:tiny, a folder)")
     p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
-                   "(<gpu>/<model>/mlp.csv) for --hardware and --paper pang/saber (default: the ones packaged "
-                   "with tuned)")
+                   "(<gpu>/<model>/mlp.csv) for --hardware and --paper "
+                   "pang/saber/bucketserve/mcsf (default: the ones packaged with tuned)")
     p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
     p.add_argument("--slo", default="ttft=2,tpot=0.05",
                    help="SLOs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s)")
@@ -59,7 +59,7 @@ def register(subparsers) -> None:
                    help="search each contender's capacity (auto: on for sim)")
     p.add_argument("--jobs", type=int, default=0,
                    help="parallel simulator processes (default: the CPU count)")
-    p.add_argument("--paper", choices=("multibin", "mcsf", "pang", "saber"),
+    p.add_argument("--paper", choices=("multibin", "mcsf", "pang", "saber", "bucketserve"),
                    help="reproduce a paper's result instead (see tuned.bench.papers)")
     p.set_defaults(func=cmd_bench)
 

@@ -46,13 +46,17 @@ class SaberPolicy(QueuePolicy):
     """Two-tier queue with speed-based admission; see the module doc.
 
     Options: ``window`` (head requests sampled per attempt), ``default_deadline_s``
-    (relative deadline for requests without one; 0 = none), ``use_predicted``.
+    (relative deadline for requests without one; 0 = none), ``use_predicted``,
+    ``protect_running`` (Algorithm 1's second condition, on by default: v(L + 1) at
+    least every running request's recorded required speed; off checks only the
+    candidate's own, a diagnostic of what that condition costs).
     """
 
     name = "saber"
 
     def __init__(self, *, window: int = 4, default_deadline_s: float = 0.0,
-                 use_predicted: bool = False, rng=None) -> None:
+                 use_predicted: bool = False, protect_running: bool = True,
+                 rng=None) -> None:
         super().__init__(rng=rng)
         if window < 1 or default_deadline_s < 0:
             raise ValueError(f"saber: need window >= 1 and default_deadline_s >= 0, "
@@ -60,6 +64,7 @@ class SaberPolicy(QueuePolicy):
         self.window = int(window)
         self.default_deadline_s = float(default_deadline_s)
         self.use_predicted = bool(use_predicted)
+        self.protect_running = bool(protect_running)
         self._low: dict[str, int] = {}          # demoted request id -> demotion sequence
         self._demote_seq = 0
         self._recorded: dict[str, float] = {}   # running request id -> required tok/s
@@ -187,7 +192,7 @@ class SaberPolicy(QueuePolicy):
             return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s < required "
                                   f"{need:.1f} tok/s")
         worst_id, worst = None, 0.0
-        for r in (*running, *admitted_this_step):
+        for r in (*running, *admitted_this_step) if self.protect_running else ():
             s = self._recorded.get(r.request_id)
             if s is None:
                 s = self.required_speed(r, ctx.now_s)

@@ -7,11 +7,16 @@ checks are a list of ``{"figure", "ours", "target", "ok"}`` under the result's
 ``"checks"`` key (:data:`SCENARIOS` names each module and its seed paper):
 
 * ``multibin`` (seed 001): throughput vs bins against Theorem 4.2, within 2%;
-* ``mcsf`` (seed 003): MC-SF's latency ratio to the hindsight optimum, Section 5.1;
-  its module defines no tolerance, so :func:`mcsf_checks` does (average ratio within
-  :data:`MCSF_AVG_TOLERANCE` of the paper's, every IP proven optimal);
-* ``pang`` (seed 000): Tables I/II, memory-aware throughput and SLA capacity;
-* ``saber`` (seed 002): goodput and completion-time CV against the best static cap.
+* ``mcsf`` (seed 003): the shipped MC-SF policy's latency ratio to the hindsight
+  optimum, Section 5.1, and (full runs) Section 5.2's Table 1 on the simulator;
+  :func:`mcsf_checks` holds its tolerance (the average inside the paper's own range
+  of per-instance ratios, MC-Benchmark slower, every IP proven optimal, Table 1's
+  ratios inside its own spread over 50 runs);
+* ``pang`` (seed 000): Tables I/II, memory-aware throughput and SLA capacity, the
+  published algorithm (the paper's checks) apart from tuned as shipped (tuned's);
+* ``saber`` (seed 002): goodput and completion-time CV against the best static cap;
+* ``bucketserve`` (seed 004): the shipped bucket policy against a length-blind queue,
+  offline throughput and the load at 80% SLO attainment (Fig. 5's direction).
 """
 
 from __future__ import annotations
@@ -31,32 +36,43 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "mcsf": ("tuned.bench.papers.mcsf", "003_730bb3baf6ac1209.txt"),
     "pang": ("tuned.bench.papers.pang", "000_9c922f4ecf264ae4.txt"),
     "saber": ("tuned.bench.papers.saber", "002_56b8c98eae4faee6.txt"),
+    "bucketserve": ("tuned.bench.papers.bucketserve", "004_8072b537153b1f44.txt"),
 }
 
-TABLE_PAPERS: tuple[str, ...] = ("pang", "saber")
+TABLE_PAPERS: tuple[str, ...] = ("pang", "saber", "bucketserve", "mcsf")
 """Scenarios on the GPU step-time models: the ones ``--data-dir`` applies to."""
 
 EXIT_OK, EXIT_OUT_OF_TOLERANCE, EXIT_USAGE = 0, 1, 2
-MCSF_AVG_TOLERANCE = 0.05
-
-
 def mcsf_checks(result: dict) -> list[dict]:
-    """Tolerance of the ``mcsf`` scenario: per arrival model, MC-SF's average latency
-    ratio to the optimum within ``MCSF_AVG_TOLERANCE`` of Section 5.1's (1.005 all at
-    once, 1.047 online), and the IP proven optimal on every instance (otherwise the
-    ratio is over fewer instances than were drawn)."""
+    """Tolerance of the ``mcsf`` scenario, the paper's own spread: per arrival model,
+    MC-SF's average latency ratio to the optimum inside the range Section 5.1 saw over
+    its 200 instances ([best, worst]: [1.000, 1.074] all at once, [1.000, 1.227]
+    online); MC-Benchmark slower than MC-SF on average (Table 1's direction); the IP
+    proven optimal on every instance (otherwise the ratio is over fewer instances
+    than were drawn); with Section 5.2's Table 1 run, its latency ratios inside Table
+    1's own spread over 50 runs (:func:`tuned.bench.papers.mcsf_table1.table1_checks`)."""
     out = []
     for model, res in result["models"].items():
-        ours = res["algorithms"]["MC-SF"]["avg"]
-        paper = res["paper"]["avg"]
+        algos = res["algorithms"]
+        ours = algos["MC-SF"]["avg"]
+        paper = res["paper"]
         out.append({"figure": f"{model} MC-SF latency/OPT avg", "ours": ours,
-                    "target": f"{paper:g} ± {MCSF_AVG_TOLERANCE:g}",
-                    "ok": ours is not None and abs(ours - paper) <= MCSF_AVG_TOLERANCE})
+                    "target": f"in [{paper['best']:g}, {paper['worst']:g}] (paper's range, "
+                              f"avg {paper['avg']:g})",
+                    "ok": ours is not None and paper["best"] <= ours <= paper["worst"]})
+        bench = (algos.get("MC-Benchmark") or {}).get("vs_mcsf")
+        out.append({"figure": f"{model} MC-Benchmark latency / MC-SF's", "ours": bench,
+                    "target": "> 1 (Table 1: 1.447)",
+                    "ok": bench is not None and bench > 1.0})
         ip = res["ip"]
         out.append({"figure": f"{model} IP proven optimal",
                     "ours": f"{ip['proven_optimal']}/{ip['instances']}",
                     "target": f"{ip['instances']}/{ip['instances']}",
                     "ok": ip["proven_optimal"] == ip["instances"]})
+    if result.get("table1"):
+        from tuned.bench.papers.mcsf_table1 import table1_checks
+
+        out.extend(table1_checks(result["table1"]))
     return out
 
 

@@ -34,8 +34,10 @@ MC-SF (Algorithm 1, :func:`mcsf`): each round t, running requests continue;
 waiting requests that have arrived are tried in ascending õ_i (ties: arrival, then
 index) and admitted while inequality (5) holds at every completion time
 t' = p_j + õ_j of S(t) ∪ U(t) ∪ {i}; the first one that does not fit ends the
-round. Predictions are exact, õ = o, as in Section 5.1. The check reuses
-:func:`tuned.policies.mcsf.lookahead_peak` with (tokens held now, steps left) =
+round. Predictions are exact, õ = o, as in Section 5.1. No second implementation:
+:func:`drive_policy` runs the shipped :class:`tuned.policies.mcsf.MCSFPolicy`
+(``reserve_fraction = 0``, blocks of one token) through this model, so its order and
+its check decide; the check sees (tokens held now, steps left) =
 (s_j + t − p_j, p_j + õ_j − t) for running j and (s_i, õ_i) for new i: at d = t' − t
 steps ahead j holds s_j + t' − p_j while d ≤ steps left, i.e. while õ_j ≥ t' − p_j,
 which is (5) with the paper's inclusive indicator; it evaluates exactly the
@@ -44,8 +46,8 @@ before t are gone and their memory was already checked). Algorithm 1 and (5) agr
 with (3): a request started at t first holds s_i + 1 at t + 1, so the start round
 itself is not checked.
 
-MC-Benchmark (Appendix C, Algorithm 2, :func:`mc_benchmark`): the same round with
-candidates in ascending arrival time (ties: index, i.e. generation order, which
+MC-Benchmark (Appendix C, Algorithm 2, :func:`mc_benchmark`): the same round, the
+shipped policy's check, with candidates in ascending arrival time (ties: index, i.e. generation order, which
 under all-at-once arrivals is a random order).
 
 α-protection greedy and α-protection β-clearing (Section 5.2,
@@ -100,12 +102,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from tuned.policies.mcsf import lookahead_peak
+from tuned.policies.mcsf import MCSFPolicy
+from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo
 
 ARRIVAL_MODELS = ("all_at_once", "online")
 
@@ -331,30 +335,55 @@ def solve_hindsight_ip(instance: Instance, *, time_limit_s: float = 30.0,
                     starts, len(cols), n_mem, horizon, solve_s)
 
 
-def _memory_constrained(instance: Instance, key: Callable[[int], tuple]) -> Schedule:
-    """Algorithm 1's round with a given candidate order (MC-SF and MC-Benchmark)."""
+class _ArrivalOrderMCSF(MCSFPolicy):
+    """MC-Benchmark: the shipped MC-SF admission check with candidates in arrival order."""
+
+    name = "mc-benchmark"
+
+    def order_key(self, info: ReqInfo) -> tuple[float]:
+        return (info.arrival_s,)
+
+    def order(self, waiting: Sequence[ReqInfo], now_s: float,
+              ctx: AdmitContext | None = None) -> list[ReqInfo]:
+        return sorted(waiting, key=self.order_key)
+
+
+def drive_policy(instance: Instance, policy: QueuePolicy) -> Schedule:
+    """Algorithm 1's round in the paper's discrete-time model, decided by ``policy``.
+
+    Each round t the policy orders the arrived waiting requests (listed in index
+    order, so a stable order breaks ties by index) and :meth:`QueuePolicy.select`
+    admits heads until it refuses one, which ends the round (no skipping). The
+    policy sees request i as prompt s_i, prediction õ_i = o_i = max_tokens and, while
+    running, t − p_i tokens generated; the engine as M tokens of KV cache in blocks
+    of one token. Requests complete at p_i + o_i and free their memory for that round.
+    """
     reqs = instance.requests
-    m = instance.memory_tokens
+    ctx = AdmitContext(now_s=0.0, kv_capacity_tokens=instance.memory_tokens,
+                       kv_free_tokens=instance.memory_tokens, cap=len(reqs), block_size=1)
+    views = [ReqInfo(request_id=str(i), arrival_s=float(r.arrival),
+                     prompt_tokens=r.prompt_tokens, max_tokens=r.output_tokens,
+                     predicted_output=r.output_tokens) for i, r in enumerate(reqs)]
     n = len(reqs)
-    order = sorted(range(n), key=key)
     start: list[int | None] = [None] * n
     running: list[int] = []
     left = n
     t = min((r.arrival for r in reqs), default=0)
     while left:
         running = [j for j in running if start[j] + reqs[j].output_tokens > t]
-        # (tokens held at t, steps to the predicted completion), õ = o
-        items = [(reqs[j].prompt_tokens + t - start[j], start[j] + reqs[j].output_tokens - t)
-                 for j in running]
-        for i in order:
-            if start[i] is not None or reqs[i].arrival > t:
-                continue
-            trial = items + [(reqs[i].prompt_tokens, reqs[i].output_tokens)]
-            if lookahead_peak(trial)[0] > m:
+        run_views = [views[j].with_progress(t - start[j], float(start[j])) for j in running]
+        waiting = [views[i] for i in range(n) if start[i] is None and reqs[i].arrival <= t]
+        ordered = policy.order(waiting, float(t), ctx)
+        admitted: list[ReqInfo] = []
+        while ordered:
+            chosen = policy.select(ordered, run_views, admitted, ctx).chosen
+            if chosen is None:
                 break
-            items = trial
+            i = int(chosen.request_id)
             start[i] = t
             running.append(i)
+            admitted.append(chosen)
+            ordered = [v for v in ordered if v is not chosen]
             left -= 1
         if not running and left:
             t = min(r.arrival for j, r in enumerate(reqs) if start[j] is None)
@@ -365,15 +394,14 @@ def _memory_constrained(instance: Instance, key: Callable[[int], tuple]) -> Sche
 
 
 def mcsf(instance: Instance) -> Schedule:
-    """MC-SF, Algorithm 1: shortest (exact) output first under the inequality-(5) look-ahead."""
-    reqs = instance.requests
-    return _memory_constrained(instance, lambda i: (reqs[i].output_tokens, reqs[i].arrival, i))
+    """MC-SF, Algorithm 1: the shipped :class:`~tuned.policies.mcsf.MCSFPolicy`
+    (α = 0, exact predictions) driven through the paper's discrete-time model."""
+    return drive_policy(instance, MCSFPolicy(reserve_fraction=0.0, overestimate=False))
 
 
 def mc_benchmark(instance: Instance) -> Schedule:
-    """MC-Benchmark, Appendix C Algorithm 2: Algorithm 1's round in arrival order."""
-    reqs = instance.requests
-    return _memory_constrained(instance, lambda i: (reqs[i].arrival, i))
+    """MC-Benchmark, Appendix C Algorithm 2: the shipped MC-SF check in arrival order."""
+    return drive_policy(instance, _ArrivalOrderMCSF(reserve_fraction=0.0, overestimate=False))
 
 
 def alpha_protection(instance: Instance, *, alpha: float, beta: float = 1.0,
@@ -541,6 +569,7 @@ def _ratio_stats(ratios: list[float], unfinished: int) -> dict:
 
 def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
         time_limit_s: float = 30.0, sizes: Sizes = SCALED_SIZES,
+        table1_seeds: int | None = None, data_dir: Path | None = None,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.process_time) -> dict:
     """Section 5.1 at :data:`SCALED_SIZES`: both arrival models, IP optimum, every algorithm.
@@ -550,7 +579,12 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
     per model: ``algorithms`` (per algorithm avg / worst / best ratio of total latency
     to the optimum over the instances the IP proved optimal and the algorithm
     finished, the share exactly optimal, unfinished runs, latency relative to
-    MC-SF), ``ip`` (proven count, largest gap, solve times, sizes), ``paper``.
+    MC-SF), ``ip`` (proven count, largest gap, solve times, sizes), ``paper``;
+    ``table1``: Section 5.2's Table 1 on the simulator
+    (:mod:`tuned.bench.papers.mcsf_table1`) over ``table1_seeds`` workload draws
+    (full 50 as in the paper; quick skips it: our run-to-run spread is about twice
+    Table 1's, so a few seeds' average can leave a range that 50 runs hold), on the
+    operator tables in ``data_dir`` (by default the packaged ones).
     """
     count = 5 if quick else int(instances)
     began, began_cpu = clock(), cpu_clock()
@@ -604,6 +638,11 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
         }
     out["paper_table1_vs_mcsf"] = {name: v / PAPER_TABLE1_AVG_LATENCY_S["MC-SF"]
                                    for name, v in PAPER_TABLE1_AVG_LATENCY_S.items()}
+    t1_seeds = (0 if quick else 50) if table1_seeds is None else int(table1_seeds)
+    if t1_seeds:
+        from tuned.bench.papers.mcsf_table1 import run_table1
+
+        out["table1"] = run_table1(seed, t1_seeds, data_dir)
     out["wall_s"] = clock() - began
     out["cpu_s"] = cpu_clock() - began_cpu
     return out
@@ -649,6 +688,13 @@ def format_table(result: dict) -> str:
                      f"M {ip['memory_tokens'][0]}–{ip['memory_tokens'][1]}, binaries mean "
                      f"{ip['variables_mean']:.0f} max {ip['variables_max']}, "
                      f"horizon max {ip['horizon_max']}")
+    if result.get("table1"):
+        from tuned.bench.papers.mcsf_table1 import format_table1
+
+        lines.extend(format_table1(result["table1"]))
+    else:
+        lines.append("Table 1 (Section 5.2): not run (--quick); run without it for the "
+                     "paper's 50 seeds")
     lines.append(f"wall {result['wall_s']:.1f} s, CPU {result['cpu_s']:.1f} s")
     return "\n".join(lines)
 

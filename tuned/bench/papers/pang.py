@@ -29,10 +29,18 @@ the highest Poisson rate at which at least 90% of the requests meet TPOT ≤ 50 
 and TTFT ≤ 2 s (:func:`tuned.bench.metrics.capacity_search`, DistServe's 90%
 attainment), the 2 s TTFT standing for [21]'s scheduling-delay bound: a TBT bound
 alone is met at any rate by a controller that lets the queue grow. Contenders:
-vLLM's default static batch (256, budget 2048) against ``tuned`` as shipped
-(memory and SLA bounds, token budget against the SLA, ceiling 256), plus (full
-mode) the static caps 16..128 for the best static in hindsight and tuned's
-``sla_mode = "paper"`` (Algorithm 2 as published).
+vLLM's default static batch (256, budget 2048) against Algorithms 1+2 as
+published (``tuned-paper``: :data:`PAPER_ALGORITHM`, the paper's interval rule,
+vLLM's own token budget, no admission guard; the paper's check) and ``tuned`` as
+shipped (memory and SLA bounds, token budget against the SLA, admission guard,
+ceiling 256; tuned's check), plus (full mode) the static caps 16..128 for the best
+static in hindsight.
+
+Tolerances are the paper's own spread over its rows: Table I's gains
+(:data:`PAPER_THROUGHPUT_GAIN_RANGE`) for (a), Table II's capacity gains
+(:data:`PAPER_CAPACITY_GAIN_RANGE`) for (b); tuned's check asks at least the
+lowest. Where the published algorithm falls short, the table's notes say why from
+the runs' and the step model's own numbers.
 
 Lengths: the paper gives only means; as for SABER's Table I in
 :mod:`tuned.workloads`, they are lognormal with those means and a coefficient of
@@ -64,7 +72,8 @@ MEMORY_B_MAX = 1024
 #: Table I, LLaMA3-70B, 191.0 / 381.9 tokens, 3000 requests
 THROUGHPUT_ROW = {"prompt_mean": 191.0, "output_mean": 381.9, "requests": 3000,
                   "static_tok_s": 2296.0, "dynamic_tok_s": 2575.0}
-PAPER_THROUGHPUT_GAIN_RANGE = (0.08, 0.28)
+PAPER_THROUGHPUT_GAIN_RANGE = (0.065, 0.282)
+"""Table I's spread over its six rows (+6.5% .. +28.2%; the text rounds it to 8–28%)."""
 #: Table II, LLaMA3-70B, D_SLA 50 ms, 256.6 / 61.5 tokens, 3000 requests
 CAPACITY_ROW = {"prompt_mean": 256.6, "output_mean": 61.5, "requests": 3000,
                 "static_qps": 5.4, "dynamic_qps": 6.6}
@@ -72,10 +81,11 @@ TBT_SLA_S = 0.05
 SLO = Slo(ttft_s=2.0, tpot_s=TBT_SLA_S)
 CAPACITY_TARGET = 0.9
 
-#: tolerances: tuned's capacity gain over vLLM's default static, and its throughput
-#: gain in (a) at both cache sizes
+#: Table II's spread of capacity gains over its three rows (3 → 3.3, 5.4 → 6.6,
+#: 3.0 → 3.8 qps): the tolerance of Algorithms 1+2 as published ("tuned-paper")
+PAPER_CAPACITY_GAIN_RANGE = (0.10, 0.267)
+#: tuned's own check (its additions included): at least the paper's lowest row
 MIN_CAPACITY_GAIN = 0.10
-MIN_THROUGHPUT_GAIN = 0.0
 
 QUICK = {"throughput_requests": 1000, "capacity_requests": 1000,
          "throughput_caps": (128, 256, 1024), "capacity_caps": ()}
@@ -161,8 +171,37 @@ def throughput_part(seed: int, n: int, caps: Sequence[int],
 
 # ------------------------------------------------------------------ (b) capacity
 
-def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool,
-                  data_dir: Path | None = None) -> dict:
+#: Algorithms 1 and 2 as published: the paper's interval rule, vLLM's own token
+#: budget (the paper tunes the batch size only) and no admission guard
+PAPER_ALGORITHM = {"sla_mode": "paper", "token_budget_policy": "max", "admission_guard": "off"}
+
+
+def prefill_stall_ms(hw, prompt_tokens: float, decodes: Sequence[int] = (32, 64, 128),
+                     context_tokens: float = 290.0) -> dict[int, tuple[float, float]]:
+    """Per decode batch n: (step ms with n decodes alone, with one prompt of
+    ``prompt_tokens`` prefilled beside them), from the hardware's step model: what a
+    running request's token interval becomes when a prompt joins its step."""
+    from tuned.sim.stepmodel import StepShape
+
+    c = int(round(prompt_tokens))
+    out = {}
+    for n in decodes:
+        ctx = int(n * context_tokens)
+        alone = hw.step_model.step_s(StepShape(n, ctx, 0, 0, 0.0, ctx))
+        mixed = hw.step_model.step_s(StepShape(n, ctx, c, 1, c * (c + 1) / 2, ctx + c))
+        out[n] = (alone * 1e3, mixed * 1e3)
+    return out
+
+
+#: full mode: the published algorithm plus one of tuned's additions each, to measure
+#: which addition carries tuned's capacity beyond the paper's (diagnostics, unchecked)
+ABLATIONS = {"paper+sla-budget": {"token_budget_policy": "sla"},
+             "paper+guard": {"admission_guard": "tpot"},
+             "paper+evidence": {"sla_mode": "evidence"}}
+
+
+def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool = True,
+                  data_dir: Path | None = None, ablations: bool = False) -> dict:
     """(b): capacity at TPOT ≤ 50 ms and TTFT ≤ 2 s (90% attainment) per contender."""
     from tuned.engines.sim import simulate
 
@@ -177,7 +216,10 @@ def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool,
     for cap in caps:
         contenders[f"static-{cap}"] = static_config(hw, cap)
     if with_paper_mode:
-        contenders["tuned-paper"] = _config(hw, sla_mode="paper", **tuned_kw)
+        contenders["tuned-paper"] = _config(hw, **PAPER_ALGORITHM, **tuned_kw)
+    if ablations:
+        for name, change in ABLATIONS.items():
+            contenders[name] = _config(hw, **{**PAPER_ALGORITHM, **change}, **tuned_kw)
     out: dict = {"hardware": HARDWARE, "slo": str(SLO), "target": CAPACITY_TARGET,
                  "workload": wl.describe(), "contenders": {}}
     for name, cfg in contenders.items():
@@ -202,6 +244,9 @@ def capacity_part(seed: int, n: int, caps: Sequence[int], with_paper_mode: bool,
     out["best_static"] = best
     base = c["vllm-default"]["capacity_rps"]
     out["gain_vs_default"] = c["tuned"]["capacity_rps"] / base - 1.0 if base else None
+    out["paper_gain_vs_default"] = (c["tuned-paper"]["capacity_rps"] / base - 1.0
+                                    if base and "tuned-paper" in c else None)
+    out["prefill_stall_ms"] = prefill_stall_ms(hw, row["prompt_mean"])
     out["gain_vs_best_static"] = (c["tuned"]["capacity_rps"] / c[best]["capacity_rps"] - 1.0
                                   if c[best]["capacity_rps"] else None)
     return out
@@ -221,7 +266,7 @@ def run(seed: int = 0, *, quick: bool = False,
                          data_dir=data_dir)
     t1 = cpu_clock()
     cap = capacity_part(seed, plan["capacity_requests"], plan["capacity_caps"],
-                        with_paper_mode=not quick, data_dir=data_dir)
+                        data_dir=data_dir, ablations=not quick)
     t2 = cpu_clock()
     out = {"scenario": "pang", "seed": seed, "quick": quick, "hardware": HARDWARE,
            "length_cv": LENGTH_CV, "throughput": tp, "capacity": cap,
@@ -235,18 +280,29 @@ def run(seed: int = 0, *, quick: bool = False,
 
 
 def checks(result: dict) -> list[dict]:
-    """Capacity gain over vLLM's default ≥ +10%; throughput gain in (a) ≥ 0 at each
-    cache size."""
+    """The paper's checks: Algorithm 1's throughput gain over vLLM's default inside
+    Table I's spread at each cache size, and Algorithms 1+2 as published
+    (``tuned-paper``) inside Table II's spread of capacity gains; tuned's check:
+    tuned as shipped at least the paper's lowest capacity gain."""
     out = []
+    lo, hi = PAPER_THROUGHPUT_GAIN_RANGE
     for part in result["throughput"]:
         g = part["gain_vs_default"]
-        out.append({"figure": f"(a) memory-aware over static-{part['default_cap']} throughput "
-                              f"gain, gpu_memory_utilization {part['gpu_memory_utilization']:g}",
-                    "ours": g, "target": f">= {MIN_THROUGHPUT_GAIN:+.0%}",
-                    "ok": g is not None and g >= MIN_THROUGHPUT_GAIN})
-    g = result["capacity"]["gain_vs_default"]
-    out.append({"figure": "(b) tuned over vLLM default capacity gain", "ours": g,
-                "target": f">= {MIN_CAPACITY_GAIN:+.0%}",
+        out.append({"figure": f"paper's: (a) Algorithm 1 over static-{part['default_cap']} "
+                              f"throughput gain, gpu_memory_utilization "
+                              f"{part['gpu_memory_utilization']:g}",
+                    "ours": g, "target": f"{lo:+.1%}..{hi:+.1%} (Table I's rows)",
+                    "ok": g is not None and lo <= g <= hi})
+    c = result["capacity"]
+    lo, hi = PAPER_CAPACITY_GAIN_RANGE
+    g = c.get("paper_gain_vs_default")
+    out.append({"figure": "paper's: (b) Algorithms 1+2 as published over vLLM default "
+                          "capacity gain", "ours": g,
+                "target": f"{lo:+.1%}..{hi:+.1%} (Table II's rows)",
+                "ok": g is not None and lo <= g <= hi})
+    g = c["gain_vs_default"]
+    out.append({"figure": "tuned's: (b) tuned as shipped over vLLM default capacity gain",
+                "ours": g, "target": f">= {MIN_CAPACITY_GAIN:+.0%}",
                 "ok": g is not None and g >= MIN_CAPACITY_GAIN})
     return out
 
@@ -282,7 +338,7 @@ def format_table(result: dict) -> str:
         lines.append(f"{tag}: memory-aware (B_max {MEMORY_B_MAX}) tok/s | "
                      f"{_num(runs['tuned-memory']['output_tok_s'])} | {tr['dynamic_tok_s']:g}")
         lines.append(f"{tag}: gain over vLLM default | {_pct(part['gain_vs_default'])} | "
-                     f"{paper_gain:+.1%} (row), {lo:+.0%}..{hi:+.0%} (all rows)")
+                     f"{paper_gain:+.1%} (row), {lo:+.1%}..{hi:+.1%} (all rows)")
         for name, ratio in sorted(part["tuned_over_static"].items(),
                                   key=lambda kv: int(kv[0].split("-")[1])):
             r = runs[name]
@@ -298,8 +354,15 @@ def format_table(result: dict) -> str:
                  f"{_num(c['vllm-default']['capacity_rps'], 2)} | {cr['static_qps']:g}")
     lines.append(f"(b) capacity (qps), tuned | {_num(c['tuned']['capacity_rps'], 2)} | "
                  f"{cr['dynamic_qps']:g}")
-    lines.append(f"(b) capacity gain over vLLM default | {_pct(cap['gain_vs_default'])} | "
+    lines.append(f"(b) capacity gain over vLLM default (tuned's) | "
+                 f"{_pct(cap['gain_vs_default'])} | "
                  f"{cr['dynamic_qps'] / cr['static_qps'] - 1:+.1%}")
+    if "tuned-paper" in c:
+        lines.append(f"(b) capacity (qps), Algorithms 1+2 as published (tuned-paper) | "
+                     f"{_num(c['tuned-paper']['capacity_rps'], 2)} | {cr['dynamic_qps']:g}")
+        lines.append(f"(b) capacity gain over vLLM default (paper's) | "
+                     f"{_pct(cap.get('paper_gain_vs_default'))} | "
+                     f"{cr['dynamic_qps'] / cr['static_qps'] - 1:+.1%}")
     if len([k for k in c if k.startswith("static-")]):
         lines.append(f"(b) capacity gain over best static in hindsight ({cap['best_static']}) | "
                      f"{_pct(cap['gain_vs_best_static'])} | —")
@@ -325,19 +388,48 @@ def _notes(result: dict) -> list[str]:
     notes = []
     lo = PAPER_THROUGHPUT_GAIN_RANGE[0]
     for part in result["throughput"]:
+        runs = part["runs"]
+        top = f"static-{MEMORY_B_MAX}"
+        if top in runs and runs[top]["preemptions"] == 0:
+            notes.append(
+                f"note: at gpu_memory_utilization {part['gpu_memory_utilization']:g} memory "
+                f"never binds (static-{MEMORY_B_MAX} peaks at {runs[top]['peak_kv_share']:.0%} "
+                f"of the KV cache), so Algorithm 1's gain over vLLM's default is its larger "
+                f"ceiling: {part['tuned_over_static'].get(top, float('nan')):.3f}x "
+                f"static-{MEMORY_B_MAX}.")
         if part["gain_vs_default"] >= lo:
             continue
-        d = part["runs"][f"static-{part['default_cap']}"]
-        m = part["runs"]["tuned-memory"]
+        d = runs[f"static-{part['default_cap']}"]
+        m = runs["tuned-memory"]
         notes.append(
             f"note: at gpu_memory_utilization {part['gpu_memory_utilization']:g} the gain "
-            f"({part['gain_vs_default']:+.1%}) is below the paper's lowest ({lo:+.0%}): "
+            f"({part['gain_vs_default']:+.1%}) is below the paper's lowest ({lo:+.1%}): "
             f"vLLM's default peaks at {d['peak_kv_share']:.0%} of the KV cache with "
             f"{d['preemptions']} preemptions, the memory-aware run at "
             f"{m['peak_kv_share']:.0%} with {m['preemptions']}, keeping "
             f"{m['mean_running']:.0f} requests running on average against "
             f"{d['mean_running']:.0f} (Algorithm 1 plans every request at its full "
             f"l_in + l_out, so it admits fewer than fit when memory binds).")
+    cap = result["capacity"]
+    g = cap.get("paper_gain_vs_default")
+    if g is not None and g < PAPER_CAPACITY_GAIN_RANGE[0]:
+        stall = cap.get("prefill_stall_ms") or {}
+        pairs = ", ".join(f"{n} decodes {a:.0f} -> {b:.0f} ms" for n, (a, b) in
+                          sorted(stall.items(), key=lambda kv: int(kv[0])))
+        c = cap["contenders"]
+        notes.append(
+            f"note: Algorithms 1+2 as published gain {g:+.1%}, below Table II's lowest "
+            f"({PAPER_CAPACITY_GAIN_RANGE[0]:+.0%}). Algorithm 2 moves only the batch size "
+            f"against the decode step time; on this model one mean prompt "
+            f"({CAPACITY_ROW['prompt_mean']:g} tokens) prefilled in a step stretches it past "
+            f"the {TBT_SLA_S * 1e3:.0f} ms SLA whatever the batch ({pairs}), and vLLM's "
+            f"2048-token budget prefills prompts whole, so per-request TPOT is set by "
+            f"prefill stalls the batch size cannot remove. tuned's token budget against the "
+            f"SLA cuts those chunks: {_num(c['tuned']['capacity_rps'], 2)} qps against "
+            f"{_num(c['tuned-paper']['capacity_rps'], 2)}; that gain is tuned's, not the "
+            f"paper's." + ("" if "paper+sla-budget" not in c else " One addition at a time: "
+                           + ", ".join(f"{k} {_num(c[k]['capacity_rps'], 2)} qps"
+                                       for k in ABLATIONS if k in c) + "."))
     return notes
 
 

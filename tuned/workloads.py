@@ -89,6 +89,9 @@ distribution parameters up to :data:`MAX_TOKENS`, ``n`` up to :data:`MAX_REQUEST
 ``cv`` in :data:`CV_RANGE`, ``length_scale`` / ``scale`` up to
 :data:`MAX_LENGTH_SCALE`, and every arrival within :data:`MAX_ARRIVAL_S` (30 days) of
 the first; a trace file is a regular file of at most :data:`MAX_TRACE_BYTES`.
+
+One module on purpose: the spec grammar in this docstring, its parser and the generators
+it names are one language; each workload kind is a small function here.
 """
 
 from __future__ import annotations

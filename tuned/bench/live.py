@@ -41,6 +41,10 @@ How each request is timed (all times in seconds since the run start, on
   or two more by the time the abort lands.
 - A request that raises, or ends with a different number of tokens than asked
   for, is ``failed`` with its error; the run goes on.
+
+One module on purpose: the open-loop client, the contender's server lifetime and the
+per-request records are one run against one server; the launcher (:mod:`tuned.launch`)
+and the metrics (:mod:`tuned.bench.metrics`) are their own modules.
 """
 
 from __future__ import annotations

@@ -39,6 +39,10 @@ over its TPOT or a prefilling cohort over its TTFT.
 
 All methods are for the engine's scheduling thread; ``stats`` and
 :meth:`QueueCore.snapshot` may be read from another thread.
+
+One module on purpose: it is vLLM's ``RequestQueue`` method set over one shared state
+(the waiting set, pins, the cached order, pops not yet committed); the admission guard
+and the predictor are their own modules.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ tens of thousands of engine steps small. Schema 1 (``"version": 1``: per-level
 throughput rows and USL parameters as ``[lam, sigma, kappa]``, no samples) is
 migrated on load; :func:`load_profile` rejects anything else with a
 :class:`ProfileError` naming the file and the problem.
+
+One module on purpose: the profile file's schema, its migrations, its validation and the
+predictions read from it change together with every schema version.
 """
 
 from __future__ import annotations

@@ -39,6 +39,10 @@ jumps to the next arrival.
 ``static_batching=True`` gives seed 001's model instead: a batch is formed only
 when nothing runs (up to the cap, from the queue's order, ignoring the token
 budget) and runs until its last member ends.
+
+One module on purpose: the event loop, the scheduling pass and the step accounting share
+the engine's state at every step, as vLLM's own Scheduler does in one file; split, each
+part would reach into the others' fields.
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ at its old value under sustained load and the SLA bound could never lower it. So
 the floor is kept where it belongs, in the batch size b_t the decision reports
 (``Decision.batch``), and the gate the scheduler applies is the un-floored
 b* (``Decision.cap``): running requests drain to it, none is preempted.
+
+One module on purpose: Algorithms 1 and 2 of seed 000, the feasibility rule and the
+token budget are the one published batch policy and its parts, composed by
+:class:`BatchPolicy`; each is a small class or function here.
 """
 
 from __future__ import annotations

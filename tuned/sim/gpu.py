@@ -79,6 +79,9 @@ Approximations, each with its number (all in :meth:`GpuStepModel.describe`):
   profiled peak activations, CUDA graphs, NCCL and cuBLAS workspaces), summed over
   the TP cards and divided by the KV bytes per token, 2 (K and V) x layers x
   n_kv_head x head_dim x 2 bytes.
+
+One module on purpose: reading Vidur's operator tables, the decode-attention fit and the
+GPU step model are one derivation, documented step by step in this docstring.
 """
 
 from __future__ import annotations

@@ -91,6 +91,10 @@ then has at most ~1200 binaries over horizons up to ~150 and is proven optimal
 scheduling mistake, so per-instance ratios spread wider than the paper's at
 n ≈ 50; with the paper's λ the scaled model 2 is also less overloaded (an arrival
 brings about 3 time units' worth of the full memory M, against about 8).
+
+One module on purpose: seed 003's discrete-time model, its hindsight-optimal integer
+program and the Section 5.1 baselines are one experiment, kept beside the paper's text
+it follows.
 """
 
 from __future__ import annotations

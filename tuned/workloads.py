@@ -1,6 +1,10 @@
 """Open-loop workloads: requests with arrival times, shared by ``tuned simulate``,
 ``tuned bench`` and the real-engine driver.
 
+One module, past the usual size, because it is the one workload model: the spec
+grammar below is its manual, and every kind shares the parser, the seeded streams
+and the bounds.
+
 ``parse_workload(spec, seed)`` turns a one-line spec into a :class:`Workload`, a
 tuple of :class:`RequestSpec` in arrival order (ids ``r000000``, ``r000001``, ...).
 The same spec and seed always give the same requests: every random stream is a

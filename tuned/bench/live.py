@@ -1,6 +1,10 @@
 """The real-engine side of ``tuned bench --engine vllm``: one open-loop workload
 against a freshly started server per contender.
 
+One module, past the usual size, because starting a contender's server, driving it
+and timing its requests follow one set of timing rules (below) that the pieces
+share.
+
 :func:`run_live` starts the contender's server on free local ports -- a plain vLLM
 OpenAI server with a fixed ``--max-num-seqs`` for a ``static`` contender, ``tuned
 serve`` with the contender's config for ``tuned`` and ``peer`` -- waits until it

@@ -33,6 +33,9 @@ does not sort every waiting request; one ``ReqInfo`` per request id is cached; t
 running requests' progress is read once per step, lazily, when the gate first
 needs it.
 
+One module, past the usual size, because it is nearly all :class:`QueueCore`, whose
+gate, order, pins and learning update the same per-step state.
+
 All methods are for the engine's scheduling thread; ``stats`` and
 :meth:`QueueCore.snapshot` may be read from another thread.
 """

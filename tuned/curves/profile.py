@@ -1,6 +1,10 @@
 """Profile files: the samples of a `tuned profile` sweep, their per-level aggregates and
 the fitted curves, and the :class:`Profile` object the controller asks for predictions.
 
+One module, past the usual size, because the file format is one contract: reading,
+writing, the migration of older schemas and the :class:`Profile` built from them
+change together.
+
 File format (JSON, ``schema_version`` 2)::
 
     {

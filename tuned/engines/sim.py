@@ -1,6 +1,10 @@
 """A discrete-event engine that schedules like vLLM v1, on a virtual clock, running
 tuned's own control core unchanged.
 
+One module, past the usual size, because its scheduling passes, step and event loop
+each mirror one part of vLLM's scheduler and share the engine's state; split, they
+would only pass that state around.
+
 It implements the engine side of :mod:`tuned.core.contract` exactly as the vLLM
 adapter does, and schedules each step as vLLM 0.32's ``Scheduler.schedule`` does
 (``vllm/v1/core/sched/scheduler.py``; ``kv_cache_manager.allocate_slots``):

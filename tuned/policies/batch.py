@@ -1,6 +1,9 @@
 """Batch-size decisions from seed 000 (Pang, Li, Wang: *Optimizing LLM Inference
 Throughput via Memory-aware and SLA-constrained Dynamic Batching*).
 
+One module, past the usual size, because it is one published algorithm (seed 000's
+Algorithms 1 and 2 and their combination), as the style asks.
+
 Pure functions and small state holders: no vLLM, NVML or threads. The controller
 feeds them an :class:`Observation` and gets back a :class:`Decision` carrying the
 target, its bounds and the reason.

@@ -2,6 +2,9 @@
 Scheduling for LLM Inference with KV Cache Constraints*,
 ``shared/seeds/003_730bb3baf6ac1209.txt``), in the paper's own discrete-time model.
 
+One module, past the usual size, as every paper scenario is one: the model, the
+hindsight IP, the algorithms and the report all cite this docstring's equations.
+
 Model (Section 2). One batch per time unit, one token per running request per
 batch. Request i (arrival a_i, prompt s_i, output o_i) started at p_i ≥ a_i holds
 s_i + (t − p_i) KV tokens at every time t with p_i < t ≤ p_i + o_i, completes at

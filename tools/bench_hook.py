@@ -1,8 +1,8 @@
 """Side-by-side: scheduler CPU time per step, vLLM's ``Scheduler`` vs tuned's subclass.
 
 ``tools/bench_overhead.py`` times whole engine steps, where the model's forward pass
-dominates and run-to-run noise (several percent on a shared 2-core host) hides
-anything under about 1%. This script isolates what tuned adds: both schedulers are
+dominates and run-to-run noise on a shared host hides an overhead as small as
+tuned's. This script isolates what tuned adds: both schedulers are
 built from the same vLLM config objects with a fake KV-cache config (as the contract
 tests do), the same request set is driven through ``schedule()`` and
 ``update_from_output()`` with fake model outputs, and the wall time of those two
@@ -14,8 +14,8 @@ the same steps. Rounds alternate which scheduler goes first.
 
 It prints the per-step scheduler time of each, the difference (tuned's added cost
 per step), and that difference as a share of a model step of ``--step-ms``
-milliseconds (default: the small demo model's measured decode step at batch 1 on
-this kind of host, the smallest step and therefore the worst case).
+milliseconds (default: about the small demo model's decode step at batch 1 on a
+CPU host, the smallest step and therefore the worst case).
 
     .venv/bin/python tools/bench_hook.py --queue-waiting 10000 100000 [--queue-steps 200]
 

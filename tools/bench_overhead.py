@@ -14,7 +14,7 @@ Prints each round, the mean step time of each engine, and tuned's overhead in
 percent (the median of the per-round ratios, and the ratio of the totals).
 
 Two engines on two cores are not interchangeable: which one is built first
-changes its step time by a few percent on its own. ``--first`` picks the build
+changes its step time on its own, by as much as the overhead looked for. ``--first`` picks the build
 order, and ``--control`` replaces tuned's engine with a second plain vLLM engine
 (an A/A run) to measure that bias; compare runs with both orders, or read
 ``tools/bench_hook.py``, which times the scheduler alone.

@@ -2,8 +2,8 @@
 jitter: how a rule holds up on a host it was not tuned on.
 
 ``tuned bench --engine sim`` runs each contender at the profile's exact speed; a real
-host drifts (this 2-core kind measured 0.9-1.9x its own profile of minutes earlier)
-and every step varies. Here each simulated step takes ``profile x slow x exp(N(0,
+host drifts (a shared CPU host can run well slower or faster than its own profile
+taken minutes earlier) and every step varies. Here each simulated step takes ``profile x slow x exp(N(0,
 sigma))`` while every controller sees only what it measures, as on a real engine.
 Prints, per (seed, slow), the requests each contender served within both SLOs, then
 the means. Used to choose what a violation caused by prefill does on a CPU host

@@ -52,24 +52,19 @@ fallbacks                      none (no fault is injected: a fallback here means
 The RSS quarters are taken over the samples after a warm-up (``--rss-warmup-s``,
 default 10 % of the run, at least 20 s): the first samples are taken while the
 first requests of the run load the processes for the first time (the EngineCore
-grew 660.2 -> 661.1 MiB in the first 20 s of a tiny-model run, then 1-2 MiB more
-over the next minutes while tuned's fixed-size rings, 8192 step samples and 4096
-finished requests, filled, then stayed flat). That start-up step is not growth
+grows at once, then a little more while tuned's fixed-size step and
+finished-request rings fill, then stays flat). That start-up step is not growth
 under load; the warm-up figures are still printed and written
-(``rss.*.warmup_mib``). Measured here the three judged processes grow well under
-the bound either way (tiny model, 800 requests over 8 min: supervisor +0.03 %,
-API server +0.02 %, EngineCore +0.12 %).
+(``rss.*.warmup_mib``).
 
 Why the model worker (vLLM's multiproc executor process that runs the model) is
-reported but not judged: its RSS climbs for many minutes (tiny model, 8 min:
-716 -> 994 MiB, +16 % between quarters, slowing down) and that is oneDNN's
-primitive cache, not a leak: oneDNN keeps a compiled kernel per matmul shape, up
-to ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` = 1024 entries by default, and the shape
-follows the number of tokens in each engine step, which an open-loop workload of
-mixed lengths keeps varying. The same run with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=8``
-in the server's environment kept the worker flat (773.3 -> 773.4 MiB after 20 s,
-+0.01 %). The cache is bounded, lives in vLLM's model runner, and tuned code never
-runs in that process (tuned lives in the EngineCore). Hence the judged sum is
+reported but not judged: its RSS climbs for many minutes, slowing down, and that
+is oneDNN's primitive cache, not a leak: oneDNN keeps a compiled kernel per matmul
+shape, up to ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` = 1024 entries by default, and the
+shape follows the number of tokens in each engine step, which an open-loop workload
+of mixed lengths keeps varying; a small ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` in the
+server's environment keeps the worker flat. The cache is bounded, lives in vLLM's
+model runner, and tuned code never runs in that process (tuned lives in the EngineCore). Hence the judged sum is
 supervisor + API server + EngineCore (``rss.server_total``); ``rss.total`` is
 every process of the tree, worker included, for information.
 """

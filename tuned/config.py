@@ -428,12 +428,13 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 # The embedded default (`tuned serve` / `tuned demo` with no --config): the small demo
-# model on a CPU host. Hosts of this kind differ 3-10x in decode speed, so the TBT
-# SLA is not a number but 2.5 x the decode step this host measures at batch 1
-# (tbt_sla_auto): about 30 ms on an AVX-512 host, 60 ms on an AVX2-only one, in both
-# cases between the step at batch 1 and at 32. With a 3 s TTFT target, requests that
-# already missed it wait behind those that can still make it. 48 KV blocks of 128
-# tokens hold about 24 demo requests, so both bounds of seed 000 have something to do.
+# model on a CPU host. CPU hosts differ several-fold in decode speed (AVX-512 or not,
+# core count), so the TBT SLA is not a number but a multiple of the decode step this
+# host measures at batch 1 (tbt_sla_auto), chosen to fall between the step at batch 1
+# and at the cap's ceiling on any such host. With a TTFT target, requests that
+# already missed it wait behind those that can still make it. The KV cache is sized
+# to hold fewer demo requests than the cap's ceiling, so both bounds of seed 000 have
+# something to do.
 EMBEDDED_DEFAULT = {"model": "demo:small", "max_num_seqs": 32, "max_num_batched_tokens": 2048,
                     "max_model_len": 1024, "num_gpu_blocks": 48, "tbt_sla_auto": 2.5,
                     "eps_d_s": 0.002, "ttft_sla_s": 3.0}

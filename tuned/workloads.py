@@ -1,6 +1,10 @@
 """Open-loop workloads: requests with arrival times, shared by ``tuned simulate``,
 ``tuned bench`` and the real-engine driver.
 
+One module, past the usual size, because it is the one workload model: the spec
+grammar below is its manual, and every kind shares the parser, the seeded streams
+and the bounds.
+
 ``parse_workload(spec, seed)`` turns a one-line spec into a :class:`Workload`, a
 tuple of :class:`RequestSpec` in arrival order (ids ``r000000``, ``r000001``, ...).
 The same spec and seed always give the same requests: every random stream is a
@@ -89,9 +93,6 @@ distribution parameters up to :data:`MAX_TOKENS`, ``n`` up to :data:`MAX_REQUEST
 ``cv`` in :data:`CV_RANGE`, ``length_scale`` / ``scale`` up to
 :data:`MAX_LENGTH_SCALE`, and every arrival within :data:`MAX_ARRIVAL_S` (30 days) of
 the first; a trace file is a regular file of at most :data:`MAX_TRACE_BYTES`.
-
-One module on purpose: the spec grammar in this docstring, its parser and the generators
-it names are one language; each workload kind is a small function here.
 """
 
 from __future__ import annotations

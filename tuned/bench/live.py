@@ -1,6 +1,10 @@
 """The real-engine side of ``tuned bench --engine vllm``: one open-loop workload
 against a freshly started server per contender.
 
+One module, past the usual size, because starting a contender's server, driving it
+and timing its requests follow one set of timing rules (below) that the pieces
+share.
+
 :func:`run_live` starts the contender's server on free local ports -- a plain vLLM
 OpenAI server with a fixed ``--max-num-seqs`` for a ``static`` contender, ``tuned
 serve`` with the contender's config for ``tuned`` and ``peer`` -- waits until it
@@ -41,10 +45,6 @@ How each request is timed (all times in seconds since the run start, on
   or two more by the time the abort lands.
 - A request that raises, or ends with a different number of tokens than asked
   for, is ``failed`` with its error; the run goes on.
-
-One module on purpose: the open-loop client, the contender's server lifetime and the
-per-request records are one run against one server; the launcher (:mod:`tuned.launch`)
-and the metrics (:mod:`tuned.bench.metrics`) are their own modules.
 """
 
 from __future__ import annotations

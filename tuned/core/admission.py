@@ -115,9 +115,9 @@ class AdmissionGuard:
         A prompt's first token comes out at the end of the step that computes its last
         prompt token, and vLLM packs every admitted prompt into the same steps (up to
         the token budget): each newcomer delays the first token of all the prompts
-        prefilling beside it by about gamma * p. On a GPU that is milliseconds; on a
-        CPU a 300-token prompt costs half a second, and a cohort of four admitted
-        together can make all four miss a 3 s TTFT that each would meet alone. With
+        prefilling beside it by about gamma * p. On a GPU that is small; on a CPU one
+        prompt's prefill is a sizeable share of a TTFT target, and a cohort admitted
+        together can make all its members miss a TTFT that each would meet alone. With
         ``ctx.ttft_sla_s`` set, the newcomer waits while it would push a prefilling
         request that still meets the TTFT SLA over it (predicted first token:
         now + T(b, remaining prefill tokens of the cohort)), or would itself meet the

@@ -1,6 +1,10 @@
 """Profile files: the samples of a `tuned profile` sweep, their per-level aggregates and
 the fitted curves, and the :class:`Profile` object the controller asks for predictions.
 
+One module, past the usual size, because the file format is one contract: reading,
+writing, the migration of older schemas and the :class:`Profile` built from them
+change together.
+
 File format (JSON, ``schema_version`` 2)::
 
     {
@@ -29,9 +33,6 @@ tens of thousands of engine steps small. Schema 1 (``"version": 1``: per-level
 throughput rows and USL parameters as ``[lam, sigma, kappa]``, no samples) is
 migrated on load; :func:`load_profile` rejects anything else with a
 :class:`ProfileError` naming the file and the problem.
-
-One module on purpose: the profile file's schema, its migrations, its validation and the
-predictions read from it change together with every schema version.
 """
 
 from __future__ import annotations

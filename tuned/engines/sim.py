@@ -1,6 +1,10 @@
 """A discrete-event engine that schedules like vLLM v1, on a virtual clock, running
 tuned's own control core unchanged.
 
+One module, past the usual size, because its scheduling passes, step and event loop
+each mirror one part of vLLM's scheduler and share the engine's state; split, they
+would only pass that state around.
+
 It implements the engine side of :mod:`tuned.core.contract` exactly as the vLLM
 adapter does, and schedules each step as vLLM 0.32's ``Scheduler.schedule`` does
 (``vllm/v1/core/sched/scheduler.py``; ``kv_cache_manager.allocate_slots``):
@@ -39,10 +43,6 @@ jumps to the next arrival.
 ``static_batching=True`` gives seed 001's model instead: a batch is formed only
 when nothing runs (up to the cap, from the queue's order, ignoring the token
 budget) and runs until its last member ends.
-
-One module on purpose: the event loop, the scheduling pass and the step accounting share
-the engine's state at every step, as vLLM's own Scheduler does in one file; split, each
-part would reach into the others' fields.
 """
 
 from __future__ import annotations
@@ -275,24 +275,37 @@ class SimEngine:
     def _schedule(self) -> tuple[list[tuple[SimRequest, int]], int]:
         """vLLM's schedule(): (request, new tokens) pairs and the preemption count."""
         budget = self.token_budget
-        scheduled: list[tuple[SimRequest, int]] = []
-        preempted = 0
-        running = self.running
-        q = self.waiting
-        if isinstance(q, QueueCore):
-            # contract step 2, before the running pass, as the vLLM adapter calls it
-            # (before super().schedule()): the context's free KV is that of the top
-            # of the step, and the queue hears of every step, preempting ones too
-            qi = self.controller.slot.queue_inputs
-            model, sla, ttft = qi.guard
-            q.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
-                                      self.free_blocks * self.block_size, self.cap,
-                                      qi.speed_fn, self.block_size,
-                                      step_model=model, tpot_sla_s=sla, ttft_sla_s=ttft,
-                                      token_budget=budget),
-                                         running)
+        if isinstance(self.waiting, QueueCore):
+            self._begin_queue_step(budget)
         if self.static_batching:
             budget = 1 << 62
+        scheduled: list[tuple[SimRequest, int]] = []
+        budget, preempted = self._schedule_running(budget, scheduled)
+        if preempted or (self.static_batching and self.running):
+            return scheduled, preempted
+        self._schedule_waiting(budget, scheduled)
+        return scheduled, preempted
+
+    def _begin_queue_step(self, budget: int) -> None:
+        # contract step 2, before the running pass, as the vLLM adapter calls it
+        # (before super().schedule()): the context's free KV is that of the top
+        # of the step, and the queue hears of every step, preempting ones too
+        qi = self.controller.slot.queue_inputs
+        model, sla, ttft = qi.guard
+        self.waiting.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
+                                             self.free_blocks * self.block_size, self.cap,
+                                             qi.speed_fn, self.block_size,
+                                             step_model=model, tpot_sla_s=sla,
+                                             ttft_sla_s=ttft, token_budget=budget),
+                                self.running)
+
+    def _schedule_running(self, budget: int,
+                          scheduled: list[tuple[SimRequest, int]]) -> tuple[int, int]:
+        """vLLM's running pass, in order: each running request's next tokens within
+        ``budget``, preempting from the back when its blocks cannot be allocated.
+        Appends to ``scheduled``; returns the budget left and the preemption count."""
+        preempted = 0
+        running = self.running
         i = 0
         bs = self.block_size
         while i < len(running) and budget > 0:
@@ -318,8 +331,14 @@ class SimEngine:
             scheduled.append((r, n))
             budget -= n
             i += 1
-        if preempted or (self.static_batching and running):
-            return scheduled, preempted
+        return budget, preempted
+
+    def _schedule_waiting(self, budget: int,
+                          scheduled: list[tuple[SimRequest, int]]) -> None:
+        """vLLM's waiting pass: admit from the head of the queue while the budget,
+        the cap and the free blocks allow. Appends to ``scheduled``."""
+        q = self.waiting
+        running = self.running
         cap = self.cap
         while budget > 0 and q and len(running) < cap:
             r = q.peek_request()
@@ -338,7 +357,6 @@ class SimEngine:
             running.append(r)
             scheduled.append((r, n))
             budget -= n
-        return scheduled, preempted
 
     def _met(self, r: SimRequest, end: float) -> bool:
         """At its finish: False when ``r`` missed the TPOT or E2E SLO with a timely
@@ -363,6 +381,32 @@ class SimEngine:
             q.request_finished(r, learn)
 
     def _run_step(self, scheduled: Sequence[tuple[SimRequest, int]], preempted: int) -> None:
+        """Run one scheduled step to its end: the controller ticks due before it, the
+        tokens it produces, the requests it finishes, its :class:`StepSample`."""
+        shape = self._step_shape(scheduled)
+        dt = self.step_model.step_s(shape)
+        end = self.now + self._gap_s + dt
+        self._ticks_until(end)
+        self.now = end
+        gen, done = self._emit_tokens(scheduled, end)
+        resident = shape.kv_tokens - self._retire(done, end)
+        n_dec, n_pre, pre_tok = shape.num_decode, shape.num_prefill_reqs, shape.prefill_tokens
+        usable = self.num_gpu_blocks - 1      # vLLM's null block is never in use
+        used = usable - self.free_blocks
+        # decodes counted as the vLLM adapter counts them: requests given one token
+        if isinstance(self.waiting, QueueCore):
+            self.waiting.step_done(n_dec, preempted)
+        sample = StepSample(self.steps.next_seq, end, dt, n_dec, n_pre, pre_tok,
+                            n_dec + pre_tok, gen, used / usable, used, resident,
+                            len(self.running), len(self.waiting), preempted)
+        self.steps.append(sample)
+        if self.record_steps:
+            self._step_log.append(sample)
+            self._knob_log.append((self.cap, self.token_budget))
+
+    def _step_shape(self, scheduled: Sequence[tuple[SimRequest, int]]) -> StepShape:
+        """What the step computes; ``kv_tokens`` counts the running requests' KV
+        after it."""
         n_dec = n_pre = pre_tok = dec_ctx = 0
         pairs = 0.0
         for r, n in scheduled:
@@ -378,11 +422,13 @@ class SimEngine:
         for r in self.running:
             resident_before += r.num_computed_tokens
         resident_after = resident_before + n_dec + pre_tok
-        dt = self.step_model.step_s(StepShape(n_dec, dec_ctx, pre_tok, n_pre, pairs,
-                                              resident_after))
-        end = self.now + self._gap_s + dt
-        self._ticks_until(end)
-        self.now = end
+        return StepShape(n_dec, dec_ctx, pre_tok, n_pre, pairs, resident_after)
+
+    def _emit_tokens(self, scheduled: Sequence[tuple[SimRequest, int]],
+                     end: float) -> tuple[int, list[SimRequest]]:
+        """Advance each scheduled request at the step's ``end``: a token for each
+        that is through its prompt, a late first token counted against the SLO.
+        Returns the tokens generated and the requests that reached their output."""
         gen = 0
         done: list[SimRequest] = []
         for r, n in scheduled:
@@ -400,11 +446,16 @@ class SimEngine:
                     r.token_times.append(end)
                 if r.num_output_tokens >= r.target_output:
                     done.append(r)
-        resident = resident_after
+        return gen, done
+
+    def _retire(self, done: Sequence[SimRequest], end: float) -> int:
+        """Finish ``done`` at ``end``: judge each against the SLO, free its blocks,
+        record it, tell the queue. Returns the KV tokens they held."""
+        freed_tokens = 0
         for r in done:
             if self.give_up is not None and not self._met(r, end):
                 self.bad += 1     # (a late first token was counted when it came)
-            resident -= r.num_computed_tokens
+            freed_tokens += r.num_computed_tokens
             self.running.remove(r)
             r.finish_s = end
             self._free(r)
@@ -412,18 +463,7 @@ class SimEngine:
                 self.finished.next_seq, end, r.request_id, r.num_prompt_tokens,
                 r.num_output_tokens, r.max_tokens, r.arrival_time, r.preemptions))
             self._finish_queue(r, learn=True)
-        usable = self.num_gpu_blocks - 1      # vLLM's null block is never in use
-        used = usable - self.free_blocks
-        # decodes counted as the vLLM adapter counts them: requests given one token
-        if isinstance(self.waiting, QueueCore):
-            self.waiting.step_done(n_dec, preempted)
-        sample = StepSample(self.steps.next_seq, end, dt, n_dec, n_pre, pre_tok,
-                            n_dec + pre_tok, gen, used / usable, used, resident,
-                            len(self.running), len(self.waiting), preempted)
-        self.steps.append(sample)
-        if self.record_steps:
-            self._step_log.append(sample)
-            self._knob_log.append((self.cap, self.token_budget))
+        return freed_tokens
 
     # ------------------------------------------------------------ ticks
     def _ticks_until(self, t: float) -> None:

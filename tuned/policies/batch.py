@@ -1,6 +1,9 @@
 """Batch-size decisions from seed 000 (Pang, Li, Wang: *Optimizing LLM Inference
 Throughput via Memory-aware and SLA-constrained Dynamic Batching*).
 
+One module, past the usual size, because it is one published algorithm (seed 000's
+Algorithms 1 and 2 and their combination), as the style asks.
+
 Pure functions and small state holders: no vLLM, NVML or threads. The controller
 feeds them an :class:`Observation` and gets back a :class:`Decision` carrying the
 target, its bounds and the reason.
@@ -29,17 +32,13 @@ at its old value under sustained load and the SLA bound could never lower it. So
 the floor is kept where it belongs, in the batch size b_t the decision reports
 (``Decision.batch``), and the gate the scheduler applies is the un-floored
 b* (``Decision.cap``): running requests drain to it, none is preempted.
-
-One module on purpose: Algorithms 1 and 2 of seed 000, the feasibility rule and the
-token budget are the one published batch policy and its parts, composed by
-:class:`BatchPolicy`; each is a small class or function here.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from statistics import NormalDist
 
 from tuned.core.types import Decision, Observation, StepModel
@@ -459,6 +458,18 @@ class BatchPolicy:
         # decodes; they drain to the gate (cap) as they finish.
         batch = min(max(cap, obs.num_running), self.ceiling)
         lower = min(lower, upper)
+        budget = self._token_budget(obs, model, cap=cap, batch=batch, feasible=feasible,
+                                    budget_acts=budget_acts)
+        inputs = self._decision_inputs(obs, model, cap=cap, feasible=feasible)
+        return Decision(target=target, lower=lower, upper=upper, cap=cap, batch=batch,
+                        token_budget=budget, reason=reason, b_mem=b_mem, b_sla=b_sla,
+                        inputs=inputs)
+
+    def _token_budget(self, obs: Observation, model: StepModel | None, *, cap: int,
+                      batch: int, feasible: bool, budget_acts: bool) -> int:
+        """The step's token budget for ``cap`` and ``batch``: the largest that keeps a
+        step with the decodes beside it within the SLA (less the closed-loop bias),
+        in [cap + 1, max_num_batched_tokens]."""
         sla_s = self.sla.sla_s - self.budget_margin_s if (self.sla and feasible) else 0.0
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
         if not self.budget_control:
@@ -488,7 +499,11 @@ class BatchPolicy:
         budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
                               sla_s, model, obs.kv_tokens_resident)
         # what the engine applies: room for every admitted decode plus a token
-        budget = min(max(budget, cap + 1), self.max_num_batched_tokens)
+        return min(max(budget, cap + 1), self.max_num_batched_tokens)
+
+    def _decision_inputs(self, obs: Observation, model: StepModel | None, *, cap: int,
+                         feasible: bool) -> dict:
+        """What the decision was made from, for ``/decisions`` and the logs."""
         inputs = _inputs(obs, self)
         inputs["draining"] = obs.num_running > cap
         if self.feasibility is not None:
@@ -498,9 +513,7 @@ class BatchPolicy:
         if model is not None:
             inputs["step_model"] = {k: v for k, v in model.to_dict().items()
                                     if k != "n_samples"} if hasattr(model, "to_dict") else None
-        return Decision(target=target, lower=lower, upper=upper, cap=cap, batch=batch,
-                        token_budget=budget, reason=reason, b_mem=b_mem, b_sla=b_sla,
-                        inputs=inputs)
+        return inputs
 
 
 def _inputs(obs: Observation, pol: BatchPolicy) -> dict:

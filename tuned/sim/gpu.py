@@ -1,5 +1,9 @@
 """GPU-shaped step-time models: Llama-2 7B and 70B on A100-80GB and H100-80GB.
 
+One module, past the usual size, because the step formula below, the reading of
+Vidur's tables and the decode-attention fit are one model whose numbers this
+docstring explains together.
+
 Built from per-operator timings that Vidur (microsoft/vidur, MIT) measured on real
 GPUs, so that simulated results speak of A100 / H100 rather than of the host the
 simulator runs on. The data ships in ``tuned/data/vidur/`` (:mod:`tuned.data`; another
@@ -79,9 +83,6 @@ Approximations, each with its number (all in :meth:`GpuStepModel.describe`):
   profiled peak activations, CUDA graphs, NCCL and cuBLAS workspaces), summed over
   the TP cards and divided by the KV bytes per token, 2 (K and V) x layers x
   n_kv_head x head_dim x 2 bytes.
-
-One module on purpose: reading Vidur's operator tables, the decode-attention fit and the
-GPU step model are one derivation, documented step by step in this docstring.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 Scheduling for LLM Inference with KV Cache Constraints*,
 ``shared/seeds/003_730bb3baf6ac1209.txt``), in the paper's own discrete-time model.
 
+One module, past the usual size, as every paper scenario is one: the model, the
+hindsight IP, the algorithms and the report all cite this docstring's equations.
+
 Model (Section 2). One batch per time unit, one token per running request per
 batch. Request i (arrival a_i, prompt s_i, output o_i) started at p_i ≥ a_i holds
 s_i + (t − p_i) KV tokens at every time t with p_i < t ≤ p_i + o_i, completes at
@@ -91,10 +94,6 @@ then has at most ~1200 binaries over horizons up to ~150 and is proven optimal
 scheduling mistake, so per-instance ratios spread wider than the paper's at
 n ≈ 50; with the paper's λ the scaled model 2 is also less overloaded (an arrival
 brings about 3 time units' worth of the full memory M, against about 8).
-
-One module on purpose: seed 003's discrete-time model, its hindsight-optimal integer
-program and the Section 5.1 baselines are one experiment, kept beside the paper's text
-it follows.
 """
 
 from __future__ import annotations

@@ -477,6 +477,9 @@ class SimEngine:
 
     # ------------------------------------------------------------ the loop
     def run(self, requests: Iterable[RequestSpec]) -> SimResult:
+        """Run ``requests`` to completion on the virtual clock. The event loop (arrivals,
+        controller ticks, steps) reads top to bottom on purpose, a little over 60
+        lines: split, its pieces would pass the loop's local state back and forth."""
         specs = sorted(requests, key=lambda s: (s.arrival_s, s.request_id))
         reqs = [SimRequest(s, self.record_token_times) for s in specs]
         if self.horizon_s is not None and specs:

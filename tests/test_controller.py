@@ -155,7 +155,7 @@ def test_invalid_reload_is_refused_and_old_config_kept(tmp_path):
     res = ctrl.reload()
     assert res["problems"] == ["b_min: must be <= b_max (32), got 40"]
     assert ctrl.cfg.tbt_sla_s == 0.05 and ctrl.cfg.b_min == 1
-    assert ctrl.policy.sla is not None and ctrl.policy.sla.sla_s == 0.05
+    assert ctrl.policy.inner.sla is not None and ctrl.policy.inner.sla.sla_s == 0.05
     assert ctrl.metrics.reloads.labels("refused")._value.get() == 2
     assert ctrl.decisions_json()["last_reload"]["outcome"] == "refused"
 

@@ -28,6 +28,7 @@ from tuned.policies.registry import QUEUE_POLICIES as _QUEUE_POLICY_CLASSES
 SLA_MODES = ("evidence", "paper")
 SLA_STATISTICS = ("mean", "p90")
 TOKEN_BUDGET_POLICIES = ("sla", "max")
+WAIT_BOUND_MODES = ("refuse", "serve", "off")
 ADMISSION_GUARDS = ("tpot", "off")
 QUEUE_POLICIES = tuple(_QUEUE_POLICY_CLASSES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -101,6 +102,15 @@ class Config:
                            "queue, requests that waited longer (late already) are served "
                            "after those that can still make it (0 = off)",
                            lo=0.0, hi=3600.0)
+    max_wait_s: float = _f(0.0, "bound on a request's wait for its first token, in seconds "
+                           "(0 = 10 x ttft_sla_s when a TTFT target is set, else no bound); "
+                           "see on_max_wait", lo=0.0, hi=86400.0)
+    on_max_wait: str = _f("refuse", "what the wait bound does: refuse (a request still "
+                          "waiting at max_wait_s is refused at once, so its client can "
+                          "retry elsewhere), serve (served late, never refused) or off (no "
+                          "bound: late requests wait for a lull). With refuse or serve, a "
+                          "request that has waited half the bound is admitted before the "
+                          "queue policy's choice (aging)", choices=WAIT_BOUND_MODES)
     alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
     tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",
@@ -149,11 +159,20 @@ class Config:
             opts.setdefault("late_after_s", self.ttft_sla_s)
         return self.queue_policy, opts
 
+    def wait_bound_spec(self) -> tuple[float, bool] | None:
+        """(bound in seconds, refuse at it) of the wait bound, or None without one:
+        ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT target is set."""
+        if self.on_max_wait == "off":
+            return None
+        bound = self.max_wait_s or 10.0 * self.ttft_sla_s
+        return (bound, self.on_max_wait == "refuse") if bound > 0 else None
+
     @property
     def native_queue(self) -> bool:
         """True when the engine may keep its own FCFS queue (no tuned queue needed)."""
         name, opts = self.queue_spec()
-        return name == "fcfs" and not opts and not self.guards_admission
+        return (name == "fcfs" and not opts and not self.guards_admission
+                and self.wait_bound_spec() is None)
 
     @property
     def guards_admission(self) -> bool:

@@ -193,8 +193,10 @@ class Controller:
             kept = (self.cfg, self.policy, self._first_reason, self.profile, self.speed_fn)
             try:
                 self._build(new)
-                if (new.queue_spec(), new.class_deadlines_s, new.queue_seed) != (
-                        old.queue_spec(), old.class_deadlines_s, old.queue_seed) or (
+                if (new.queue_spec(), new.class_deadlines_s, new.queue_seed,
+                        new.wait_bound_spec()) != (
+                        old.queue_spec(), old.class_deadlines_s, old.queue_seed,
+                        old.wait_bound_spec()) or (
                         old.native_queue and not new.native_queue):
                     self.engine.set_queue_policy(new.queue_policy, new)
             except Exception:

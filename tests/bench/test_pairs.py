@@ -203,6 +203,12 @@ def test_attribution_names_the_closest_ablation_and_each_share():
     assert ("tuned's goodput gain over vllm-default (+0.2 req/s) is best matched by "
             "tuned-queue-only (the queue order), 75% of it; tuned-budget-only 25%, "
             "tuned-cap-only 0%, tuned-guard-only 0%.") in words
+    runs = _field()
+    runs[5] = _run("tuned-queue-only", "ablation", 5, 0.5, cap=8, budget=2048)
+    assert ("tuned's goodput gain over vllm-default (+0.2 req/s) is best matched by "
+            "tuned-budget-only (the token budget), 25% of it; tuned-queue-only 25%, "
+            "tuned-cap-only 0%, tuned-guard-only 0% (alone they add up to 50%: the rest "
+            "comes from the levers together).") in report_mod.findings(_report(runs))
 
 
 def test_no_gain_says_so():
@@ -232,3 +238,57 @@ def test_a_cap_that_never_moved_is_said_with_where_the_gain_came_from():
     md = report_mod.markdown(_report(_field(cap_moves=0)))
     assert "## What produced the gain" in md
     assert "The batch cap never moved (it stayed at 8)" in md
+
+
+# --- the command -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--budgets", "512,big", "tuned bench: --budgets: expected comma-separated whole numbers, "
+                             "got '512,big'"),
+    ("--budgets", "8", "tuned bench: --budgets: 8 is outside [16, 1048576]"),
+    ("--repeats", "0", "tuned bench: --repeats: must be in [1, 100], got 0"),
+])
+def test_bad_sweep_options_are_refused_in_one_line(tmp_path, capsys, flag, value, message):
+    from tuned import cli
+
+    rc = cli.main(["bench", "--engine", "sim", "--hardware", "a100-llama2-7b", "--workload",
+                   "poisson:rate=4,prompt=64,output=16,n=12", flag, value,
+                   "--out", str(tmp_path)])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_sim_bench_sweeps_pairs_over_repeats(tmp_path):
+    """Two repeats (seeds 0 and 1) of a small pair sweep: each contender's figures are
+    the mean of its two runs, each repeat keeps its request log, and the default
+    budget is in the sweep beside the one asked for."""
+    import csv
+    import json
+
+    from tuned import cli
+
+    rc = cli.main(["bench", "--engine", "sim", "--hardware", "a100-llama2-7b",
+                   "--workload", "poisson:rate=6,prompt=U(16,512),output=U(16,128),n=40",
+                   "--slo", "ttft=2,tpot=0.05", "--caps", "8", "--budgets", "256",
+                   "--contenders", "vllm-default,static-8,static-8@256,tuned,tuned-cap-only",
+                   "--repeats", "2", "--capacity", "off", "--jobs", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["repeats"] == 2 and rep["default_budget"] == 2048
+    assert rep["command"].endswith("--repeats 2 --capacity off")
+    runs = {r["name"]: r for r in rep["runs"]}
+    assert [(n, runs[n].get("cap"), runs[n].get("budget")) for n in runs] == [
+        ("vllm-default", 256, 2048), ("static-8@256", 8, 256), ("static-8", 8, 2048),
+        ("tuned", None, None), ("tuned-cap-only", 256, 2048)]
+    for name, run in runs.items():
+        goods = []
+        for k, stem in enumerate((name, f"{name}.r1")):
+            with open(tmp_path / "logs" / f"{stem}.requests.csv", newline="") as f:
+                goods.append(sum(int(r["good"]) for r in csv.DictReader(f)))
+        assert run["repeats"] == 2 and len(run["goodput_rps_runs"]) == 2
+        assert run["attainment"] == pytest.approx(sum(goods) / 80)
+    assert rep["best_static"]["by_goodput"] in ("vllm-default", "static-8", "static-8@256")
+    assert rep["best_cap"]["by_goodput"] in ("vllm-default", "static-8")
+    assert "goodput_vs_best_cap" in rep["ratios"] and rep["findings"]
+    md = (tmp_path / "report.md").read_text()
+    assert "- every figure is the mean of 2 repeats" in md

@@ -63,7 +63,7 @@ def register(subparsers) -> None:
     p.add_argument("--caps", help="comma-separated static caps (default: the sweep)")
     p.add_argument("--budgets", help="comma-separated token budgets paired with each static "
                    "cap (default: sim 512,1024,2048,4096,8192, --quick 512,2048,8192; vllm "
-                   "128,256,512,2048, --quick 256,2048; vLLM's default budget always added)")
+                   "128,256,512,2048, --quick 256,2048); vLLM's default budget is always added")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each contender, averaged (default %(default)s; on the "
                    "simulator repeat k uses seed + k)")

@@ -226,7 +226,7 @@ def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
                          f"({LEVERS.get(close, close)}), {_pct(shares[close])} of it"
                          + "".join(f"; {n} {_pct(shares[n])}" if i == 0 else
                                    f", {n} {_pct(shares[n])}" for i, n in enumerate(rest))
-                         + ".")
+                         + _together(sum(shares.values())) + ".")
         else:
             words.append(f"{subject}'s goodput is not above {att['baseline']}'s "
                          f"({_fmt(me.get('goodput_rps'))} vs "
@@ -262,6 +262,16 @@ def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
         words.append(f"The batch cap moved {me['cap_moves']} times, between "
                      f"{me.get('cap_min')} and {me.get('cap_max')}.")
     return words
+
+
+def _together(total: float) -> str:
+    """What the ablations' shares add up to, where that is not about all of it."""
+    if abs(total - 1) <= TAIL_TOLERANCE:
+        return ""
+    if total < 1:
+        return (f" (alone they add up to {_pct(total)}: the rest comes from the levers "
+                "together)")
+    return f" (alone they add up to {_pct(total)}: the levers overlap)"
 
 
 def _fmt_ratio(x: float) -> str:

@@ -125,7 +125,8 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
                only: Sequence[str] | None = None) -> list[Contender]:
     """The standard field (see the module docstring) around ``base``, whose
     ``max_num_seqs`` is the ceiling and whose ``tbt_sla_s`` is the TPOT SLO. ``caps``
-    replaces the cap sweep, ``budgets`` the token budgets (default: vLLM's alone).
+    replaces the cap sweep; each cap runs at every token budget of ``budgets`` and at
+    vLLM's default budget.
     A budget below what vLLM accepts for a cap (cap + ``min_chunk_tokens``) is
     raised to it, and a pair reached twice runs once; vLLM's default pair runs as
     ``vllm-default`` only. ``peers`` / ``ablate`` False leave out the peers / the
@@ -156,7 +157,7 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
     for cap in (sorted(set(caps)) if caps else sweep_caps(ceiling, quick)):
         if not 1 <= cap <= hi_cap:
             raise ValueError(f"--caps: {cap} is outside [1, {hi_cap}]")
-        for b in sorted(set(budgets or (default_tokens,))):
+        for b in sorted(set(budgets or ()) | {default_tokens}):
             tokens = vllm_budget(cap, b)
             if (cap, tokens) in seen:
                 continue

@@ -158,7 +158,11 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
                   f"- host: {_host(rep)}",
                   f"- date: {rep.get('date', NOT_RECORDED)}",
                   f"- SLO: {rep['slo']}; seed {rep['seed']}",
-                  f"- best static pair (cap, token budget) in hindsight: {best}", "",
+                  f"- best static pair (cap, token budget) in hindsight: {best}"]
+        if rep.get("best_cap"):
+            lines.append("- best cap at vLLM's default token budget: " + ", ".join(
+                f"{k.removeprefix('by_')} {v}" for k, v in rep["best_cap"].items()))
+        lines += ["",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += run_rows(rep)
         if rep.get("findings"):

@@ -111,14 +111,15 @@ def test_budget_only_holds_the_cap_at_the_ceiling_and_moves_the_budget():
 # --- the best pair in hindsight ----------------------------------------------------------------
 
 def _run(name, kind, goodput_n, ttft, *, cap=None, budget=None, tpot=0.02, n=10,
-         extra_done=0):
+         extra_done=0, late_ttft=5.0):
     """``n`` requests arriving 0..n-1 s; the first ``goodput_n`` good (TTFT ``ttft``),
-    ``extra_done`` more completed late, the rest refused; every run lasts 20 s."""
+    ``extra_done`` more completed late (TTFT ``late_ttft``), the rest refused; every
+    run lasts 20 s."""
     results = []
     for i in range(n):
         a = float(i)
         if i < goodput_n + extra_done:
-            t1 = a + (ttft if i < goodput_n else 5.0)
+            t1 = a + (ttft if i < goodput_n else late_ttft)
             results.append(RequestResult(f"{name}-{i}", a, 10, 3, t1, t1 + 2 * tpot,
                                          [t1, t1 + tpot, t1 + 2 * tpot]))
         else:
@@ -227,6 +228,21 @@ def test_tail_regression_against_the_best_pair_is_said_in_words():
     level = report_mod.findings(_report(_field(tuned_ttft=0.4)))
     assert ("No tail regression against the best pair (static-4@256): tuned's TTFT p99, "
             "TPOT p99 and throughput are within 5% of it or better.") in level
+
+
+def test_the_longest_wait_and_waits_past_ten_times_the_ttft_target_are_said():
+    runs = _field()
+    # tuned: 8 good at TTFT 1 s, and 2 more completed with TTFT 25 s, none refused
+    runs[2] = dict(_run("tuned", "tuned", 8, 1.0, extra_done=2, late_ttft=25.0),
+                   cap_moves=0, cap_max=8)
+    rep = _report(runs, slo_parsed={"ttft_s": 2.0})
+    assert ("tuned's longest wait for a first token was 25.00 s (the best pair's 400.0 ms); "
+            "2 completed requests waited more than 10x the TTFT target (20.00 s); "
+            "0 were refused.") in report_mod.findings(rep)
+    vllm = report_mod.findings(_report(_field()))
+    assert ("tuned's longest wait for a first token was 1.00 s (the best pair's 400.0 ms); "
+            "0 completed requests waited more than 10x the TTFT target; 2 were refused."
+            ) in vllm
 
 
 def test_a_cap_that_never_moved_is_said_with_where_the_gain_came_from():

@@ -204,8 +204,9 @@ def _pct(x: float) -> str:
 def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
     """The report's sentences: which ablation produced the gain (and each one's
     share), any tail regression against the best pair (TTFT p99, TPOT p99,
-    throughput worse by more than :data:`TAIL_TOLERANCE`), and whether the batch cap
-    moved at all."""
+    throughput worse by more than :data:`TAIL_TOLERANCE`), the longest wait and how
+    many completed requests waited past 10x the TTFT target (and how many were
+    refused), and whether the batch cap moved at all."""
     from tuned.bench.runner import LEVERS
 
     runs = report["runs"]
@@ -249,6 +250,15 @@ def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
             words.append(f"No tail regression against the best pair ({best}): {subject}'s "
                          f"TTFT p99, TPOT p99 and throughput are within "
                          f"{_pct(TAIL_TOLERANCE)} of it or better.")
+    if me.get("waits_over_10x_ttft") is not None:
+        ttft = (report.get("slo_parsed") or {}).get("ttft_s")
+        bound = f" ({_fmt(10 * ttft, '_s')})" if ttft else ""
+        pair = by.get(best) if best else None
+        vs = f" (the best pair's {_fmt(pair.get('max_wait_s'), '_s')})" if pair else ""
+        words.append(f"{subject}'s longest wait for a first token was "
+                     f"{_fmt(me.get('max_wait_s'), '_s')}{vs}; "
+                     f"{_fmt(me['waits_over_10x_ttft'])} completed requests waited more than "
+                     f"10x the TTFT target{bound}; {_fmt(me.get('refused'))} were refused.")
     if me.get("cap_moves") == 0:
         why = ""
         if att.get("shares"):
@@ -257,10 +267,12 @@ def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
                 top = min(levers, key=lambda n: abs(_num(me.get("goodput_rps"))
                                                    - _num(by[n].get("goodput_rps"))))
                 why = f"; the gain came from {LEVERS.get(top, top)} ({top})"
-        words.append(f"The batch cap never moved (it stayed at {me.get('cap_max')}){why}.")
+        words.append(f"The batch cap never moved (it stayed at {_fmt(me.get('cap_max'))})"
+                     f"{why}.")
     elif me.get("cap_moves"):
-        words.append(f"The batch cap moved {me['cap_moves']} times, between "
-                     f"{me.get('cap_min')} and {me.get('cap_max')}.")
+        per_run = " per run on average" if (me.get("repeats") or 1) > 1 else ""
+        words.append(f"The batch cap moved {_fmt(me['cap_moves'])} times{per_run}, between "
+                     f"{_fmt(me.get('cap_min'))} and {_fmt(me.get('cap_max'))}.")
     return words
 
 

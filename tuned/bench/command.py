@@ -39,9 +39,11 @@ _JOB: dict[str, Any] = {}
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "bench", help="tuned against static caps and peers' rules, side by side",
-        description=__doc__.split("\n\n")[0] + " Runs tuned, vLLM's default cap, a sweep "
-        "of static caps, TensorRT-LLM's and SGLang's rules on the same arrivals.")
+        "bench", help="tuned against static (cap, token budget) pairs and peers' rules, "
+        "side by side",
+        description=__doc__.split("\n\n")[0] + " Runs tuned, its ablations, vLLM's "
+        "default, a sweep of static (cap, token budget) pairs, TensorRT-LLM's and SGLang's "
+        "rules on the same arrivals.")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     hw = p.add_mutually_exclusive_group()
     hw.add_argument("--hardware", help="sim: a100-llama2-7b, h100-llama2-7b, "

@@ -314,3 +314,28 @@ def test_requests_csv_marks_refusals():
     assert rows["r5"]["first_response_s"] == ""
     buf = io.StringIO()
     csv.DictWriter(buf, fieldnames=REQUEST_COLUMNS).writerows(rows.values())
+
+
+def test_sim_results_carry_the_simulators_refusals():
+    """A simulated request the queue refused (``refused_s`` on the simulator's request)
+    is a refusal in the bench's results; a simulator without the attribute refuses
+    nothing."""
+    from types import SimpleNamespace
+
+    from tuned.bench.runner import results_from_sim
+
+    def req(rid, **kw):
+        d = dict(request_id=rid, arrival_time=1.0, num_prompt_tokens=8, num_output_tokens=2,
+                 first_token_s=None, finish_s=None, token_times=None, preemptions=0,
+                 recomputed_tokens=0)
+        d.update(kw)
+        return SimpleNamespace(**d)
+
+    res = SimpleNamespace(failed=[], requests=[
+        req("a", refused_s=1.5),
+        req("b", first_token_s=1.2, finish_s=1.4, token_times=[1.2, 1.4])])
+    a, b = results_from_sim(res)
+    assert (a.refused, a.refused_s, a.first_response_s, a.completed) == (True, 1.5, 0.5, False)
+    assert (b.refused, b.completed) == (False, True)
+    s = summarize([a, b], Slo(ttft_s=1.0))
+    assert (s["refused"], s["good"], s["unfinished"]) == (1, 1, 0)

@@ -293,7 +293,7 @@ def _fmt_ratio(x: float) -> str:
 def _fmt(v: Any, key: str = "") -> str:
     if v is None:
         return "-"
-    if isinstance(v, float) and v.is_integer() and not key and abs(v) < 1e15:
+    if isinstance(v, float) and v.is_integer() and not key and abs(v) < 1000:
         return str(int(v))               # a count (a mean of equal counts over repeats)
     if isinstance(v, float):
         if not math.isfinite(v):

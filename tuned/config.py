@@ -109,8 +109,12 @@ class Config:
                           "waiting at max_wait_s is refused at once, so its client can "
                           "retry elsewhere), serve (served late, never refused) or off (no "
                           "bound: late requests wait for a lull). With refuse or serve, a "
-                          "request that has waited half the bound is admitted before the "
+                          "request that has waited age_after_s is admitted before the "
                           "queue policy's choice (aging)", choices=WAIT_BOUND_MODES)
+    age_after_s: float = _f(0.0, "with a wait bound, a request that has waited this long is "
+                            "admitted before the queue policy's choice, oldest first "
+                            "(0 = 2 x ttft_sla_s, at most half of the bound; without a "
+                            "TTFT target, half of the bound)", lo=0.0, hi=86400.0)
     alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
     tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",
@@ -159,13 +163,18 @@ class Config:
             opts.setdefault("late_after_s", self.ttft_sla_s)
         return self.queue_policy, opts
 
-    def wait_bound_spec(self) -> tuple[float, bool] | None:
-        """(bound in seconds, refuse at it) of the wait bound, or None without one:
-        ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT target is set."""
+    def wait_bound_spec(self) -> tuple[float, bool, float] | None:
+        """(bound, refuse at it, aging point), in seconds, of the wait bound, or None
+        without one: the bound is ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT
+        target is set; the aging point ``age_after_s``, else 2 x ``ttft_sla_s``, at
+        most half the bound."""
         if self.on_max_wait == "off":
             return None
         bound = self.max_wait_s or 10.0 * self.ttft_sla_s
-        return (bound, self.on_max_wait == "refuse") if bound > 0 else None
+        if bound <= 0:
+            return None
+        age = self.age_after_s or min(2.0 * self.ttft_sla_s or bound / 2, bound / 2)
+        return bound, self.on_max_wait == "refuse", min(age, bound)
 
     @property
     def native_queue(self) -> bool:

@@ -107,7 +107,7 @@ class Metrics:
         self.q_demoted = c("tuned_queue_demoted_total", "Requests demoted to the low-priority "
                            "queue (saber)", ("policy",))
         self.q_aged = c("tuned_queue_aged_total", "Requests admitted before the queue "
-                        "policy's choice because they had waited half of max_wait_s")
+                        "policy's choice because they had waited age_after_s")
         self.refused = c("tuned_requests_refused_total", "Requests refused, by reason "
                          "(max_wait: still waiting at max_wait_s)", ("reason",))
         self.q_bins = g("tuned_queue_bins_in_use", "Length bins holding waiting requests "

@@ -1,6 +1,6 @@
 """The wait bound around any queue policy (issue 21): a request the policy keeps
-passing over is served once it has waited half the bound (aging), or refused at the
-bound; with ``on_max_wait = "off"`` (the queue as it was) it waits until the stream
+passing over is served once it has waited twice the TTFT target (aging), or refused
+at the bound; with ``on_max_wait = "off"`` (the queue as it was) it waits until the stream
 of on-time requests stops."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tuned.policies.registry import make_policy
 STEP_S = 0.1            # one engine step, one admission per step
 TTFT_S = 1.0            # the TTFT target: late_after_s
 BOUND_S = 10 * TTFT_S   # the default bound: 10 x the target
+AGE_S = 2 * TTFT_S      # the default aging point: 2 x the target
 # 1 ms per prompt token: a 980-token prompt turns late 20 ms after it arrives
 MODEL = LinearStepModel(a=0.0, beta=0.0, gamma=0.001)
 
@@ -83,9 +84,12 @@ def bounded(on_max_wait: str) -> QueueCore:
 
 def test_the_default_bound_is_ten_times_the_ttft_target():
     cfg = config_mod.validate({"ttft_sla_s": 2.0})
-    assert cfg.wait_bound_spec() == (20.0, True)
+    assert cfg.wait_bound_spec() == (20.0, True, 4.0)
     assert config_mod.validate({"ttft_sla_s": 2.0, "max_wait_s": 7.5,
-                                "on_max_wait": "serve"}).wait_bound_spec() == (7.5, False)
+                                "on_max_wait": "serve"}).wait_bound_spec() == (7.5, False, 3.75)
+    assert config_mod.validate({"max_wait_s": 30.0}).wait_bound_spec() == (30.0, True, 15.0)
+    assert config_mod.validate({"ttft_sla_s": 2.0, "age_after_s": 9.0}).wait_bound_spec() == (
+        20.0, True, 9.0)
     assert config_mod.validate({"ttft_sla_s": 2.0, "on_max_wait": "off"}).wait_bound_spec() is None
     assert config_mod.validate({}).wait_bound_spec() is None          # no TTFT target
     assert not config_mod.validate({"max_wait_s": 30.0}).native_queue
@@ -102,11 +106,11 @@ def test_without_the_bound_a_passed_over_request_waits_for_the_lull():
 
 
 def test_aging_serves_it_within_the_bound():
-    """(a) served late within the bound: its turn comes at half the bound."""
+    """(a) served late within the bound: its turn comes at twice the TTFT target."""
     q = bounded("serve")
     admitted, refused = run(q, starving_load(), until_s=60.0)
     assert refused == {}
-    assert BOUND_S / 2 <= admitted["big"] < BOUND_S / 2 + STEP_S
+    assert AGE_S <= admitted["big"] < AGE_S + STEP_S
     assert q.wait_bound.aged == 1 and q.snapshot()["aged"] == 1
     assert max(admitted.values()) < BOUND_S
 

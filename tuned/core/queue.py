@@ -188,14 +188,15 @@ class QueueCore(Generic[R]):
                 self._remove_ids({rid})
                 self._refused.append(req)
 
-    def set_wait_bound(self, spec: tuple[float, bool] | None) -> None:
-        """Bound every wait: ``(bound_s, refuse)`` (see :mod:`tuned.core.wait_bound`),
-        or None for no bound. The waiting requests are bounded from their arrival;
+    def set_wait_bound(self, spec: tuple | None) -> None:
+        """Bound every wait: ``(bound_s, refuse[, age_after_s])`` (see
+        :mod:`tuned.core.wait_bound`), or None for no bound. The waiting requests are bounded from their arrival;
         the same spec again keeps the counts."""
         wb = self.wait_bound
         if spec is None:
             self.wait_bound = None
-        elif wb is None or (wb.bound_s, wb.refuse) != (float(spec[0]), bool(spec[1])):
+        elif wb is None or (wb.bound_s, wb.refuse, wb.age_after_s) != (
+                (new := WaitBound(*spec)).bound_s, new.refuse, new.age_after_s):
             self.wait_bound = WaitBound(*spec)
             if wb is not None:      # the counts are the queue's, monotonic
                 self.wait_bound.aged, self.wait_bound.refused = wb.aged, wb.refused

@@ -5,8 +5,8 @@ demotion, MC-SF's shortest-first) leaves the requests it gives up on waiting unt
 lull; under a sustained overload there is none. :class:`WaitBound` keeps that wait
 bounded, the operator's choice in the config (``on_max_wait``):
 
-* **aging** (both modes): a request that has waited ``age_after_s`` (half the bound)
-  regains its turn: it is admitted before whatever the policy would choose, oldest
+* **aging** (both modes): a request that has waited ``age_after_s`` (``age_after_s``
+  in the config; by default twice the TTFT target, at most half the bound) regains its turn: it is admitted before whatever the policy would choose, oldest
   first. The requests a policy sacrifices (late ones, the largest prefills that
   Moore and Hodgson's rule sets aside, SABER's demoted ones) therefore come back at
   a stated wait, whatever their length.
@@ -29,14 +29,15 @@ import math
 class WaitBound:
     """Tracks the waiting requests by arrival; says which one has aged and which are
     due for refusal. ``bound_s`` > 0; ``refuse``: refuse at the bound (else serve,
-    aged). The queue reports every request that joins the ordered set (:meth:`add`)
+    aged); ``age_after_s``: when a request regains its turn (None: half the bound). The queue reports every request that joins the ordered set (:meth:`add`)
     and every one that leaves it (:meth:`discard`)."""
 
-    def __init__(self, bound_s: float, refuse: bool) -> None:
+    def __init__(self, bound_s: float, refuse: bool, age_after_s: float | None = None) -> None:
         if not (isinstance(bound_s, (int, float)) and math.isfinite(bound_s) and bound_s > 0):
             raise ValueError(f"max_wait_s: must be a number of seconds > 0, got {bound_s!r}")
         self.bound_s = float(bound_s)
-        self.age_after_s = self.bound_s / 2
+        self.age_after_s = min(float(age_after_s), self.bound_s) if age_after_s else \
+            self.bound_s / 2
         self.refuse = bool(refuse)
         self._heap: list[tuple[float, int, str]] = []   # (arrival, seq, id)
         self._members: dict[str, int] = {}              # id -> seq of its live entry

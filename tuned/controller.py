@@ -2,7 +2,8 @@
 
 ``Controller.run_once()`` reads the step and finished-request rings the scheduler
 fills, NVML memory where a GPU exists, and the queue lengths (observe); runs the
-batch-size policy of seed 000 (decide); and puts the decision in a pending slot the
+batch-size policy of seed 000 inside the GPU-memory guard (decide;
+:mod:`tuned.policies.gpu_memory`); and puts the decision in a pending slot the
 scheduler applies at the top of its next ``schedule()`` (act). Each phase is timed
 into ``tuned_controller_tick_seconds{phase}``.
 
@@ -39,7 +40,7 @@ from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.registry import build_batch_policy
-from tuned.telemetry.nvml import NvmlSampler
+from tuned.telemetry.nvml import NvmlSampler, free_fraction
 
 __all__ = ["Controller", "EngineView", "Fallback"]
 
@@ -313,6 +314,7 @@ class Controller:
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
             self.export.gpu(self.gpu)
+        gpu_free = free_fraction(self.gpu)
         # live where the engine can read it (vLLM: an abort frees blocks outside any
         # step, so the newest step's figure goes stale once the engine idles)
         live_kv = getattr(eng, "kv_usage_now", None)
@@ -328,7 +330,8 @@ class Controller:
             kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
             decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
             binding=win.binding,
-            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
+            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
+            gpu_free_fraction=gpu_free)
         return self.last_observation
 
     def _refresh_step_fit(self, now: float) -> None:

@@ -29,6 +29,8 @@ class Observation:
     kv_tokens_resident: int = 0      # KV tokens held by running requests (newest step)
     step_model: object = None        # T(b, c, kv) fitted online on the step ring, or None
     mixed_tbt_s: float | None = None # mean time of the window's decode steps with prefill
+    gpu_free_fraction: float | None = None  # device free memory over total (NVML), the
+                                     # lowest over visible GPUs; None without NVML
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ Batch policies (``decide(observation) -> Decision``, built by
   max_num_batched_tokens=..., block_size=..., profile=...)`` with a ``decide``
   method (a custom policy; the fault-injection tests use this).
 
+Every policy is built inside :class:`~tuned.policies.gpu_memory.GpuMemoryGuard`
+(GPU memory from NVML lowers the cap under pressure; without NVML a pass-through).
 Every policy returns a :class:`~tuned.core.types.Decision`; the controller
 checks it (an invalid cap becomes the fallback, see :mod:`tuned.controller`).
 
@@ -36,6 +38,7 @@ from tuned.core.queue_policy import QueuePolicy
 from tuned.core.types import Decision, Observation
 from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,
                                   SlaBound)
+from tuned.policies.gpu_memory import GpuMemoryGuard
 from tuned.policies.trtllm import TrtllmDynamicBatchTuner
 
 #: the built-in batch policies (``batch_policy``); any other value is a
@@ -142,9 +145,21 @@ def feasibility_patience(cfg: Any) -> int:
 
 def build_batch_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                        block_size: int, profile: Any = None) -> tuple[Any, str | None]:
-    """The batch policy named by ``cfg.batch_policy``, and the reason of its first
-    decision when the profile warm-starts it (else None). ``cfg`` is a validated
-    :class:`tuned.config.Config` (with the SLA already derived)."""
+    """The batch policy named by ``cfg.batch_policy`` inside the GPU-memory guard
+    (:class:`tuned.policies.gpu_memory.GpuMemoryGuard`, a pass-through without NVML),
+    and the reason of its first decision when the profile warm-starts it (else None).
+    ``cfg`` is a validated :class:`tuned.config.Config` (with the SLA already
+    derived)."""
+    policy, first_reason = _named_policy(cfg, ceiling=ceiling,
+                                         max_num_batched_tokens=max_num_batched_tokens,
+                                         block_size=block_size, profile=profile)
+    guard = GpuMemoryGuard(policy, floor=cfg.gpu_memory_floor, b_min=cfg.b_min,
+                           ceiling=ceiling)
+    return guard, first_reason
+
+
+def _named_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
+                  block_size: int, profile: Any = None) -> tuple[Any, str | None]:
     b_max = min(cfg.effective_b_max, ceiling)
     name = cfg.batch_policy
     if name == "static":

@@ -20,6 +20,14 @@ class GpuMemory(NamedTuple):
     total_bytes: int
 
 
+def free_fraction(gpus: list[GpuMemory] | None) -> float | None:
+    """Device free memory over total, the lowest over ``gpus`` (what the GPU-memory
+    guard reads); None without a sample or without a device that reports a total."""
+    fractions = [(g.total_bytes - g.used_bytes) / g.total_bytes
+                 for g in gpus or () if g.total_bytes > 0]
+    return max(0.0, min(fractions)) if fractions else None
+
+
 def _default_pynvml():
     import pynvml  # provided by nvidia-ml-py
 

@@ -181,3 +181,38 @@ def test_controller_without_nvml_decides_as_before():
     assert ctrl.last_observation.gpu_free_fraction is None
     assert d == Decision(target=16, lower=16, upper=16, cap=16, batch=16, token_budget=2048,
                          reason="static", inputs={"running": 16, "waiting": 0})
+
+
+def test_controller_publishes_nvml_free_memory_in_kv_tokens(fake_gpu):
+    """BucketServe's M_remain: the lowest GPU's free bytes over the engine's KV bytes
+    per token, in the queue's inputs; None where the engine does not know its bytes."""
+    from fakes import FakeEngine
+
+    s = NvmlSampler()
+    s.start()
+    eng = FakeEngine(ceiling=16, running=16)
+    eng.kv_bytes_per_token = 512 * 1024
+    ctrl = Controller(config.validate({"max_num_seqs": 16}), eng, Metrics(), nvml=s)
+    ctrl.run_once()
+    # 80 GiB, 90 % used: 8 GiB free / 0.5 MiB per token = 16384 tokens
+    free8 = int(80 * GIB - int(0.9 * 80 * GIB))
+    assert ctrl.slot.queue_inputs.gpu_free_tokens == free8 // (512 * 1024) == 16384
+    fake_gpu["used"] = 0.995
+    ctrl.run_once()
+    assert ctrl.slot.queue_inputs.gpu_free_tokens == \
+        (80 * GIB - int(0.995 * 80 * GIB)) // (512 * 1024)
+    plain = Controller(config.validate({"max_num_seqs": 16}), FakeEngine(ceiling=16),
+                       Metrics(), nvml=s)
+    plain.run_once()
+    assert plain.slot.queue_inputs.gpu_free_tokens is None
+
+
+def test_vllm_kv_bytes_per_token_from_the_kv_cache_config():
+    from tuned.engines.vllm_queue import kv_bytes_per_token
+
+    t = SimpleNamespace
+    cfg = t(kv_cache_tensors=[t(size=1 << 20), t(size=1 << 20),
+                              t(size=1 << 30, host_resident=True)])
+    assert kv_bytes_per_token(cfg, 64) == (2 << 20) / 64
+    assert kv_bytes_per_token(None, 64) is None
+    assert kv_bytes_per_token(t(kv_cache_tensors=[]), 64) is None

@@ -10,7 +10,7 @@ import pytest
 
 from tuned import config
 from tuned.controller import Controller
-from tuned.core.types import Decision, Observation
+from tuned.core.types import Observation
 from tuned.metrics import Metrics
 from tuned.policies.gpu_memory import (RECOVER_TICKS, GpuMemoryGuard, recover_fraction)
 from tuned.policies.registry import StaticPolicy, build_batch_policy
@@ -179,8 +179,9 @@ def test_controller_without_nvml_decides_as_before():
     ctrl = Controller(cfg, FakeEngine(ceiling=16, running=16), Metrics())
     d = ctrl.run_once()
     assert ctrl.last_observation.gpu_free_fraction is None
-    assert d == Decision(target=16, lower=16, upper=16, cap=16, batch=16, token_budget=2048,
-                         reason="static", inputs={"running": 16, "waiting": 0})
+    # the guard hands back the policy's own decision object
+    assert d is ctrl.policy.last_inner
+    assert (d.cap, d.reason) == (16, "static") and "gpu_free_fraction" not in d.inputs
 
 
 def test_controller_publishes_nvml_free_memory_in_kv_tokens(fake_gpu):

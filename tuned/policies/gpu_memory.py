@@ -70,13 +70,14 @@ class GpuMemoryGuard:
         self.ceiling = int(ceiling)
         self.limit: int | None = None    # the guard's cap while pressure is in force
         self.clear_ticks = 0
+        self.last_inner: Decision | None = None   # the inner policy's last decision
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names the guard does not have: the inner policy's
         return getattr(self.__dict__["inner"], name)
 
     def decide(self, obs: Observation) -> Decision:
-        dec = self.inner.decide(obs)
+        dec = self.last_inner = self.inner.decide(obs)
         free = obs.gpu_free_fraction
         if self.limit is None:
             if free is None or not free < self.floor:

@@ -101,6 +101,18 @@ def test_nvml_lost_mid_pressure_holds_the_limit():
     assert (d.cap, d.reason) == (8, "gpu_memory_hold")
 
 
+def test_an_invalid_inner_cap_is_left_to_the_controller():
+    import dataclasses
+    import math
+
+    class NanPolicy:
+        def decide(self, obs):
+            return dataclasses.replace(StaticPolicy(16, 2048).decide(obs), cap=math.nan)
+
+    g = GpuMemoryGuard(NanPolicy(), floor=FLOOR, b_min=1, ceiling=16)
+    assert math.isnan(g.decide(obs(0.001)).cap) and g.limit is None
+
+
 def test_floor_zero_is_off():
     g = guard(floor=0.0)
     assert g.decide(obs(0.0)).reason == "static"

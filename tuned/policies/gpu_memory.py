@@ -78,6 +78,8 @@ class GpuMemoryGuard:
 
     def decide(self, obs: Observation) -> Decision:
         dec = self.last_inner = self.inner.decide(obs)
+        if not isinstance(dec, Decision) or type(dec.cap) is not int:
+            return dec      # not a decision: the controller's check makes it a fault
         free = obs.gpu_free_fraction
         if self.limit is None:
             if free is None or not free < self.floor:

@@ -82,9 +82,10 @@ class Config:
                     lo=0, hi=4096)
     gpu_memory_floor: float = _f(0.02, "device free-memory floor (NVML, a fraction of the "
                                  "GPU's memory, the lowest over visible GPUs): below it "
-                                 "the cap falls (reason gpu_memory_pressure) and rises "
-                                 "again once free memory is back at twice the floor "
-                                 "(0 = off; no effect without NVML)", lo=0.0, hi=1.0,
+                                 "the cap halves per tick (reason gpu_memory_pressure); "
+                                 "it doubles back once free memory has been at twice "
+                                 "the floor (at most halfway to 1) for 3 ticks (0 = "
+                                 "off; no effect without NVML)", lo=0.0, hi=1.0,
                                  hi_open=True)
     min_chunk_tokens: int = _f(32, "room kept in the token budget for a prefill chunk "
                                "above the cap", lo=1, hi=1 << 20)

@@ -36,9 +36,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
        choices: tuple | None = None, restart: bool = False, optional: bool = False,
-       secret: bool = False):
+       secret: bool = False, hi_open: bool = False):
     meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "restart": restart,
-            "optional": optional, "default": default, "secret": secret}
+            "optional": optional, "default": default, "secret": secret,
+            "hi_open": hi_open}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=meta)
     return field(default=default, metadata=meta, repr=not secret)
@@ -80,6 +81,13 @@ class Config:
     b_min: int = _f(1, "lowest batch size tuned may choose (B_min)", lo=1, hi=4096)
     b_max: int = _f(0, "highest batch size tuned may choose (B_max); 0 = max_num_seqs",
                     lo=0, hi=4096)
+    gpu_memory_floor: float = _f(0.02, "device free-memory floor (NVML, a fraction of the "
+                                 "GPU's memory, the lowest over visible GPUs): below it "
+                                 "the cap halves per tick (reason gpu_memory_pressure); "
+                                 "it doubles back once free memory has been at twice "
+                                 "the floor (at most halfway to 1) for 3 ticks (0 = "
+                                 "off; no effect without NVML)", lo=0.0, hi=1.0,
+                                 hi_open=True)
     min_chunk_tokens: int = _f(32, "room kept in the token budget for a prefill chunk "
                                "above the cap", lo=1, hi=1 << 20)
 
@@ -234,7 +242,7 @@ def _range_text(meta: dict) -> str:
         return "one of " + ", ".join(meta["choices"])
     lo, hi = meta["lo"], meta["hi"]
     if lo is not None and hi is not None:
-        return f"in [{lo:g}, {hi:g}]"
+        return f"in [{lo:g}, {hi:g}{')' if meta.get('hi_open') else ']'}"
     return ""
 
 
@@ -274,7 +282,7 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     if meta["choices"] and value not in meta["choices"]:
         return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
     lo, hi = meta["lo"], meta["hi"]
-    if lo is not None and (value < lo or value > hi):
+    if lo is not None and (value < lo or value > hi or (meta.get("hi_open") and value == hi)):
         return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
     return value, None
 

@@ -149,6 +149,7 @@ class SimResult:
     failed: list[str] = field(default_factory=list)
     truncated: bool = False      # stopped at the horizon with requests unfinished
     refused: list[str] = field(default_factory=list)   # refused at the wait bound
+    events: list[dict] = field(default_factory=list)  # the simulated NVML's events
 
     def request_rows(self) -> list[dict]:
         return [{"id": r.request_id, "arrival_s": r.arrival_time,
@@ -166,7 +167,8 @@ class SimEngine:
                  record_token_times: bool = False, record_steps: bool = True,
                  max_sim_s: float = 30 * 24 * 3600.0,
                  horizon_s: float | None = None,
-                 give_up: tuple | None = None) -> None:
+                 give_up: tuple | None = None, nvml: Any = None,
+                 kv_bytes_per_token: float | None = None) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks: must be >= 2 (one is vLLM's null block), "
                              f"got {num_gpu_blocks}")
@@ -194,6 +196,8 @@ class SimEngine:
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
         self.kv_capacity_tokens = (self.num_gpu_blocks - 1) * self.block_size
         self.dp_rank = 0
+        # one GPU's KV bytes per token (the hardware's), for NVML's free memory in tokens
+        self.kv_bytes_per_token = kv_bytes_per_token
         # --- engine state
         self.now = 0.0
         self.free_blocks = self.num_gpu_blocks - 1
@@ -202,8 +206,13 @@ class SimEngine:
         self.queue_policy = "fcfs"
         self._pending_queue: tuple[str, Config] | None = None
         self.decisions: list[dict] = []
+        # GPU memory as NVML would report it (tuned.sim.nvml.SimNvml, on this
+        # engine's virtual clock), or None: no NVML, as on a host without a GPU
+        self.nvml = nvml
+        if nvml is not None:
+            nvml.clock = self._clock
         self.runtime: Runtime = build_runtime(cfg, self, clock=self._clock, wall=self._clock,
-                                              on_decision=self.decisions.append)
+                                              nvml=nvml, on_decision=self.decisions.append)
         self.controller = self.runtime.controller
         if not cfg.native_queue:
             self.set_queue_policy(cfg.queue_policy, cfg)
@@ -301,7 +310,8 @@ class SimEngine:
                                              self.free_blocks * self.block_size, self.cap,
                                              qi.speed_fn, self.block_size,
                                              step_model=model, tpot_sla_s=sla,
-                                             ttft_sla_s=ttft, token_budget=budget),
+                                             ttft_sla_s=ttft, token_budget=budget,
+                                             gpu_free_tokens=qi.gpu_free_tokens),
                                 self.running)
         for r in self.waiting.take_refused():
             # finished at once, as the vLLM adapter finishes a refused request
@@ -559,11 +569,16 @@ class SimEngine:
 
 def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) -> SimResult:
     """One run on ``hardware`` (a :class:`tuned.sim.hardware.SimHardware`); the config's
-    ``num_gpu_blocks`` overrides the hardware's cache size when set."""
+    ``num_gpu_blocks`` overrides the hardware's cache size when set. ``nvml=``
+    (:meth:`tuned.sim.hardware.SimHardware.nvml` for some memory-pressure events)
+    gives the run a simulated NVML; without it the run has none, as a CPU host."""
     blocks = cfg.num_gpu_blocks or hardware.num_gpu_blocks
+    kw.setdefault("kv_bytes_per_token", hardware.kv_bytes_per_token or None)
     eng = SimEngine(cfg, hardware.step_model, block_size=hardware.block_size,
                     num_gpu_blocks=blocks, **kw)
     res = eng.run(requests)
     res.hardware = hardware.describe()
     res.config = cfg.to_dict()
+    if eng.nvml is not None:
+        res.events = [e.describe() for e in eng.nvml.events]
     return res

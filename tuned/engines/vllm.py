@@ -84,6 +84,10 @@ class _TunedMixin:
         self._kv_usable_blocks = max(pool.num_gpu_blocks - 1, 1)
         self.kv_capacity_tokens = self._kv_usable_blocks * self.block_size
         self.dp_rank = int(getattr(self.parallel_config, "data_parallel_rank", 0) or 0)
+        from tuned.engines.vllm_queue import kv_bytes_per_token
+
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            getattr(self, "kv_cache_config", None), pool.num_gpu_blocks * self.block_size)
         self._sched_times: deque[float] = deque()
         self._last_update_t = 0.0
         self._tuned_errors = 0
@@ -261,7 +265,7 @@ class _TunedMixin:
                 from tuned.engines.vllm_queue import begin_step
 
                 qi = self.controller.slot.queue_inputs
-                begin_step(self, qi.speed_fn, qi.guard)
+                begin_step(self, qi.speed_fn, qi.guard, qi.gpu_free_tokens)
                 self._tuned_refuse(self.waiting.take_refused())
         except Exception as e:
             self._tuned_guard("apply", e)

@@ -18,6 +18,9 @@ Batch policies (``decide(observation) -> Decision``, built by
 Every built-in policy decides the cap; with ``token_budget_policy = "sla"``
 :func:`build_batch_policy` wraps it in :class:`~tuned.policies.budget.TokenBudget`,
 which sizes the per-step token budget for the SLA (a plugin returns its own budget).
+Every policy, plugins included, is then built inside
+:class:`~tuned.policies.gpu_memory.GpuMemoryGuard` (GPU memory from NVML lowers the
+cap under pressure; without NVML a pass-through).
 Every policy returns a :class:`~tuned.core.types.Decision`; the controller checks it
 (an invalid cap becomes the fallback, see :mod:`tuned.controller`).
 
@@ -40,6 +43,7 @@ from tuned.core.types import Decision, Observation
 from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,
                                   SlaBound)
 from tuned.policies.budget import TokenBudget
+from tuned.policies.gpu_memory import GpuMemoryGuard
 from tuned.policies.trtllm import TrtllmDynamicBatchTuner
 
 #: the built-in batch policies (``batch_policy``); any other value is a
@@ -149,9 +153,22 @@ def feasibility_patience(cfg: Any) -> int:
 
 def build_batch_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                        block_size: int, profile: Any = None) -> tuple[Any, str | None]:
-    """The batch policy named by ``cfg.batch_policy``, and the reason of its first
-    decision when the profile warm-starts it (else None). ``cfg`` is a validated
-    :class:`tuned.config.Config` (with the SLA already derived)."""
+    """The batch policy named by ``cfg.batch_policy`` (with its token budget) inside
+    the GPU-memory guard (:class:`tuned.policies.gpu_memory.GpuMemoryGuard`, a
+    pass-through without NVML), and the reason of its first decision when the profile
+    warm-starts it (else None). ``cfg`` is a validated :class:`tuned.config.Config`
+    (with the SLA already derived)."""
+    policy, first_reason = _named_policy(cfg, ceiling=ceiling,
+                                         max_num_batched_tokens=max_num_batched_tokens,
+                                         block_size=block_size, profile=profile)
+    guard = GpuMemoryGuard(policy, floor=cfg.gpu_memory_floor, b_min=cfg.b_min,
+                           ceiling=ceiling)
+    return guard, first_reason
+
+
+def _named_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
+                  block_size: int, profile: Any = None) -> tuple[Any, str | None]:
+    """The named policy, a built-in one with its token budget."""
     name = cfg.batch_policy
     if not is_builtin(name):   # a plugin returns its own token budget
         return build_plugin(name, cfg=cfg, ceiling=ceiling,

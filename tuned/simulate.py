@@ -128,7 +128,7 @@ def cmd_simulate(args) -> int:
         return 2
     try:
         hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
-        wl = parse_workload(args.workload, args.seed, max_model_len=cfg.max_model_len)
+        wl = parse_workload(args.workload, args.seed, max_model_len=cfg.effective_max_model_len)
     except (ValueError, FileNotFoundError, WorkloadError) as e:
         print(f"tuned simulate: {clip_text(str(e), 4 * CLIP_CHARS)}", file=sys.stderr)
         return 2

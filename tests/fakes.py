@@ -123,7 +123,7 @@ def make_scheduler(model: str, asynchronous: bool, **overrides):
                          scheduler_cls="tuned.engines.vllm.TunedScheduler")
     vc = VllmConfig(scheduler_config=sc,
                     model_config=ModelConfig(model=model, dtype="float32", seed=0,
-                                             skip_tokenizer_init=True),
+                                             max_model_len=256, skip_tokenizer_init=True),
                     cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
                     additional_config=tuned_additional_config(cfg))
     # The CPU platform forces async scheduling off while finalising the config;

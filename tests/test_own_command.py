@@ -259,7 +259,7 @@ def test_check_config_reads_the_model_as_serve_does(tmp_path, capsys):
 # ------------------------------------------------------------------ in a real scheduler
 
 def test_scheduler_reads_the_file_the_command_line_names(tmp_path, tiny_model, monkeypatch):
-    from tests.fakes import make_scheduler
+    from fakes import make_scheduler
 
     path = write(tmp_path, GOOD + "fallback_cap = 2\n")
     monkeypatch.delenv(CONFIG_ENV, raising=False)
@@ -279,7 +279,7 @@ def test_scheduler_reads_the_file_the_command_line_names(tmp_path, tiny_model, m
 
 
 def test_scheduler_refuses_a_contradicting_engine(tmp_path, tiny_model, monkeypatch, capfd):
-    from tests.fakes import make_scheduler
+    from fakes import make_scheduler
 
     path = write(tmp_path, GOOD.replace("max_num_seqs = 8", "max_num_seqs = 16"))
     monkeypatch.setenv(CONFIG_ENV, str(path))

@@ -167,7 +167,7 @@ def cmd_simulate(args) -> int:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
         return 2
     try:
-        wl = parse_workload(args.workload, args.seed, max_model_len=cfg.max_model_len)
+        wl = parse_workload(args.workload, args.seed, max_model_len=cfg.effective_max_model_len)
     except (ValueError, WorkloadError) as e:
         print(f"tuned simulate: {clip_text(str(e), 4 * CLIP_CHARS)}", file=sys.stderr)
         return 2

@@ -2,7 +2,11 @@
 
 vLLM loads it in the EngineCore process (``--scheduler-cls
 tuned.engines.vllm.TunedScheduler``, or ``LLM(scheduler_cls=...)``) and calls it
-from its busy loop. It overrides as little as it can:
+from its busy loop. Its config comes from ``tuned serve`` (embedded in
+``--additional-config``) or, on your own vLLM command line, from the file named by
+``--additional-config '{"tuned": {"config_path": FILE}}'`` or ``TUNED_CONFIG=FILE``
+(:func:`tuned.config.engine_setup`); a bad config, or engine arguments that
+contradict it (:func:`tuned.config.engine_problems`), stop the engine at start. It overrides as little as it can:
 
 * ``schedule()``: first applies the controller's latest decision to the two live
   knobs, ``max_num_active_reqs`` (the admission gate; never ``max_num_running_reqs``,
@@ -29,6 +33,7 @@ serves both.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import urllib.request
 from collections import deque
@@ -62,6 +67,38 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def engine_settings(vllm_config) -> dict[str, Any]:
+    """What this engine runs with, under tuned's config keys
+    (:func:`tuned.config.engine_problems` compares them with the config)."""
+    sc, mc = vllm_config.scheduler_config, vllm_config.model_config
+    return {"max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "max_model_len": mc.max_model_len if mc is not None else None,
+            "num_gpu_blocks": vllm_config.cache_config.num_gpu_blocks_override,
+            "model": mc.model if mc is not None else None}
+
+
+def _engine_setup(vllm_config) -> config_mod.EngineSetup:
+    """The config from ``tuned serve``'s hand-off, or the file your own vLLM command
+    line names (``--additional-config '{"tuned": {"config_path": FILE}}'`` or
+    ``TUNED_CONFIG=FILE``), validated as ``tuned serve`` validates it, then checked
+    against the engine's own arguments. A problem stops the engine at start: one line
+    per problem on stderr, then :class:`tuned.config.ConfigError`."""
+    try:
+        setup = config_mod.engine_setup(vllm_config.additional_config, os.environ)
+        cfg = setup.cfg
+        problems = (config_mod.model_problems(cfg)
+                    + config_mod.engine_problems(cfg, engine_settings(vllm_config)))
+        if problems:
+            raise config_mod.ConfigError(problems, cfg.source_path)
+    except config_mod.ConfigError as e:
+        where = f"{e.source}: " if e.source else ""
+        for problem in e.problems:
+            print(f"tuned: config refused: {where}{problem}", file=sys.stderr, flush=True)
+        raise
+    return setup
+
+
 class _TunedMixin:
     """The parts shared by the sync and async variants: a mapping of vLLM's objects
     onto the control core's contract (:mod:`tuned.core.contract`)."""
@@ -71,8 +108,8 @@ class _TunedMixin:
         import vllm
 
         check_vllm_version(vllm.__version__)
-        # the config `tuned serve` validated and shipped; never a re-read of the file
-        cfg, serving_url = config_mod.from_engine_handoff(self.vllm_config.additional_config)
+        setup = _engine_setup(self.vllm_config)
+        cfg, serving_url = setup.cfg, setup.serving_url
         log_mod.configure(cfg.log_level)
         self.steps = Ring(STEP_RING)
         self.finished = Ring(FINISHED_RING)
@@ -102,8 +139,7 @@ class _TunedMixin:
         serving = (lambda: _http_ok(serving_url)) if serving_url else (lambda: True)
         self.tuned = production_runtime(
             cfg, self, environ=os.environ, serving=serving, steps_json=self.steps_json,
-            reload_token_sha256=config_mod.reload_token_digest(
-                self.vllm_config.additional_config))
+            reload_token_sha256=setup.reload_token_sha256)
         self.controller = self.tuned.controller
         self.metrics = self.tuned.metrics
         self.endpoint = self.tuned.endpoint
@@ -380,8 +416,8 @@ def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) 
     """Keyword arguments for ``vllm.LLM`` / ``EngineArgs`` that embed tuned."""
     kw: dict[str, Any] = dict(
         model=model_path, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
-        scheduler_cls="tuned.engines.vllm.TunedScheduler",
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.effective_max_model_len, scheduler_cls="tuned.engines.vllm.TunedScheduler",
         additional_config=config_mod.engine_handoff(cfg, serving_url))
     if cfg.num_gpu_blocks:
         kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks

@@ -1,6 +1,8 @@
 """tuned's Prometheus metrics on an injected registry, and its HTTP endpoint.
 
-Names follow ``tuned_<what>_<unit>``; counters end in ``_total``. The endpoint
+Names follow ``tuned_<what>_<unit>``; counters end in ``_total``. Every sample carries
+``engine="<data-parallel rank>"``, the label vLLM's own series carry; what vLLM already
+exports (running, waiting, tokens, preemptions) tuned leaves to vLLM. The endpoint
 (started inside vLLM's EngineCore, one per data-parallel rank on port + rank) serves:
 
 * ``GET /metrics``   Prometheus text format from tuned's private registry;

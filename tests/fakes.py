@@ -104,13 +104,17 @@ NUM_BLOCKS = 64
 
 
 def make_scheduler(model: str, asynchronous: bool, additional_config: dict | None = None,
-                   **overrides):
+                   *, dp_index: int = 0, **overrides):
     """tuned's scheduler (``TunedScheduler``, sync or async base) built from vLLM's own
     config objects with a fake KV-cache config: no GPU, no model run; its controller
     is stopped, so a test drives decisions by hand. The engine runs ``max_num_seqs``
     8, ``max_num_batched_tokens`` 256 and ``max_model_len`` 256; tuned's config is
     handed over as `tuned serve` does, from ``overrides``, unless
-    ``additional_config`` is given (vLLM's ``--additional-config`` as is)."""
+    ``additional_config`` is given (vLLM's ``--additional-config`` as is).
+
+    ``dp_index``: the data-parallel rank this engine is, set as vLLM 0.32's
+    ``run_engine_core`` sets it for one rank of a dense model: ``data_parallel_index``
+    the rank, ``data_parallel_rank`` 0 (``reconfigure_for_independent_dp_rank``)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -135,6 +139,8 @@ def make_scheduler(model: str, asynchronous: bool, additional_config: dict | Non
     # set it afterwards to build the GPU default's variant.
     vc.scheduler_config.async_scheduling = asynchronous
     vc.cache_config.num_gpu_blocks = NUM_BLOCKS
+    vc.parallel_config.data_parallel_index = dp_index
+    vc.parallel_config.data_parallel_rank = 0
     kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
                                                       head_size=32, dtype=torch.float32))])

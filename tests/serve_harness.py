@@ -245,5 +245,13 @@ def metric_values(srv: Server) -> dict:
             for f in text_string_to_metric_families(srv.metrics()) for s in f.samples}
 
 
-def mval(values: dict, name: str, **labels) -> float:
-    return values.get((name, tuple(sorted(labels.items()))), 0.0)
+def mval(values: dict, name: str, engine: str = "0", **labels) -> float:
+    """One sample's value (0.0 when absent); tuned's series carry ``engine``, the
+    data-parallel rank (rank 0 unless given)."""
+    return values.get((name, tuple(sorted({"engine": engine, **labels}.items()))), 0.0)
+
+
+def msum(values: dict, name: str, **labels) -> float:
+    """The sum of ``name`` over every sample with ``labels`` (whatever its others)."""
+    return sum(v for (n, lb), v in values.items()
+               if n == name and labels.items() <= dict(lb).items())

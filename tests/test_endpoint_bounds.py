@@ -142,7 +142,7 @@ def test_many_idle_connections_hold_at_most_the_cap_and_metrics_still_answers():
         assert wait_until(lambda: handler_threads() == before)
         code, body = get(ep.port)
         assert code == 200
-        assert f'tuned_endpoint_connections_dropped_total{{reason="busy"}} ' \
+        assert f'tuned_endpoint_connections_dropped_total{{engine="0",reason="busy"}} ' \
                f'{n_idle - cap + 1}.0'.encode() in body
         assert dropped(m, "timeout") == 0 and dropped(m, "disconnect") == 0
     finally:

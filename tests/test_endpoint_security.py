@@ -203,7 +203,7 @@ def test_non_loopback_peer_forbidden_without_token(outside):
         # reading stays open to the address the operator chose to bind
         assert request(base + "/healthz", source=outside)[0] == 200
         text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-        assert 'tuned_reloads_total{outcome="forbidden"} 2.0' in text
+        assert 'tuned_reloads_total{engine="0",outcome="forbidden"} 2.0' in text
     finally:
         ep.stop()
 

@@ -110,13 +110,13 @@ def test_controller_withdraws_gpu_series_while_nvml_is_lost():
     m = Metrics()
     ctrl = Controller(config.default(), FakeEngine(), m, nvml=s)
     ctrl.run_once()
-    assert b'tuned_gpu_memory_used_bytes{gpu="0"} 3.0' in m.exposition()
+    assert b'tuned_gpu_memory_used_bytes{engine="0",gpu="0"} 3.0' in m.exposition()
     nv.state = "lost"
     ctrl.run_once()
     assert b"tuned_gpu_memory_used_bytes{" not in m.exposition()
     nv.state = "ok"
     ctrl.run_once()
-    assert b'tuned_gpu_memory_total_bytes{gpu="0"} 10.0' in m.exposition()
+    assert b'tuned_gpu_memory_total_bytes{engine="0",gpu="0"} 10.0' in m.exposition()
 
 
 # ------------------------------------------------------------------ knob slot

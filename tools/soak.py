@@ -43,7 +43,7 @@ RSS                            for each of supervisor, API server and EngineCore
                                the model worker is reported, not judged (below)
 controller tick p99            < 10 ms: at least 99 % of the ticks of the run in
                                the ``le=0.01`` bucket of
-                               ``tuned_controller_tick_seconds{phase="total"}``
+                               ``tuned_controller_tick_seconds``
 reloads                        every good one ``ok``, every bad one ``refused``
 fallbacks                      none (no fault is injected: a fallback here means a
                                starved or failing controller)
@@ -194,8 +194,14 @@ def metrics(endpoint: str) -> dict:
             for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def mval(values: dict, name: str, **labels) -> float:
-    return values.get((name, tuple(sorted(labels.items()))), 0.0)
+def mval(values: dict, name: str, engine: str = "0", **labels) -> float:
+    """One of tuned's samples (they carry ``engine``, the data-parallel rank)."""
+    return values.get((name, tuple(sorted({"engine": engine, **labels}.items()))), 0.0)
+
+
+def msum(values: dict, name: str) -> float:
+    """``name`` summed over all its samples (vLLM's series: every engine and model)."""
+    return sum(v for (n, _), v in values.items() if n == name)
 
 
 def post_reload(endpoint: str) -> dict:
@@ -318,14 +324,14 @@ def rss_growth(samples, t0: float, warmup_s: float) -> dict:
 
 # ------------------------------------------------------------------ tick quantile
 def tick_quantile(v0: dict, v1: dict, q: float = 0.99) -> dict:
-    """The q-quantile of tuned_controller_tick_seconds{phase="total"} over the run
+    """The q-quantile of tuned_controller_tick_seconds over the run
     (v1 - v0), from the histogram's buckets: the bucket bound it falls under, the
     share of ticks at or under 10 ms, and a linear interpolation inside the bucket."""
     def buckets(v):
         out = {}
         for (name, labels), val in v.items():
             lb = dict(labels)
-            if name == "tuned_controller_tick_seconds_bucket" and lb.get("phase") == "total":
+            if name == "tuned_controller_tick_seconds_bucket":
                 out[float(lb["le"])] = val
         return out
     b0, b1 = buckets(v0), buckets(v1)
@@ -546,12 +552,13 @@ class Soak:
             if warm.outcome != "completed":
                 raise RuntimeError(f"warm-up request failed: {warm.error}")
             self.wait_idle()            # the warm-up counted before the baseline
-            v0 = metrics(self.endpoint)
+            # tuned's endpoint, and vLLM's own /metrics (tokens, preemptions)
+            v0 = metrics(self.endpoint) | metrics(self.api)
             sampler.start()
             t_start = time.monotonic()
             duration = asyncio.run(self.drive(reqs))
             idle = self.wait_idle()
-            v1 = metrics(self.endpoint)
+            v1 = metrics(self.endpoint) | metrics(self.api)
             sampler.stop_flag.set()
             sampler.join(10)
             alive = self.proc.poll() is None
@@ -616,10 +623,10 @@ class Soak:
             "controller_tick": tick,
             "reloads": {"ok": reload_ok, "refused": reload_refused, "each": self.reloads},
             "fallbacks": fallbacks,
-            "tokens_generated": mval(v1, "tuned_generated_tokens_total")
-            - mval(v0, "tuned_generated_tokens_total"),
-            "preemptions": mval(v1, "tuned_preemptions_total")
-            - mval(v0, "tuned_preemptions_total"),
+            "tokens_generated": msum(v1, "vllm:generation_tokens_total")
+            - msum(v0, "vllm:generation_tokens_total"),
+            "preemptions": msum(v1, "vllm:num_preemptions_total")
+            - msum(v0, "vllm:num_preemptions_total"),
             "criteria": criteria, "ok": all(criteria.values()),
         }
         (self.out / "soak.json").write_text(json.dumps(doc, indent=1, default=str))

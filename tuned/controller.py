@@ -4,8 +4,9 @@
 fills, NVML memory where a GPU exists, and the queue lengths (observe); runs the
 batch-size policy of seed 000 inside the GPU-memory guard (decide;
 :mod:`tuned.policies.gpu_memory`); and puts the decision in a pending slot the
-scheduler applies at the top of its next ``schedule()`` (act). Each phase is timed
-into ``tuned_controller_tick_seconds{phase}``.
+scheduler applies at the top of its next ``schedule()`` (act). Each tick is timed
+into ``tuned_controller_tick_seconds``, each phase into
+``tuned_controller_tick_phase_seconds{phase}``.
 
 A tick that raises is counted and hands the scheduler the configured fallback cap;
 the scheduler also falls back on its own when the last good tick is older than
@@ -325,7 +326,7 @@ class Controller:
         # step, so the newest step's figure goes stale once the engine idles)
         live_kv = getattr(eng, "kv_usage_now", None)
         kv_usage = live_kv() if live_kv is not None else win.kv_usage
-        self.export.engine(running, waiting, kv_usage)
+        self.export.engine(kv_usage)
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
         self.last_observation = Observation(

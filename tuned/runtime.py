@@ -58,9 +58,11 @@ def build_runtime(cfg: Config, engine: EngineView, *,
                   on_decision: Callable[[dict], None] | None = None) -> Runtime:
     """Build the controller (with its knob slot) and metrics for ``engine``; with
     ``endpoint`` also start the HTTP endpoint on ``cfg.metrics_host`` and
-    ``cfg.metrics_port + engine.dp_rank`` (0 = any free port). A port that cannot
+    ``cfg.metrics_port + engine.dp_rank`` (0 = any free port). Every series carries
+    ``engine="<dp_rank>"``, as vLLM's own do. A port that cannot
     be bound is logged and the engine serves without the endpoint."""
-    metrics = Metrics()
+    # labelled as vLLM labels its engines: the data-parallel rank
+    metrics = Metrics(engine=str(engine.dp_rank))
     ctrl = Controller(cfg, engine, metrics, nvml=nvml, notifier=notifier, serving=serving,
                       clock=clock, wall=wall, on_decision=on_decision)
     rt = Runtime(ctrl, metrics, nvml=nvml)

@@ -45,9 +45,8 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from serve_harness import get_json, tuned_serve
+from serve_harness import get_json, metric_values, msum, mval, tuned_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -109,16 +108,6 @@ def use_policy(c: Ctx, name: str, options: str = "") -> None:
         time.sleep(0.05)
     assert d["last_reload"]["outcome"] == "ok", d["last_reload"]
     assert d["config"]["queue_policy"] == name
-
-
-def metric_values(srv) -> dict:
-    fams = text_string_to_metric_families(srv.metrics())
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in fams for s in f.samples}
-
-
-def mval(values: dict, name: str, **labels) -> float:
-    return values.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def wait_metrics(srv, cond, timeout_s: float = 30.0) -> dict:
@@ -331,8 +320,8 @@ def run_backlog(c: Ctx, reqs: list[Req], before_resume=None, after_resume=None) 
             d = val - v0.get((name, labels), 0.0)
             if d:
                 adm_delta[dict(labels)["policy"]] = d
-    pred = (mval(v1, "tuned_predictor_observations")
-            - mval(v0, "tuned_predictor_observations"))
+    pred = (msum(v1, "tuned_predictor_observations_total")
+            - msum(v0, "tuned_predictor_observations_total"))
     return Phase(reqs, adm, adm_delta, pred, v1)
 
 
@@ -605,6 +594,6 @@ def test_per_policy_admitted_totals_and_predictor(ctx):
     totals = {dict(lb)["policy"]: val for (name, lb), val in v.items()
               if name == "tuned_queue_admitted_total"}
     assert totals == c.ledger
-    assert mval(v, "tuned_predictor_observations") > 0
+    assert msum(v, "tuned_predictor_observations_total") > 0
     assert mval(v, "tuned_controller_errors_total") == 0
     assert "step_path_error" not in c.srv.log_path.read_text()

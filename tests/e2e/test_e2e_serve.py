@@ -155,13 +155,15 @@ def test_cap_follows_sla_then_memory_bound(tmp_path, tiny_model):
     fams = {f.name: f for f in text_string_to_metric_families(metrics)}
     for name in ("tuned_decision_target_seqs", "tuned_decision_lower_seqs",
                  "tuned_decision_upper_seqs", "tuned_applied_cap_seqs",
-                 "tuned_token_budget_tokens", "tuned_running_requests",
-                 "tuned_waiting_requests", "tuned_tbt_seconds", "tuned_kv_usage_ratio",
+                 "tuned_token_budget_tokens", "tuned_tbt_seconds", "tuned_kv_usage_ratio",
                  "tuned_decisions", "tuned_fallbacks", "tuned_controller_errors",
-                 "tuned_controller_tick_seconds", "tuned_reloads"):
+                 "tuned_controller_tick_seconds", "tuned_controller_tick_phase_seconds",
+                 "tuned_reloads"):
         assert name in fams, name
-    value = {(s.name, tuple(sorted(s.labels.items()))): s.value
-             for f in fams.values() for s in f.samples}
+    # every sample carries engine="0", as vLLM labels its single engine
+    assert {s.labels.get("engine") for f in fams.values() for s in f.samples} == {"0"}
+    value = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "engine"))):
+             s.value for f in fams.values() for s in f.samples}
     assert value[("tuned_applied_cap_seqs", ())] == 10
     assert value[("tuned_reloads_total", (("outcome", "ok"),))] == 2
     assert value[("tuned_decisions_total", (("reason", "sla_over"),))] >= 1

@@ -233,7 +233,7 @@ def test_logging_never_raises_and_counts_the_drops(stream):
         structlog.get_logger("t").info("y")
         assert log_mod.dropped_lines() == before + 2
         text = Metrics().exposition().decode()
-        assert f"tuned_log_lines_dropped_total {float(before + 2)}" in text
+        assert f'tuned_log_lines_dropped_total{{engine="0"}} {float(before + 2)}' in text
     finally:
         structlog.reset_defaults()
 

@@ -23,15 +23,10 @@ class MetricsExport:
     def steps(self, new_steps: Sequence) -> None:
         """Engine steps completed since the last tick."""
         m = self.m
-        gen = pre = 0
         for s in new_steps:
             if s.num_decode:
                 m.tbt.observe(s.step_s)
-            gen += s.generated_tokens
-            pre += s.preempted
         m.steps.inc(len(new_steps))
-        m.generated.inc(gen)
-        m.preemptions.inc(pre)
 
     def finished(self, n: int) -> None:
         self.m.finished.inc(n)
@@ -48,11 +43,10 @@ class MetricsExport:
             m.gpu_used.labels(str(g.index)).set(g.used_bytes)
             m.gpu_total.labels(str(g.index)).set(g.total_bytes)
 
-    def engine(self, running: int, waiting: int, kv_usage: float) -> None:
-        m = self.m
-        m.running.set(running)
-        m.waiting.set(waiting)
-        m.kv_usage.set(kv_usage)
+    def engine(self, kv_usage: float) -> None:
+        """The KV usage the controller read this tick (running and waiting counts are
+        vLLM's own series: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``)."""
+        self.m.kv_usage.set(kv_usage)
 
     def queue(self, snap: dict | None) -> None:
         """Queue-policy counters as Prometheus counters (a policy switch restarts the
@@ -64,7 +58,7 @@ class MetricsExport:
         pol = snap["policy"]
         last = self._queue_last if self._queue_last.get("policy") == pol else {}
         for key, counter in (("admitted", m.q_admitted), ("deferred", m.q_deferred),
-                             ("demoted", m.q_demoted)):
+                             ("demoted", m.q_demoted), ("prediction_count", m.pred_count)):
             delta = snap[key] - last.get(key, 0)
             if delta > 0:
                 counter.labels(pol).inc(delta)
@@ -77,7 +71,6 @@ class MetricsExport:
         m.q_buckets.set(snap["buckets_in_use"])
         m.pred_mae.set(snap["prediction_mae_tokens"])
         m.pred_bias.set(snap["prediction_mean_error_tokens"])
-        m.pred_count.set(snap["prediction_count"])
         m.queue_policy.info({"policy": pol, "queue": "tuned"})
         self._queue_last = dict(snap)
 
@@ -89,12 +82,14 @@ class MetricsExport:
         self._queue_last = {}
 
     def tick(self, t0: float, t1: float, t2: float, t3: float) -> None:
-        """One tick's phases: observe [t0, t1], decide [t1, t2], act [t2, t3]."""
-        tick = self.m.tick
-        tick.labels("observe").observe(t1 - t0)
-        tick.labels("decide").observe(t2 - t1)
-        tick.labels("act").observe(t3 - t2)
-        tick.labels("total").observe(t3 - t0)
+        """One tick: its duration [t0, t3], and its phases observe [t0, t1], decide
+        [t1, t2], act [t2, t3] in a histogram of their own (a sum over phases is then
+        never a sum over ticks too)."""
+        phase = self.m.tick_phase
+        phase.labels("observe").observe(t1 - t0)
+        phase.labels("decide").observe(t2 - t1)
+        phase.labels("act").observe(t3 - t2)
+        self.m.tick.observe(t3 - t0)
 
     def decision(self, dec: Any, old: Any, sla_s: float) -> None:
         """A decision was handed to the engine: its gauges and reason counter, and a

@@ -99,6 +99,20 @@ def _engine_setup(vllm_config) -> config_mod.EngineSetup:
     return setup
 
 
+def dp_rank(parallel_config: Any) -> int:
+    """This engine's data-parallel rank: vLLM's ``data_parallel_index``.
+
+    Not ``data_parallel_rank``: for a dense (non-MoE) model vLLM 0.32 runs each rank
+    as an independent engine and resets ``data_parallel_rank`` to 0 in every one of
+    them (``ParallelConfig.reconfigure_for_independent_dp_rank``), keeping the real
+    rank in ``data_parallel_index`` (set in ``EngineCoreProc.run_engine_core``), the
+    index vLLM's own metrics label ``engine`` with."""
+    index = getattr(parallel_config, "data_parallel_index", None)
+    if index is None:
+        index = getattr(parallel_config, "data_parallel_rank", 0)
+    return int(index or 0)
+
+
 class _TunedMixin:
     """The parts shared by the sync and async variants: a mapping of vLLM's objects
     onto the control core's contract (:mod:`tuned.core.contract`)."""
@@ -120,7 +134,7 @@ class _TunedMixin:
         # one block of the pool is vLLM's null block and never holds tokens
         self._kv_usable_blocks = max(pool.num_gpu_blocks - 1, 1)
         self.kv_capacity_tokens = self._kv_usable_blocks * self.block_size
-        self.dp_rank = int(getattr(self.parallel_config, "data_parallel_rank", 0) or 0)
+        self.dp_rank = dp_rank(self.parallel_config)
         from tuned.engines.vllm_queue import kv_bytes_per_token
 
         self.kv_bytes_per_token = kv_bytes_per_token(

@@ -80,3 +80,100 @@ class AtHostSpeed:
 
 def at_host_speed(hw, scale: float, low: tuple[int, float] | None = None):
     return dataclasses.replace(hw, step_model=AtHostSpeed(hw.step_model, scale, low))
+
+
+@dataclasses.dataclass
+class StaticFidelity:
+    """A profile measured on the live engine and the static caps run live and
+    simulated: what the fidelity test checks and the course benchmark starts from."""
+
+    model: object            # the step model of the profile measured in the test
+    hw: object               # that profile as simulated hardware
+    workload: object         # the open-loop workload every run drives
+    steps: object            # the engine's step records (StepsClient)
+    live: dict               # cap -> summary of the live run
+    sim: dict                # cap -> summary simulated at the host's speed in that run
+    drift: dict              # cap -> live steps / profile in that run
+    at_profile: dict         # cap -> summary simulated at the profile's speed
+
+
+def static_config(model) -> dict:
+    return {**base_config(model), "batch_policy": "static", "token_budget_policy": "max"}
+
+
+def measure_static_caps(tmp_path, srv, small_model) -> StaticFidelity:
+    """On a running ``tuned serve`` (``srv``, started with :func:`static_config` at
+    b_max = CEILING): warm it on the workload's shapes, measure its profile with
+    ``tuned profile --url``, then run each of CAPS live (set by live reloads) and
+    simulate it on that profile, at the host's speed during the run and at the
+    profile's. The workload's rate comes from the profile just measured."""
+    from tuned import config as config_mod
+    from tuned.bench.live import LiveServer
+    from tuned.bench.metrics import Slo, summarize
+    from tuned.bench.runner import Contender, results_from_sim
+    from tuned.cli import main as tuned_main
+    from tuned.curves.profile import load_profile
+    from tuned.engines.sim import simulate
+    from tuned.profiler.steps import StepsClient
+    from tuned.sim.hardware import profile_hardware
+    from tuned.workloads import parse_workload
+
+    static = static_config(small_model)
+    # warm the engine on this workload's shapes first: a cold CPU engine builds a
+    # kernel per new matmul shape, which puts a profile taken cold off the runs
+    warm = parse_workload("poisson:rate=4,prompt=U(16,64),output=U(16,48),n=48",
+                          seed=11, max_model_len=512)
+    LiveServer.attach(Contender("warm-up", "tuned", config_mod.validate(static)),
+                      url=srv.base, endpoint=srv.endpoint,
+                      log_path=srv.log_path).drive(warm)
+    prof_path = tmp_path / "profile.json"
+    rc = tuned_main(["profile", "--url", srv.base, "--metrics-url", srv.endpoint,
+                     "--out", str(prof_path), "--levels", "1,2,4,8,16",
+                     "--level-seconds", "8", "--no-plot",
+                     "--workload", "synthetic:prompt=U(16,64),output=U(16,48)"])
+    assert rc == 0
+    prof = load_profile(prof_path)
+    model = prof.step_model()
+    assert model is not None, prof.summary()
+    print(f"\nstep model measured here: {model}")
+    # a workload below saturation at cap 4, from the measured speed
+    t4 = model.predict_step_s(4, 0, 4 * 60)
+    rate = round(0.5 * 4 / (t4 * 32), 3)        # 32 output tokens on average
+    wl = parse_workload(f"poisson:rate={rate},prompt=U(16,64),output=U(16,48),n=64",
+                        seed=3, max_model_len=512)
+    hw = profile_hardware(prof_path)
+    steps = StepsClient(srv.endpoint)
+    out = StaticFidelity(model, hw, wl, steps, {}, {}, {}, {})
+    for cap in CAPS:
+        d = {**static, "b_max": cap}
+        reload_to(srv, d, want_cap=cap)
+        cfg = config_mod.validate(d)
+        since = steps.fetch()["next"]
+        run = LiveServer.attach(Contender(f"static-{cap}", "tuned", cfg), url=srv.base,
+                                endpoint=srv.endpoint, log_path=srv.log_path).drive(wl)
+        out.drift[cap] = live_over_model(steps.fetch(since)["samples"], model)
+        out.live[cap] = summarize(run.results, Slo())
+        out.sim[cap] = summarize(results_from_sim(
+            simulate(cfg, at_host_speed(hw, out.drift[cap]), wl.requests)), Slo())
+        out.at_profile[cap] = summarize(results_from_sim(simulate(cfg, hw, wl.requests)),
+                                        Slo())
+    return out
+
+
+def check_static_fidelity(f: StaticFidelity) -> None:
+    """Print the live and simulated figures per cap side by side, then check the
+    issue's thresholds: throughput within 10 % and mean TPOT within 15 % per cap."""
+    print("\nsim: at the host's speed during the run (live steps / profile); "
+          "sim@profile: at the profile's")
+    print("cap  live tok/s  sim tok/s  live TPOT  sim TPOT  live steps / profile  "
+          "sim@profile tok/s  TPOT")
+    rows = [(cap, f.live[cap]["output_tok_s"], f.sim[cap]["output_tok_s"],
+             f.live[cap]["tpot_mean_s"], f.sim[cap]["tpot_mean_s"]) for cap in CAPS]
+    for cap, lt, st, lp, sp in rows:
+        ap = f.at_profile[cap]
+        print(f"{cap:3d} {lt:11.1f} {st:10.1f} {lp * 1e3:8.2f}ms {sp * 1e3:7.2f}ms "
+              f"{f.drift[cap]:10.3f} {ap['output_tok_s']:18.1f} "
+              f"{ap['tpot_mean_s'] * 1e3:6.2f}ms")
+    for cap, lt, st, lp, sp in rows:
+        assert abs(st - lt) <= 0.10 * lt, (cap, lt, st)
+        assert abs(sp - lp) <= 0.15 * lp, (cap, lp, sp)

@@ -25,9 +25,9 @@ SPEC = "poisson:rate=5,prompt=U(16,256),output=U(16,128),n=40"
 CONFIG = "max_num_seqs = 16\nmax_num_batched_tokens = 512\ntbt_sla_s = 0.03\n"
 
 TOP_KEYS = {"requests", "steps", "decisions", "summary", "hardware", "config", "workload",
-            "failed"}
+            "failed", "refused"}     # and "events" with --events
 REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
-                "finish_s", "preemptions"}
+                "finish_s", "preemptions", "refused_s"}
 
 
 @pytest.fixture(autouse=True)
@@ -67,12 +67,17 @@ def test_simulate_writes_the_documented_result_json(tmp_path, capsys):
     rc, path = simulate(tmp_path)
     assert rc == 0
     out = capsys.readouterr().out
-    assert out.startswith("simulated 40 requests on a100-llama2-7b in ")
+    # the config it runs, first: the hardware's engine, then the file's keys
+    hw = gpu_hardware("a100-llama2-7b")
+    assert out.startswith(
+        "config:\n  max_num_seqs             16\n  max_num_batched_tokens   512\n"
+        f"  max_model_len            8192\n  num_gpu_blocks           {hw.num_gpu_blocks}\n"
+        "  tbt_sla_s                0.03\nsimulated 40 requests on a100-llama2-7b in ")
     assert f"wrote {path}" in out
     doc = strict_json(path.read_text())
     assert set(doc) == TOP_KEYS
     # requests: one row per request of the workload, in arrival order, all finished
-    wl = parse_workload(SPEC, 1, max_model_len=1024)
+    wl = parse_workload(SPEC, 1, max_model_len=8192)
     assert [set(r) for r in doc["requests"]] == [REQUEST_KEYS] * 40
     assert [(r["id"], r["arrival_s"], r["prompt_tokens"], r["output_tokens"])
             for r in doc["requests"]] == \
@@ -91,7 +96,6 @@ def test_simulate_writes_the_documented_result_json(tmp_path, capsys):
         assert 1 <= d["cap"] <= 16 and d["token_budget"] <= 512
     assert [d["seq"] for d in doc["decisions"]] == list(range(1, len(doc["decisions"]) + 1))
     # the engine's size is the hardware's where the file leaves it to vLLM
-    hw = gpu_hardware("a100-llama2-7b")
     assert doc["hardware"]["name"] == "a100-llama2-7b"
     assert doc["hardware"]["num_gpu_blocks"] == hw.num_gpu_blocks
     assert doc["config"]["num_gpu_blocks"] == hw.num_gpu_blocks
@@ -173,16 +177,40 @@ def test_profile_gives_the_step_model_and_cache_of_the_profiled_host(tmp_path):
     assert doc["summary"]["completed"] == 20
 
 
-def test_without_a_config_the_default_runs_on_the_hardwares_cache(tmp_path):
-    # the embedded default's 48 blocks are the CPU demo's (128 tokens each): on an
-    # A100 model with 16-token blocks they would hold 768 tokens
+def test_without_a_config_the_default_runs_on_the_hardwares_engine(tmp_path):
+    # the embedded default's engine (32 sequences, 48 blocks of 128 tokens) is the CPU
+    # demo's; on an A100 the run starts from vLLM's A100 engine, as `tuned bench` does
     rc, path = simulate(tmp_path, config=None)
     assert rc == 0
     doc = strict_json(path.read_text())
-    assert doc["config"]["num_gpu_blocks"] == gpu_hardware("a100-llama2-7b").num_gpu_blocks
+    engine = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "max_model_len": 8192,
+              "num_gpu_blocks": gpu_hardware("a100-llama2-7b").num_gpu_blocks}
+    assert {k: doc["config"][k] for k in engine} == engine
     for key, value in config_mod.EMBEDDED_DEFAULT.items():
-        if key != "num_gpu_blocks":
+        if key not in engine:
             assert doc["config"][key] == value, key
+
+
+def test_simulate_and_bench_start_from_one_engine(tmp_path):
+    """`tuned simulate --hardware a100-llama2-7b` runs vLLM's A100 defaults (256
+    sequences), the config `tuned bench` builds for that hardware."""
+    from argparse import Namespace
+
+    from tuned.bench.command import base_config
+    from tuned.bench.metrics import Slo
+    from tuned.sim.hardware import engine_defaults
+
+    for hardware, seqs in (("a100-llama2-7b", 256), ("h100-llama2-7b", 1024)):
+        rc, path = simulate(tmp_path, config=None, hardware=hardware, out=hardware,
+                            workload="poisson:rate=5,prompt=U(16,64),output=U(8,16),n=5")
+        assert rc == 0
+        ran = strict_json(path.read_text())["config"]
+        bench = base_config(Namespace(config=None), Slo(),
+                            engine_defaults(gpu_hardware(hardware))).to_dict()
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                    "num_gpu_blocks"):
+            assert ran[key] == bench[key], key
+        assert ran["max_num_seqs"] == seqs
 
 
 def test_static_batching_admits_only_into_an_empty_engine(tmp_path):

@@ -29,7 +29,7 @@ from tuned import log as log_mod  # noqa: E402
 from tuned.bench.command import base_config  # noqa: E402
 from tuned.bench.metrics import Slo, summarize  # noqa: E402
 from tuned.bench.runner import SimBench, contenders  # noqa: E402
-from tuned.sim.hardware import resolve_hardware  # noqa: E402
+from tuned.sim.hardware import engine_defaults, resolve_hardware  # noqa: E402
 from tuned.workloads import parse_workload  # noqa: E402
 
 
@@ -78,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--sigma must be >= 0 and every --slow > 0")
     slo = Slo.parse(a.slo)
     hw0 = resolve_hardware(None, a.profile)
-    defaults = (hw0.vllm_default_max_num_seqs, hw0.vllm_default_max_num_batched_tokens)
+    engine = engine_defaults(hw0)
+    defaults = (engine["max_num_seqs"], engine["max_num_batched_tokens"])
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(f"num_gpu_blocks = {a.num_gpu_blocks}\nmax_model_len = {a.max_model_len}\n")
         f.write("".join(line + "\n" for line in a.set))
-    base = base_config(argparse.Namespace(config=f.name), slo, defaults,
-                       num_gpu_blocks=a.num_gpu_blocks, max_model_len=a.max_model_len)
+    base = base_config(argparse.Namespace(config=f.name), slo, engine)
     Path(f.name).unlink()
     totals: dict[str, list[int]] = {}
     for seed in seeds:

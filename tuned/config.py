@@ -28,6 +28,7 @@ from tuned.policies.registry import QUEUE_POLICIES as _QUEUE_POLICY_CLASSES
 SLA_MODES = ("evidence", "paper")
 SLA_STATISTICS = ("mean", "p90")
 TOKEN_BUDGET_POLICIES = ("sla", "max")
+WAIT_BOUND_MODES = ("refuse", "serve", "off")
 ADMISSION_GUARDS = ("tpot", "off")
 QUEUE_POLICIES = tuple(_QUEUE_POLICY_CLASSES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -35,9 +36,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
        choices: tuple | None = None, restart: bool = False, optional: bool = False,
-       secret: bool = False):
+       secret: bool = False, hi_open: bool = False):
     meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "restart": restart,
-            "optional": optional, "default": default, "secret": secret}
+            "optional": optional, "default": default, "secret": secret,
+            "hi_open": hi_open}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=meta)
     return field(default=default, metadata=meta, repr=not secret)
@@ -79,6 +81,13 @@ class Config:
     b_min: int = _f(1, "lowest batch size tuned may choose (B_min)", lo=1, hi=4096)
     b_max: int = _f(0, "highest batch size tuned may choose (B_max); 0 = max_num_seqs",
                     lo=0, hi=4096)
+    gpu_memory_floor: float = _f(0.02, "device free-memory floor (NVML, a fraction of the "
+                                 "GPU's memory, the lowest over visible GPUs): below it "
+                                 "the cap halves per tick (reason gpu_memory_pressure); "
+                                 "it doubles back once free memory has been at twice "
+                                 "the floor (at most halfway to 1) for 3 ticks (0 = "
+                                 "off; no effect without NVML)", lo=0.0, hi=1.0,
+                                 hi_open=True)
     min_chunk_tokens: int = _f(32, "room kept in the token budget for a prefill chunk "
                                "above the cap", lo=1, hi=1 << 20)
 
@@ -101,6 +110,19 @@ class Config:
                            "queue, requests that waited longer (late already) are served "
                            "after those that can still make it (0 = off)",
                            lo=0.0, hi=3600.0)
+    max_wait_s: float = _f(0.0, "bound on a request's wait for its first token, in seconds "
+                           "(0 = 10 x ttft_sla_s when a TTFT target is set, else no bound); "
+                           "see on_max_wait", lo=0.0, hi=86400.0)
+    on_max_wait: str = _f("refuse", "what the wait bound does: refuse (a request still "
+                          "waiting at max_wait_s is refused at once, so its client can "
+                          "retry elsewhere), serve (served late, never refused) or off (no "
+                          "bound: late requests wait for a lull). With refuse or serve, a "
+                          "request that has waited age_after_s is admitted before the "
+                          "queue policy's choice (aging)", choices=WAIT_BOUND_MODES)
+    age_after_s: float = _f(0.0, "with a wait bound, a request that has waited this long is "
+                            "admitted before the queue policy's choice, oldest first "
+                            "(0 = 2 x ttft_sla_s, at most half of the bound; without a "
+                            "TTFT target, half of the bound)", lo=0.0, hi=86400.0)
     alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
     tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",
@@ -149,11 +171,25 @@ class Config:
             opts.setdefault("late_after_s", self.ttft_sla_s)
         return self.queue_policy, opts
 
+    def wait_bound_spec(self) -> tuple[float, bool, float] | None:
+        """(bound, refuse at it, aging point), in seconds, of the wait bound, or None
+        without one: the bound is ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT
+        target is set; the aging point ``age_after_s``, else 2 x ``ttft_sla_s``, at
+        most half the bound."""
+        if self.on_max_wait == "off":
+            return None
+        bound = self.max_wait_s or 10.0 * self.ttft_sla_s
+        if bound <= 0:
+            return None
+        age = self.age_after_s or min(2.0 * self.ttft_sla_s or bound / 2, bound / 2)
+        return bound, self.on_max_wait == "refuse", min(age, bound)
+
     @property
     def native_queue(self) -> bool:
         """True when the engine may keep its own FCFS queue (no tuned queue needed)."""
         name, opts = self.queue_spec()
-        return name == "fcfs" and not opts and not self.guards_admission
+        return (name == "fcfs" and not opts and not self.guards_admission
+                and self.wait_bound_spec() is None)
 
     @property
     def guards_admission(self) -> bool:
@@ -206,7 +242,7 @@ def _range_text(meta: dict) -> str:
         return "one of " + ", ".join(meta["choices"])
     lo, hi = meta["lo"], meta["hi"]
     if lo is not None and hi is not None:
-        return f"in [{lo:g}, {hi:g}]"
+        return f"in [{lo:g}, {hi:g}{')' if meta.get('hi_open') else ']'}"
     return ""
 
 
@@ -246,7 +282,7 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
     if meta["choices"] and value not in meta["choices"]:
         return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
     lo, hi = meta["lo"], meta["hi"]
-    if lo is not None and (value < lo or value > hi):
+    if lo is not None and (value < lo or value > hi or (meta.get("hi_open") and value == hi)):
         return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
     return value, None
 

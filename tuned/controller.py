@@ -2,7 +2,8 @@
 
 ``Controller.run_once()`` reads the step and finished-request rings the scheduler
 fills, NVML memory where a GPU exists, and the queue lengths (observe); runs the
-batch-size policy of seed 000 (decide); and puts the decision in a pending slot the
+batch-size policy of seed 000 inside the GPU-memory guard (decide;
+:mod:`tuned.policies.gpu_memory`); and puts the decision in a pending slot the
 scheduler applies at the top of its next ``schedule()`` (act). Each phase is timed
 into ``tuned_controller_tick_seconds{phase}``.
 
@@ -39,7 +40,7 @@ from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.registry import build_batch_policy
-from tuned.telemetry.nvml import NvmlSampler
+from tuned.telemetry.nvml import NvmlSampler, free_bytes, free_fraction
 
 __all__ = ["Controller", "EngineView", "Fallback"]
 
@@ -92,6 +93,7 @@ class Controller:
         self.recent: list[dict] = []
         self.seq = 0
         self.gpu: list | None = None                  # NVML's devices at the last tick
+        self.gpu_free_tokens: int | None = None       # their free memory in KV tokens
         self.last_observation: Observation | None = None
         self._step_seq = 0
         self._fin_seq = 0
@@ -150,11 +152,13 @@ class Controller:
         TPOT SLA and TTFT SLA (:class:`tuned.core.admission.AdmissionGuard`), or
         (None, 0.0, 0.0) while the guard is off: ``admission_guard = "off"``, no SLA
         yet, or no step fit yet. The TTFT SLA is 0 (that half off) without
-        ``ttft_sla_s``."""
+        ``ttft_sla_s``. And NVML's free memory in KV tokens (BucketServe's N_max),
+        re-published each tick it changes."""
         fit = self._step_fit
         if fit is None or not self.cfg.guards_admission:
-            return QueueInputs(self.speed_fn)
-        return QueueInputs(self.speed_fn, fit, self.sla_s, self.cfg.ttft_sla_s)
+            return QueueInputs(self.speed_fn, gpu_free_tokens=self.gpu_free_tokens)
+        return QueueInputs(self.speed_fn, fit, self.sla_s, self.cfg.ttft_sla_s,
+                           self.gpu_free_tokens)
 
     def admission_guard(self) -> tuple[Any, float, float]:
         """The guard's part of :meth:`queue_inputs`: (step model, TPOT SLA, TTFT SLA)."""
@@ -193,8 +197,10 @@ class Controller:
             kept = (self.cfg, self.policy, self._first_reason, self.profile, self.speed_fn)
             try:
                 self._build(new)
-                if (new.queue_spec(), new.class_deadlines_s, new.queue_seed) != (
-                        old.queue_spec(), old.class_deadlines_s, old.queue_seed) or (
+                if (new.queue_spec(), new.class_deadlines_s, new.queue_seed,
+                        new.wait_bound_spec()) != (
+                        old.queue_spec(), old.class_deadlines_s, old.queue_seed,
+                        old.wait_bound_spec()) or (
                         old.native_queue and not new.native_queue):
                     self.engine.set_queue_policy(new.queue_policy, new)
             except Exception:
@@ -313,6 +319,8 @@ class Controller:
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
             self.export.gpu(self.gpu)
+        gpu_free = free_fraction(self.gpu)
+        self._publish_gpu_free_tokens(getattr(eng, "kv_bytes_per_token", None))
         # live where the engine can read it (vLLM: an abort frees blocks outside any
         # step, so the newest step's figure goes stale once the engine idles)
         live_kv = getattr(eng, "kv_usage_now", None)
@@ -328,8 +336,19 @@ class Controller:
             kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
             decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
             binding=win.binding,
-            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit)
+            kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
+            gpu_free_fraction=gpu_free)
         return self.last_observation
+
+    def _publish_gpu_free_tokens(self, kv_bytes_per_token: float | None) -> None:
+        """NVML's free memory (the lowest GPU) in KV tokens, into the slot when it
+        changed; None without a sample or without the engine's bytes per token."""
+        free = free_bytes(self.gpu)
+        tokens = (int(free // kv_bytes_per_token)
+                  if free is not None and kv_bytes_per_token else None)
+        if tokens != self.gpu_free_tokens:
+            self.gpu_free_tokens = tokens
+            self.slot.publish(self.queue_inputs())
 
     def _refresh_step_fit(self, now: float) -> None:
         """The online step model: refreshed every few seconds from this engine's own

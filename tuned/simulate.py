@@ -8,19 +8,28 @@ writes ``DIR/result.json`` (keys sorted: two runs with one seed compare byte for
 byte) and prints a summary. ``result.json``::
 
     {"requests": [{"id", "arrival_s", "prompt_tokens", "output_tokens",
-                   "first_token_s", "finish_s", "preemptions"}, ...],
+                   "first_token_s", "finish_s", "preemptions", "refused_s"}, ...],
      "steps": [{...the fields of the live step ring, tuned.core.ring.StepSample}],
      "decisions": [{...one entry per controller decision, as /decisions shows them}],
      "summary": {...}, "hardware": {...}, "config": {...}, "workload": {...},
      "failed": [ids of requests refused because they need more KV blocks than the
-                cache holds]}
+                cache holds],
+     "refused": [ids of requests refused at the wait bound (``max_wait_s``)],
+     "events": [{"kind": "gpu_pressure", "start_s", "end_s", "used_fraction"}, ...]}
+                (only with --events)
+
+The run starts from the engine vLLM 0.32 would start on the hardware
+(:func:`tuned.sim.hardware.engine_defaults`: ``max_num_seqs``,
+``max_num_batched_tokens``, ``max_model_len``, KV blocks), as ``tuned bench`` does,
+with the config file's keys over it; the config it ran is printed first and is
+``config`` in ``result.json``.
 
 ``config`` leaves out ``reload_token`` (a secret is never written to a file), and the
 file is written readable by its owner only.
 
-Without ``--config`` the controller runs the embedded default's settings on the
-KV cache of the hardware or profile (the default's 48 blocks are sized for the CPU
-demo's 128-token blocks).
+Without ``--config`` the controller runs the embedded default's controller settings
+(its derived TBT SLA, TTFT target) on that engine; the default's engine keys (32
+sequences, 48 blocks: the CPU demo's) are replaced by the hardware's.
 """
 
 from __future__ import annotations
@@ -66,6 +75,10 @@ def register(subparsers) -> None:
                    "trace:azure_conv_2023,n=500 (the packaged Azure trace; see docs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for result.json")
+    p.add_argument("--events", help="memory-pressure events (--hardware only): "
+                   "gpu_pressure=T0-T1@U[,...] makes the GPU U used (a fraction of its "
+                   "memory, another tenant's) from T0 to T1 seconds of simulated time, "
+                   "through a simulated NVML that tuned's GPU-memory guard reads")
     p.add_argument("--static-batching", action="store_true",
                    help="seed 001's model: a batch runs until its longest member ends")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning",
@@ -74,20 +87,37 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
-def sim_config(cfg: Config, hardware) -> Config:
-    """The config a simulated engine runs: the file's, with the defaults of the
-    hardware where the file leaves the engine's size to vLLM (num_gpu_blocks = 0)."""
-    if cfg.num_gpu_blocks:
-        return cfg
-    return config_mod.validate({**_file_dict(cfg), "num_gpu_blocks": hardware.num_gpu_blocks},
-                               source=cfg.source_path)
+#: the embedded default's engine keys, which the hardware's defaults replace
+ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks")
 
 
-def _file_dict(cfg: Config) -> dict[str, Any]:
+def sim_config(path: str | None, hardware) -> Config:
+    """The config a simulated engine runs: the engine as vLLM starts it on the
+    hardware (:func:`tuned.sim.hardware.engine_defaults`, what `tuned bench` starts
+    from too) under the file's keys; without a file, the embedded default's controller
+    settings on that engine. ``ConfigError`` as :func:`tuned.config.load`."""
+    from tuned.sim.hardware import engine_defaults
+
+    raw: dict[str, Any] = dict(engine_defaults(hardware))
+    if path is None:
+        raw.update({k: v for k, v in config_mod.EMBEDDED_DEFAULT.items()
+                    if k not in ENGINE_KEYS})
+        return config_mod.validate(raw)
+    p = Path(path)
+    raw.update(config_mod.read_toml(p))
+    return config_mod.validate(raw, source=str(p.resolve()), base_dir=p.resolve().parent)
+
+
+def config_block(cfg: Config) -> str:
+    """The config a run uses, as the lines ``simulate`` prints before it runs: the
+    engine's keys, then every key that differs from its default (no secret)."""
     d = cfg.to_dict()
-    d.pop("source_path", None)
-    d.pop("reload_token", None)
-    return {k: v for k, v in d.items() if v != config_mod.FIELDS[k].metadata["default"]}
+    keys = list(ENGINE_KEYS) + sorted(
+        k for k, v in d.items() if k in config_mod.FIELDS and k not in ENGINE_KEYS
+        and k not in config_mod.SECRET_FIELDS
+        and getattr(cfg, k) != config_mod.FIELDS[k].metadata["default"])
+    lines = [f"  {k:24s} {d[k]!r}" for k in keys]
+    return "config:\n" + "\n".join(lines)
 
 
 def result_json(res, workload, summary: dict) -> str:
@@ -96,7 +126,10 @@ def result_json(res, workload, summary: dict) -> str:
     config = {k: v for k, v in res.config.items() if k not in config_mod.SECRET_FIELDS}
     doc = {"requests": res.request_rows(), "steps": [s._asdict() for s in res.steps],
            "decisions": res.decisions, "summary": summary, "hardware": res.hardware,
-           "config": config, "workload": workload.describe(), "failed": res.failed}
+           "config": config, "workload": workload.describe(), "failed": res.failed,
+           "refused": res.refused}
+    if res.events:
+        doc["events"] = res.events
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str) + "\n"
 
 
@@ -109,30 +142,35 @@ def run_summary(res, slo=None) -> dict[str, Any]:
     s.update(steps=len(res.steps), decisions=len(res.decisions),
              mean_cap=sum(caps) / len(caps) if caps else None,
              final_cap=res.decisions[-1]["cap"] if res.decisions else None,
-             simulated_s=res.duration_s)
+             simulated_s=res.duration_s, refused=len(res.refused))
     return s
 
 
 def cmd_simulate(args) -> int:
     from tuned.engines.sim import SimulationError, simulate
     from tuned.sim.hardware import resolve_hardware
+    from tuned.sim.nvml import parse_events
     from tuned.workloads import WorkloadError, parse_workload
 
     log_mod.configure(args.log_level)
     try:
-        cfg = (config_mod.load(args.config) if args.config else
-               config_mod.validate({**config_mod.EMBEDDED_DEFAULT, "num_gpu_blocks": 0}))
+        hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
+        events = parse_events(args.events or "")
+        nvml = hw.nvml(events) if events else None
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tuned simulate: {clip_text(str(e), 4 * CLIP_CHARS)}", file=sys.stderr)
+        return 2
+    try:
+        cfg = sim_config(args.config, hw)
     except ConfigError as e:
         for p in e.problems:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
         return 2
     try:
-        hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
         wl = parse_workload(args.workload, args.seed, max_model_len=cfg.max_model_len)
-    except (ValueError, FileNotFoundError, WorkloadError) as e:
+    except (ValueError, WorkloadError) as e:
         print(f"tuned simulate: {clip_text(str(e), 4 * CLIP_CHARS)}", file=sys.stderr)
         return 2
-    cfg = sim_config(cfg, hw)
     if cfg.num_gpu_blocks < 2:
         why = (f"{hw.name} does not record the engine's KV blocks: set num_gpu_blocks in "
                "the config" if not cfg.num_gpu_blocks else "one is vLLM's null block")
@@ -146,9 +184,15 @@ def cmd_simulate(args) -> int:
         print(f"tuned simulate: --out {clip_text(str(out))}: cannot create the folder "
               f"({e.strerror or e})", file=sys.stderr)
         return 2
+    print(config_block(cfg))
+    if events:
+        print("events:\n" + "\n".join(f"  gpu_pressure {e.start_s:g}-{e.end_s:g} s: "
+                                        f"{e.used_fraction:g} of {hw.name}'s memory used"
+                                        for e in events))
     t0 = time.perf_counter()
     try:
-        res = simulate(cfg, hw, wl.requests, static_batching=args.static_batching)
+        res = simulate(cfg, hw, wl.requests, static_batching=args.static_batching,
+                       **({"nvml": nvml} if nvml is not None else {}))
     except SimulationError as e:
         print(f"tuned simulate: {e}", file=sys.stderr)
         return 2
@@ -162,7 +206,7 @@ def cmd_simulate(args) -> int:
         return 2
     print(f"simulated {len(res.requests)} requests on {hw.name} in {wall:.1f}s wall "
           f"({len(res.steps) / wall:,.0f} steps/s): {res.duration_s:.1f}s simulated")
-    for key in ("completed", "failed", "request_throughput_rps", "output_tok_s",
+    for key in ("completed", "failed", "refused", "request_throughput_rps", "output_tok_s",
                 "ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "preemptions",
                 "mean_cap", "final_cap"):
         v = summary.get(key)

@@ -7,7 +7,6 @@ import pytest
 
 from tuned.bench import report as report_mod
 from tuned.bench import runner
-from tuned.bench.ablations import FIXED_CAP_BUDGET
 from tuned.bench.metrics import RequestResult, Slo, summarize
 from tuned.bench.runner import Contender
 from tuned.config import validate
@@ -48,7 +47,7 @@ def test_pairs_and_ablations_are_named_and_configured():
 
     assert knobs("tuned") == ("tuned", "sla", "fcfs", {"late_after_s": 2.0}, 2.0, True, 8, 2048)
     assert knobs("tuned-cap-only") == ("tuned", "max", "fcfs", {}, 0.0, False, 8, 2048)
-    assert knobs("tuned-budget-only") == (FIXED_CAP_BUDGET, "sla", "fcfs", {}, 0.0, False,
+    assert knobs("tuned-budget-only") == ("static", "sla", "fcfs", {}, 0.0, False,
                                           8, 2048)
     assert knobs("tuned-queue-only") == ("static", "max", "fcfs", {"late_after_s": 2.0}, 2.0,
                                          False, 8, 2048)

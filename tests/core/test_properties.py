@@ -24,7 +24,8 @@ from tuned import config as config_mod
 from tuned.config import FIELDS, Config, ConfigError
 from tuned.curves.profile import Profile, ProfileError, load_profile
 from tuned.policies.batch import (BatchPolicy, Decision, MemoryBound, Observation, SlaBound,
-                                  clt_theta, memory_batch_limit, token_budget)
+                                  clt_theta, memory_batch_limit)
+from tuned.policies.budget import TokenBudget, token_budget
 from tuned.policies.queues import (POLICIES, AdmitContext, ReqInfo, Selection, make_policy,
                                    policy_class)
 
@@ -356,20 +357,23 @@ def policies(draw, sla: bool | None = None):
             bound.warm_start(draw(st.integers(-5, 10**6)))
     mem = MemoryBound(eps_m, b_max, draw(st.integers(min_value=1, max_value=16)))
     model = draw(st.sampled_from([None, SHIPPED_MODEL]))
-    extra = {}
-    if "decode_budget" in {f.name for f in dataclasses.fields(BatchPolicy)}:
-        extra["decode_budget"] = draw(st.sampled_from(["running", "batch"]))
-    return BatchPolicy(ceiling=ceiling, b_min=b_min, b_max=b_max, memory=mem, sla=bound,
-                       max_num_batched_tokens=mnbt, min_chunk_tokens=min_chunk,
-                       step_model=model, **extra)
+    inner = BatchPolicy(ceiling=ceiling, b_min=b_min, b_max=b_max, memory=mem, sla=bound,
+                        max_num_batched_tokens=mnbt, min_chunk_tokens=min_chunk,
+                        step_model=model)
+    if not draw(st.booleans()):
+        return inner
+    return TokenBudget(inner, max_num_batched_tokens=mnbt, min_chunk_tokens=min_chunk,
+                       sla_s=bound.sla_s if bound is not None else 0.0, step_model=model,
+                       decode_budget=draw(st.sampled_from(["running", "batch"])))
 
 
-def check_decision(pol: BatchPolicy, obs: Observation, d: Decision) -> None:
+def check_decision(policy: BatchPolicy | TokenBudget, obs: Observation, d: Decision) -> None:
+    pol = getattr(policy, "inner", policy)
     assert d.lower <= d.upper, d
     assert pol.b_min <= d.cap <= pol.ceiling, d
     assert d.cap <= d.batch <= pol.ceiling, d
     assert d.token_budget <= pol.max_num_batched_tokens, d
-    if getattr(pol, "decode_budget", "batch") == "batch":
+    if getattr(policy, "decode_budget", "batch") == "batch":
         # the paper's PD fusion: the budget holds the whole batch plus a chunk
         assert d.cap + 1 <= d.token_budget, d
     else:
@@ -394,6 +398,7 @@ def test_batch_policy_decide_domain(pol, obs):
 @FAST
 @given(pol=policies(sla=True), obs=observations)
 def test_sla_bound_update_domain(pol, obs):
+    pol = getattr(pol, "inner", pol)
     b, reason = pol.sla.update(obs)
     assert pol.b_min <= b <= pol.b_max and isinstance(b, int)
     assert pol.sla.low <= b <= pol.sla.high

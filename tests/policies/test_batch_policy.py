@@ -7,7 +7,8 @@ import math
 import pytest
 
 from tuned.policies.batch import (BatchPolicy, MemoryBound, Observation, SlaBound,
-                                  clt_theta, memory_batch_limit, token_budget)
+                                  clt_theta, memory_batch_limit)
+from tuned.policies.budget import token_budget
 
 
 def obs(running=4, waiting=4, n=1000, mean=100.0, std=0.0, samples=32, tbt=None, bbar=None):
@@ -193,3 +194,44 @@ def test_token_budget_from_step_model_by_hand():
     assert token_budget(10, 200, 32, 0.050, LinearStep()) == 200
     assert token_budget(10, 2048, 32, 0.0, LinearStep()) == 2048   # no SLA
     assert token_budget(10, 2048, 32, 0.050, None) == 2048          # no model
+
+
+# ---------------------------------------------------------------- the token budget wrapper
+class LinearStepModelish(LinearStep):
+    def predict_step_s(self, b, c, kv=0.0):
+        return 0.010 + 0.001 * b + 0.0001 * c
+
+
+def test_token_budget_wraps_any_policy():
+    """The budget is a wrapper: around a static cap it sizes the chunk for the SLA
+    from the decodes running (T(4, c) <= 50 ms - 2 ms margin -> c = 340), keeps the
+    inner cap and reason, and says its learnt bias; without an SLA the budget is the
+    full one."""
+    from tuned.policies.budget import TokenBudget
+    from tuned.policies.registry import StaticPolicy
+
+    wrapped = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
+                          min_chunk_tokens=32, sla_s=0.050, step_model=LinearStepModelish(),
+                          margin_s=0.002)
+    d = wrapped.decide(obs(running=4, waiting=8))
+    assert (d.cap, d.reason, d.token_budget) == (16, "static", 4 + 340)
+    assert d.inputs["budget_bias_s"] == 0.0
+    full = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
+                       min_chunk_tokens=32, sla_s=0.0, step_model=LinearStepModelish())
+    assert full.decide(obs(running=4, waiting=8)).token_budget == 2048
+
+
+def test_policy_told_whether_the_budget_can_act():
+    """An inner policy with ``budget_acts`` learns each tick whether the budget can
+    act: not where even one decode beside the smallest chunk misses the SLA."""
+    from tuned.policies.budget import TokenBudget
+
+    slow = LinearStepModelish()
+    inner = policy(sla_bound=sla())
+    wrapped = TokenBudget(inner, max_num_batched_tokens=2048, min_chunk_tokens=32,
+                          sla_s=0.012, step_model=slow)       # T(1, 32) = 14.2 ms > 12
+    wrapped.decide(obs(running=2, waiting=4))
+    assert inner.budget_acts is False
+    wrapped.sla_s = 0.050
+    wrapped.decide(obs(running=2, waiting=4))
+    assert inner.budget_acts is True

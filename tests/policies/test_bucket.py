@@ -53,6 +53,26 @@ def test_second_pass_splits_again_and_merge_when_load_falls():
     assert adjust_buckets(b, [10, 20], 3, 100) == [(0, 100)]
 
 
+def test_n_max_reads_nvml_free_memory_where_known():
+    """M_remain is NVML's free memory in KV tokens where the engine knows it (at most
+    the free KV), else the free KV cache; Eq. 6 admission reads the free KV."""
+    reqs = [R(f"r{s}", s, float(i)) for i, s in enumerate([10, 20, 30, 40, 60, 70])]
+    p = BucketPolicy(max_len_tokens=100)
+    free_kv = AdmitContext(now_s=0.0, kv_capacity_tokens=10_000, kv_free_tokens=10_000,
+                           cap=64)
+    # mean S = 38.33: the free KV alone gives floor(0.9 * 10000 / 38.33) = 234
+    assert p.compute_n_max(reqs, free_kv) == 234
+    # NVML: 100 tokens' worth of device memory free -> floor(0.9 * 100 / 38.33) = 2
+    nvml = AdmitContext(now_s=0.0, kv_capacity_tokens=10_000, kv_free_tokens=10_000,
+                        cap=64, gpu_free_tokens=100)
+    assert p.compute_n_max(reqs, nvml) == 2
+    # more device memory free than KV: the KV pool is what vLLM allocates from
+    more = AdmitContext(now_s=0.0, kv_capacity_tokens=10_000, kv_free_tokens=100,
+                        cap=64, gpu_free_tokens=10**9)
+    assert p.compute_n_max(reqs, more) == 2
+    assert p.admit(R("a", 50, 0.0), [], [], nvml).admit
+
+
 def test_policy_refresh_uses_n_max_from_free_kv():
     reqs = [R(f"r{s}", s, float(i)) for i, s in enumerate([10, 20, 30, 40, 60, 70])]
     p = BucketPolicy(max_len_tokens=100)

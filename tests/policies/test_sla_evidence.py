@@ -11,6 +11,7 @@ from tuned.controller import Controller
 from tuned.policies.registry import feasibility_patience
 from tuned.curves.online import LinearStepModel, fit_step_times
 from tuned.metrics import Metrics
+from tuned.policies.budget import TokenBudget
 from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,
                                   Observation, SlaBound)
 
@@ -93,12 +94,15 @@ def test_p90_statistic():
 
 
 # ---------------------------------------------------------------- infeasible SLA
-def policy(paper: bool = False) -> BatchPolicy:
+def policy(paper: bool = False) -> TokenBudget:
+    """Seed 000's two bounds with the token budget wrapped around them, as
+    ``batch_policy = "tuned"`` builds it."""
     sla = (SlaBound if paper else EvidenceSlaBound)(SLA, EPS, 2, 1, 1, 32)
-    return BatchPolicy(ceiling=32, b_min=1, b_max=32, memory=MemoryBound(0.05, 32, 8),
-                       sla=sla, max_num_batched_tokens=2048, min_chunk_tokens=32,
-                       feasibility=None if paper else Feasibility(SLA, EPS, 1, 2),
-                       budget_margin_s=0.0 if paper else EPS)
+    inner = BatchPolicy(ceiling=32, b_min=1, b_max=32, memory=MemoryBound(0.05, 32, 8),
+                        sla=sla, max_num_batched_tokens=2048, min_chunk_tokens=32,
+                        feasibility=None if paper else Feasibility(SLA, EPS, 1, 2))
+    return TokenBudget(inner, max_num_batched_tokens=2048, min_chunk_tokens=32, sla_s=SLA,
+                       margin_s=0.0 if paper else EPS)
 
 
 def test_infeasible_sla_is_detected_and_set_aside():
@@ -259,11 +263,11 @@ def test_a_prefill_violation_moves_the_cap_when_no_chunk_can_hold_the_sla():
     t = policy()
     d = t.decide(obs(8, 4, 0.300, 8.0, binding=1.0, dec_only=0.040, model=cpu))
     assert (d.reason, d.token_budget) == ("sla_over", 2048)
-    assert t.sla.high == 8 and d.cap < 8
+    assert t.inner.sla.high == 8 and d.cap < 8
     gpu = LinearStepModel(0.010, 0.0026, 0.0005, 0.0)
     t = policy()
     d = t.decide(obs(8, 4, 0.300, 8.0, binding=1.0, dec_only=0.040, model=gpu))
-    assert d.reason == "sla_over_prefill" and (t.sla.low, t.sla.high) == (1, 32)
+    assert d.reason == "sla_over_prefill" and (t.inner.sla.low, t.inner.sla.high) == (1, 32)
     assert d.token_budget < 2048
 
 
@@ -283,20 +287,20 @@ def test_token_budget_loop_holds_the_mean_step_not_each_mixed_step():
     quiet = dataclasses.replace(base, mixed_tbt_s=0.052)
     for _ in range(20):
         d = t.decide(quiet)
-    assert (d.token_budget, t.budget_bias_s) == (290, 0.0)   # 10 + 280 (see above)
+    assert (d.token_budget, t.bias_s) == (290, 0.0)   # 10 + 280 (see above)
     busy = dataclasses.replace(base, tbt_mean_s=0.052, mixed_tbt_s=0.052)
     d = t.decide(busy)
     # bias 0.5 x (52 - 46) = 3 ms: T(10, c) <= 45 ms -> c <= 250 (249 in floats)
-    assert t.budget_bias_s == pytest.approx(0.003)
+    assert t.bias_s == pytest.approx(0.003)
     assert d.token_budget == 10 + m.largest_chunk_within(10, SLA - EPS - 0.003, 32, 2038)
     assert 249 <= d.token_budget - 10 < 280
     for _ in range(20):
         d = t.decide(busy)
-    assert t.budget_bias_s == pytest.approx((SLA - EPS) / 2)   # bounded: 24 ms
+    assert t.bias_s == pytest.approx((SLA - EPS) / 2)   # bounded: 24 ms
     assert d.token_budget == max(10 + 40, d.cap + 1)
     for _ in range(20):
         d = t.decide(dataclasses.replace(base, tbt_mean_s=0.030))
-    assert (d.token_budget, t.budget_bias_s) == (290, 0.0)
+    assert (d.token_budget, t.bias_s) == (290, 0.0)
 
 
 def test_online_fit_recovers_a_linear_step_model():

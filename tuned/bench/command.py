@@ -83,15 +83,14 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def base_config(args, slo, defaults: tuple[int, int], *, num_gpu_blocks: int = 0,
-                model: str | None = None, max_model_len: int = 8192) -> config_mod.Config:
-    """tuned's config for the bench: the file's, or vLLM's defaults as the ceiling, and
-    the TPOT SLO as tuned's TBT SLA."""
-    seqs, toks = defaults
-    raw: dict[str, Any] = {"max_num_seqs": seqs, "max_num_batched_tokens": toks,
-                           "max_model_len": max_model_len, "log_level": "warning"}
-    if num_gpu_blocks:
-        raw["num_gpu_blocks"] = num_gpu_blocks
+def base_config(args, slo, engine: dict[str, int], *,
+                model: str | None = None) -> config_mod.Config:
+    """tuned's config for the bench: the file's over the engine's defaults
+    (:func:`tuned.sim.hardware.engine_defaults`, which `tuned simulate` starts from
+    too), and the TPOT SLO as tuned's TBT SLA."""
+    raw: dict[str, Any] = {**engine, "log_level": "warning"}
+    if not raw.get("num_gpu_blocks"):
+        raw.pop("num_gpu_blocks", None)
     if model:
         raw["model"] = model
     if args.config:
@@ -144,6 +143,8 @@ def cmd_bench(args) -> int:
         slo = Slo.parse(args.slo)
     except ValueError as e:
         return _fail(f"--slo: {e}")
+    from tuned.sim.hardware import engine_defaults
+
     if args.engine == "sim":
         from tuned.sim.hardware import resolve_hardware
 
@@ -154,11 +155,9 @@ def cmd_bench(args) -> int:
             hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
         except (ValueError, FileNotFoundError) as e:
             return _fail(str(e))
-        defaults = (hw.vllm_default_max_num_seqs, hw.vllm_default_max_num_batched_tokens)
-        mml = 1024 if args.profile else 8192
+        engine = engine_defaults(hw)
         try:
-            base = base_config(args, slo, defaults, num_gpu_blocks=hw.num_gpu_blocks,
-                               max_model_len=mml)
+            base = base_config(args, slo, engine)
         except config_mod.ConfigError as e:
             return _fail(clip_text(str(e), 4 * CLIP_CHARS))
         hardware_name = hw.name
@@ -167,12 +166,9 @@ def cmd_bench(args) -> int:
             return _fail("--engine vllm needs --model (e.g. demo:small)")
         if args.data_dir:
             return _fail("--data-dir is for the simulator's --hardware (--engine sim)")
-        from tuned.sim.hardware import VLLM_DEFAULTS
-
-        defaults = VLLM_DEFAULTS["cpu"]
+        engine = engine_defaults(None)
         try:
-            base = base_config(args, slo, defaults, model=args.model, max_model_len=1024,
-                               num_gpu_blocks=48)
+            base = base_config(args, slo, engine, model=args.model)
         except config_mod.ConfigError as e:
             return _fail(str(e))
         hw = None
@@ -186,9 +182,11 @@ def cmd_bench(args) -> int:
     try:
         caps = _int_list("--caps", args.caps)
         budgets = _int_list("--budgets", args.budgets) or runner.sweep_budgets(
-            "cpu" if args.engine == "vllm" else "gpu", defaults[1], quick=args.quick)
+            "cpu" if args.engine == "vllm" else "gpu", engine["max_num_batched_tokens"],
+            quick=args.quick)
         field = runner.contenders(
-            base, default_seqs=defaults[0], default_tokens=defaults[1],
+            base, default_seqs=engine["max_num_seqs"],
+            default_tokens=engine["max_num_batched_tokens"],
             quick=args.quick or args.engine == "vllm",
             caps=caps or (([4, 8, 16] if args.quick else [2, 4, 8, 16, 32])
                           if args.engine == "vllm" else None),
@@ -216,7 +214,7 @@ def cmd_bench(args) -> int:
         runs, timelines, cap, probes = _bench_sim(hw, field, wls, slo, capacity, args)
     else:
         runs, timelines, cap, probes = _bench_live(field, wls, slo, args)
-    report = _report(args, hardware_name, wl, slo, runs, cap, defaults[1])
+    report = _report(args, hardware_name, wl, slo, runs, cap, engine["max_num_batched_tokens"])
     from tuned.bench import report as report_mod
 
     out = Path(args.out)

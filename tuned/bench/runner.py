@@ -135,7 +135,7 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
     hi_cap = max(ceiling, default_seqs)
     # static caps and peers run vLLM's own FCFS queue: no TTFT demotion
     static = dict(batch_policy="static", token_budget_policy="max", queue_policy="fcfs",
-                  queue_options={}, ttft_sla_s=0.0, admission_guard="off")
+                  queue_options={}, ttft_sla_s=0.0, admission_guard="off", on_max_wait="off")
     lo_tok, hi_tok = (config_mod.FIELDS["max_num_batched_tokens"].metadata[k]
                       for k in ("lo", "hi"))
     for b in budgets or ():
@@ -164,7 +164,8 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
             seen.add((cap, tokens))
             out.append(static_run(static_name(cap, tokens, default_tokens), cap, tokens))
     peer_tokens = dict(max_num_batched_tokens=max(default_tokens, ceiling + base.min_chunk_tokens),
-                       token_budget_policy="max", ttft_sla_s=0.0, admission_guard="off")
+                       token_budget_policy="max", ttft_sla_s=0.0, admission_guard="off",
+                       on_max_wait="off")
     if peers:
         out.append(Contender("trtllm", "peer", _with(base, batch_policy="trtllm",
                                                        queue_policy="fcfs", queue_options={},
@@ -196,20 +197,18 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
 def ablations(base: Config) -> list[Contender]:
     """tuned's levers one at a time (:data:`ABLATIONS`), each against the static pair
     (``base.max_num_seqs``, ``base.max_num_batched_tokens``) in FCFS order without
-    the guard: the cap control alone (full budget), the token budget alone (cap at
-    the ceiling, :class:`tuned.bench.ablations.FixedCapBudget`), the queue alone
+    the guard: the cap control alone (full budget), the token budget alone (a static
+    cap at the ceiling with tuned's token budget wrapped around it), the queue alone
     (TTFT demotion, needs a TTFT SLO), the admission guard alone (needs a TPOT SLO;
     its TTFT half too when a TTFT SLO is set, with the queue kept in arrival order).
     """
-    from tuned.bench.ablations import FIXED_CAP_BUDGET
-
     plain = dict(queue_policy="fcfs", queue_options={}, ttft_sla_s=0.0, admission_guard="off")
     fixed = dict(plain, batch_policy="static", token_budget_policy="max")
     pair = (base.max_num_seqs, base.max_num_batched_tokens)
     out = [Contender("tuned-cap-only", "ablation",
                      _with(base, **dict(plain, token_budget_policy="max")), *pair),
            Contender("tuned-budget-only", "ablation",
-                     _with(base, **dict(plain, batch_policy=FIXED_CAP_BUDGET,
+                     _with(base, **dict(plain, batch_policy="static",
                                         token_budget_policy="sla")), *pair)]
     if base.ttft_sla_s:
         out.append(Contender("tuned-queue-only", "ablation",

@@ -103,6 +103,9 @@ class EngineView(Protocol):
         when the engine runs its own FCFS queue."""
         ...
 
+    # Optional: ``kv_bytes_per_token: float | None``, the KV cache's bytes per token on
+    # one GPU, with which NVML's free device memory reads as KV tokens (BucketServe's
+    # N_max); absent or None where unknown (a CPU engine).
     # Optional: ``kv_usage_now() -> float``, the fraction of usable KV blocks held
     # right now (a live read, safe beside a step). Where an engine frees blocks
     # outside its steps (vLLM: aborts), the controller reads this instead of the

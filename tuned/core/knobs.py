@@ -60,12 +60,14 @@ class QueueInputs(NamedTuple):
     """What the engine's waiting queue reads each step, as the controller last
     published it: ``speed_fn(n)`` the profile's per-request decode speed (SABER), and
     the admission guard's step model with its TPOT and TTFT targets (``step_model`` is
-    None and both targets 0 while the guard is off)."""
+    None and both targets 0 while the guard is off), and NVML's free device memory in
+    KV tokens (None without NVML or without the engine's KV bytes per token)."""
 
     speed_fn: Callable[[int], float] | None = None
     step_model: object = None
     tpot_sla_s: float = 0.0
     ttft_sla_s: float = 0.0
+    gpu_free_tokens: int | None = None
 
     @property
     def guard(self) -> tuple[object, float, float]:

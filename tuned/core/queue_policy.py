@@ -127,6 +127,8 @@ class AdmitContext:
                                      # QueueCore.begin_step from the running list)
     prefill_backlog_tokens: int = 0  # prompt tokens the running requests still have to
                                      # prefill (likewise set by QueueCore.begin_step)
+    gpu_free_tokens: int | None = None  # NVML's free device memory (the lowest GPU) in
+                                     # KV tokens; None without NVML (BucketServe's N_max)
 
     @property
     def kv_resident_tokens(self) -> int:

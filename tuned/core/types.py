@@ -4,7 +4,16 @@ the step-time model its rules read. Plain data; no engine, thread or I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
+
+
+class GpuMemory(NamedTuple):
+    """One GPU's memory as NVML reports it (or the simulator's stand-in for NVML)."""
+
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,8 @@ class Observation:
     kv_tokens_resident: int = 0      # KV tokens held by running requests (newest step)
     step_model: object = None        # T(b, c, kv) fitted online on the step ring, or None
     mixed_tbt_s: float | None = None # mean time of the window's decode steps with prefill
+    gpu_free_fraction: float | None = None  # device free memory over total (NVML), the
+                                     # lowest over visible GPUs; None without NVML
 
 
 @dataclass(frozen=True)
@@ -74,4 +85,4 @@ class StepModel(Protocol):
                              kv_tokens: float = 0.0) -> int: ...
 
 
-__all__ = ["Decision", "Observation", "StepModel"]
+__all__ = ["Decision", "GpuMemory", "Observation", "StepModel"]

@@ -77,7 +77,7 @@ class SimRequest:
     __slots__ = ("request_id", "arrival_time", "num_prompt_tokens", "max_tokens",
                  "target_output", "num_output_tokens", "num_computed_tokens", "num_blocks",
                  "priority", "extra_args", "first_token_s", "finish_s", "token_times",
-                 "preemptions", "recomputed_tokens", "preempted")
+                 "preemptions", "recomputed_tokens", "preempted", "refused_s")
 
     def __init__(self, spec: RequestSpec, record_tokens: bool) -> None:
         self.request_id = spec.request_id
@@ -99,6 +99,7 @@ class SimRequest:
         self.preemptions = 0
         self.recomputed_tokens = 0
         self.preempted = False
+        self.refused_s: float | None = None     # when refused at the wait bound
 
     @property
     def num_tokens(self) -> int:
@@ -147,12 +148,15 @@ class SimResult:
     config: dict = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     truncated: bool = False      # stopped at the horizon with requests unfinished
+    refused: list[str] = field(default_factory=list)   # refused at the wait bound
+    events: list[dict] = field(default_factory=list)  # the simulated NVML's events
 
     def request_rows(self) -> list[dict]:
         return [{"id": r.request_id, "arrival_s": r.arrival_time,
                  "prompt_tokens": r.num_prompt_tokens, "output_tokens": r.num_output_tokens,
                  "first_token_s": r.first_token_s, "finish_s": r.finish_s,
-                 "preemptions": r.preemptions} for r in self.requests]
+                 "preemptions": r.preemptions, "refused_s": r.refused_s}
+                for r in self.requests]
 
 
 class SimEngine:
@@ -163,7 +167,8 @@ class SimEngine:
                  record_token_times: bool = False, record_steps: bool = True,
                  max_sim_s: float = 30 * 24 * 3600.0,
                  horizon_s: float | None = None,
-                 give_up: tuple | None = None) -> None:
+                 give_up: tuple | None = None, nvml: Any = None,
+                 kv_bytes_per_token: float | None = None) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks: must be >= 2 (one is vLLM's null block), "
                              f"got {num_gpu_blocks}")
@@ -191,6 +196,8 @@ class SimEngine:
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
         self.kv_capacity_tokens = (self.num_gpu_blocks - 1) * self.block_size
         self.dp_rank = 0
+        # one GPU's KV bytes per token (the hardware's), for NVML's free memory in tokens
+        self.kv_bytes_per_token = kv_bytes_per_token
         # --- engine state
         self.now = 0.0
         self.free_blocks = self.num_gpu_blocks - 1
@@ -199,8 +206,13 @@ class SimEngine:
         self.queue_policy = "fcfs"
         self._pending_queue: tuple[str, Config] | None = None
         self.decisions: list[dict] = []
+        # GPU memory as NVML would report it (tuned.sim.nvml.SimNvml, on this
+        # engine's virtual clock), or None: no NVML, as on a host without a GPU
+        self.nvml = nvml
+        if nvml is not None:
+            nvml.clock = self._clock
         self.runtime: Runtime = build_runtime(cfg, self, clock=self._clock, wall=self._clock,
-                                              on_decision=self.decisions.append)
+                                              nvml=nvml, on_decision=self.decisions.append)
         self.controller = self.runtime.controller
         if not cfg.native_queue:
             self.set_queue_policy(cfg.queue_policy, cfg)
@@ -234,6 +246,7 @@ class SimEngine:
         if isinstance(q, QueueCore):
             q.class_deadlines_s = dict(cfg.class_deadlines_s)
             q.switch_policy(policy)
+            q.set_wait_bound(cfg.wait_bound_spec())
         else:
             new: QueueCore = QueueCore(policy, class_deadlines_s=cfg.class_deadlines_s,
                                        clock=self._clock)
@@ -243,6 +256,7 @@ class SimEngine:
                     new.add_request(r)
             for r in reversed([r for r in old if r.preempted]):
                 new.prepend_request(r)
+            new.set_wait_bound(cfg.wait_bound_spec())
             self.waiting = new
         self.queue_policy = name
 
@@ -296,8 +310,16 @@ class SimEngine:
                                              self.free_blocks * self.block_size, self.cap,
                                              qi.speed_fn, self.block_size,
                                              step_model=model, tpot_sla_s=sla,
-                                             ttft_sla_s=ttft, token_budget=budget),
+                                             ttft_sla_s=ttft, token_budget=budget,
+                                             gpu_free_tokens=qi.gpu_free_tokens),
                                 self.running)
+        for r in self.waiting.take_refused():
+            # finished at once, as the vLLM adapter finishes a refused request
+            r.refused_s = self.now
+            self.refused.append(r.request_id)
+            self._finish_queue(r, learn=False)
+            if self.give_up is not None:
+                self.bad += 1
 
     def _schedule_running(self, budget: int,
                           scheduled: list[tuple[SimRequest, int]]) -> tuple[int, int]:
@@ -491,6 +513,7 @@ class SimEngine:
                                   f"is past the simulator's bound of {self.max_sim_s:g} s of "
                                   "virtual time")
         self.failed: list[str] = []
+        self.refused: list[str] = []
         self._step_log: list[StepSample] = []
         self._knob_log: list[tuple[int, int]] = []
         self._next_tick = 0.0
@@ -539,18 +562,23 @@ class SimEngine:
                                    "waiting: the workload does not drain")
         self._ticks_until(self.now + 1e-9)
         return SimResult(reqs, self._step_log, self.decisions, self._knob_log, self.now,
-                         failed=list(self.failed),
+                         failed=list(self.failed), refused=list(self.refused),
                          truncated=self.now > self.max_sim_s or (
                              self.give_up is not None and self.bad > self.give_up[1]))
 
 
 def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) -> SimResult:
     """One run on ``hardware`` (a :class:`tuned.sim.hardware.SimHardware`); the config's
-    ``num_gpu_blocks`` overrides the hardware's cache size when set."""
+    ``num_gpu_blocks`` overrides the hardware's cache size when set. ``nvml=``
+    (:meth:`tuned.sim.hardware.SimHardware.nvml` for some memory-pressure events)
+    gives the run a simulated NVML; without it the run has none, as a CPU host."""
     blocks = cfg.num_gpu_blocks or hardware.num_gpu_blocks
+    kw.setdefault("kv_bytes_per_token", hardware.kv_bytes_per_token or None)
     eng = SimEngine(cfg, hardware.step_model, block_size=hardware.block_size,
                     num_gpu_blocks=blocks, **kw)
     res = eng.run(requests)
     res.hardware = hardware.describe()
     res.config = cfg.to_dict()
+    if eng.nvml is not None:
+        res.events = [e.describe() for e in eng.nvml.events]
     return res

@@ -84,9 +84,14 @@ class _TunedMixin:
         self._kv_usable_blocks = max(pool.num_gpu_blocks - 1, 1)
         self.kv_capacity_tokens = self._kv_usable_blocks * self.block_size
         self.dp_rank = int(getattr(self.parallel_config, "data_parallel_rank", 0) or 0)
+        from tuned.engines.vllm_queue import kv_bytes_per_token
+
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            getattr(self, "kv_cache_config", None), pool.num_gpu_blocks * self.block_size)
         self._sched_times: deque[float] = deque()
         self._last_update_t = 0.0
         self._tuned_errors = 0
+        self._refused_out: list = []      # refused at the wait bound, output not yet sent
         # one clock for the whole control core: vLLM's arrival stamps are wall time
         # and are moved onto it as they come (tuned.engines.vllm_queue.wall_offset_s)
         self._clock = time.monotonic
@@ -260,7 +265,8 @@ class _TunedMixin:
                 from tuned.engines.vllm_queue import begin_step
 
                 qi = self.controller.slot.queue_inputs
-                begin_step(self, qi.speed_fn, qi.guard)
+                begin_step(self, qi.speed_fn, qi.guard, qi.gpu_free_tokens)
+                self._tuned_refuse(self.waiting.take_refused())
         except Exception as e:
             self._tuned_guard("apply", e)
         out = super().schedule(*args, **kwargs)
@@ -275,7 +281,43 @@ class _TunedMixin:
             self._tuned_record(scheduler_output, model_runner_output)
         except Exception as e:
             self._tuned_guard("record", e)
+        if self._refused_out:
+            try:
+                self._emit_refused(result)
+            except Exception as e:
+                self._tuned_guard("refuse", e)
         return result
+
+    def _tuned_refuse(self, requests) -> None:
+        """Finish the requests the queue refused at its wait bound (``max_wait_s``), as
+        vLLM finishes an aborted one; their clients hear back with the next outputs
+        (finish reason ``abort``, no tokens)."""
+        if not requests:
+            return
+        from vllm.v1.request import RequestStatus
+
+        done = self.finish_requests([r.request_id for r in requests],
+                                    RequestStatus.FINISHED_ABORTED)
+        self._refused_out.extend(done)
+        now = self._clock()
+        log.info("requests_refused", reason="max_wait", n=len(done),
+                 longest_wait_s=round(max(now - (r.arrival_time - self._wall_offset_s())
+                                          for r in done), 3) if done else None)
+
+    def _emit_refused(self, result: dict) -> None:
+        """One final output per refused request to its client (vLLM's own shape for
+        a request it ends without tokens, as for a failed KV load)."""
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+
+        for req in self._refused_out:
+            eco = result.get(req.client_index)
+            if eco is None:
+                eco = result[req.client_index] = EngineCoreOutputs()
+            eco.outputs.append(EngineCoreOutput(
+                request_id=req.request_id, new_token_ids=[],
+                finish_reason=req.get_finished_reason(), events=req.take_events(),
+                trace_headers=req.trace_headers))
+        self._refused_out.clear()
 
     def _free_request(self, request, *args, **kwargs):
         try:

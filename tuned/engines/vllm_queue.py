@@ -293,11 +293,26 @@ def wall_offset_s(wall: Callable[[], float] = time.time,
     return wall() - mono()
 
 
+def kv_bytes_per_token(kv_cache_config: Any, pool_tokens: int) -> float | None:
+    """The KV cache's bytes per token on one GPU (one worker's allocation: vLLM's
+    ``KVCacheConfig`` describes a worker's tensors): the device-resident tensors'
+    bytes over the pool's tokens. None where it cannot be read (no config, no
+    tensors) -- NVML's free memory is then not read in KV tokens."""
+    try:
+        total = sum(int(t.size) for t in kv_cache_config.kv_cache_tensors
+                    if not getattr(t, "host_resident", False))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return total / pool_tokens if total > 0 and pool_tokens > 0 else None
+
+
 def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,
                            now_s: float | None = None,
-                           guard: tuple[Any, float, float] = (None, 0.0, 0.0)) -> AdmitContext:
+                           guard: tuple[Any, float, float] = (None, 0.0, 0.0),
+                           gpu_free_tokens: int | None = None) -> AdmitContext:
     """The :class:`AdmitContext` of a vLLM scheduler right now (one null block
-    excluded), on the monotonic clock."""
+    excluded), on the monotonic clock; ``gpu_free_tokens`` is NVML's free memory in KV
+    tokens as the controller last published it."""
     pool = scheduler.kv_cache_manager.block_pool
     block = scheduler.block_size
     cap_tokens = getattr(scheduler, "kv_capacity_tokens", None)
@@ -308,18 +323,20 @@ def context_from_scheduler(scheduler: Any, speed_tok_s: Callable[[int], float] |
                         kv_free_tokens=int(pool.get_num_free_blocks() * block),
                         cap=int(scheduler.max_num_active_reqs), speed_tok_s=speed_tok_s,
                         block_size=int(block), step_model=guard[0], tpot_sla_s=guard[1],
-                        ttft_sla_s=guard[2],
+                        ttft_sla_s=guard[2], gpu_free_tokens=gpu_free_tokens,
                         token_budget=int(getattr(scheduler, "max_num_scheduled_tokens", 0) or 0))
 
 
 def begin_step(scheduler: Any, speed_tok_s: Callable[[int], float] | None = None,
-               guard: tuple[Any, float, float] = (None, 0.0, 0.0)) -> None:
+               guard: tuple[Any, float, float] = (None, 0.0, 0.0),
+               gpu_free_tokens: int | None = None) -> None:
     """Call at the top of ``schedule()``: no-op unless ``scheduler.waiting`` is a
     :class:`PolicyQueue`. ``guard``: (step model, TPOT SLA, TTFT SLA) of the
-    admission guard."""
+    admission guard; ``gpu_free_tokens``: NVML's free memory in KV tokens."""
     q = scheduler.waiting
     if isinstance(q, PolicyQueue):
-        q.begin_step(context_from_scheduler(scheduler, speed_tok_s, guard=guard),
+        q.begin_step(context_from_scheduler(scheduler, speed_tok_s, guard=guard,
+                                            gpu_free_tokens=gpu_free_tokens),
                      scheduler.running)
 
 
@@ -342,9 +359,11 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
     classes = getattr(cfg, "class_deadlines_s", None) or {}
     seed = int(getattr(cfg, "queue_seed", 0) or 0)
     q = scheduler.waiting
+    bound = cfg.wait_bound_spec() if hasattr(cfg, "wait_bound_spec") else None
     if isinstance(q, PolicyQueue):
         q.class_deadlines_s = dict(classes)
         q.switch_policy(make_policy(name, options, seed))
+        q.set_wait_bound(bound)
         q.restore()
         return q
     new = make_policy_queue(name, options, predictor, seed, class_deadlines_s=classes,
@@ -357,5 +376,6 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
             new.add_request(r)
     for r in reversed(preempted):
         new.prepend_request(r)
+    new.set_wait_bound(bound)
     scheduler.waiting = new
     return new

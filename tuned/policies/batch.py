@@ -13,8 +13,8 @@ target, its bounds and the reason.
 * :class:`BatchPolicy` combines them as the paper does, b* = min(b_mem, b_SLA),
   clamped to [B_min, ceiling]; the batch size it reports, b_t, is never below the
   running decodes (Alg. 1 line 6, Alg. 2 line 15).
-* :func:`token_budget` is the per-step token budget (the paper's adaptive chunk
-  size under PD fusion), from a profile's step-time model when one is given.
+* The per-step token budget (the paper's adaptive chunk size under PD fusion) is
+  a wrapper around any batch policy: :class:`tuned.policies.budget.TokenBudget`.
 
 Where continuous batching differs from the paper's model (noted per class): the
 paper reasons about a batch of b requests each holding l_in + l_out tokens for its
@@ -232,7 +232,8 @@ class EvidenceSlaBound(SlaBound):
       predicted by the online step model when every step carried prefill) and the
       token budget is controlled: then prefill chunks, not the batch, caused the
       violation and the token budget is the knob (reason ``sla_over_prefill``,
-      interval kept). ``budget_controlled`` is set by :class:`BatchPolicy` each tick:
+      interval kept). ``budget_controlled`` is set by :class:`BatchPolicy` each tick
+      from what its :class:`~tuned.policies.budget.TokenBudget` wrapper says:
       off where no chunk size can hold the SLA (a CPU host), since the budget is the
       full one there and acts on nothing, so the cap falls: fewer prompts per step,
       fewer decodes exposed to each prefill;
@@ -365,35 +366,6 @@ class Feasibility:
         return self.feasible
 
 
-def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
-                 sla_s: float = 0.0, step_model: StepModel | None = None,
-                 kv_tokens: float = 0.0) -> int:
-    """Tokens the scheduler may put in one step (vLLM's ``max_num_scheduled_tokens``).
-
-    Seed 000's PD-fusion variant picks the chunk size so a mixed step still meets
-    the TBT SLA: with a step-time model T(b, c, kv) the chunk is the largest c with
-    T(b, c, kv + c) <= D_SLA at the decode batch b and the KV resident, and the
-    budget is b decode tokens plus that chunk. Always clamped to
-    [b + min_chunk_tokens, max_num_batched_tokens] so running decodes plus at least
-    one prefill chunk fit (less would starve them).
-
-    :class:`BatchPolicy` closes a loop around it: the window's mean step time (what a
-    request's TPOT averages) above D_SLA - 2 eps_D shrinks the chunks' target by the
-    integral of the excess. Where the paper holds every mixed step to D_SLA, a loop on
-    the mixed steps alone holds the mean far below it under load: chunks sit at their
-    floor and requests queue past their TTFT.
-    """
-    lo = batch + min_chunk_tokens
-    hi = max_num_batched_tokens
-    if lo >= hi:
-        return hi
-    if step_model is None or sla_s <= 0:
-        return hi
-    chunk = step_model.largest_chunk_within(batch, sla_s, min_chunk_tokens, hi - batch,
-                                            kv_tokens)
-    return min(max(batch + chunk, lo), hi)
-
-
 @dataclass
 class BatchPolicy:
     """b* = min(b_mem, b_SLA), clamped; owns the two algorithms' state."""
@@ -407,26 +379,10 @@ class BatchPolicy:
     min_chunk_tokens: int
     step_model: StepModel | None = None   # the profile's T(b, c, kv), if any
     feasibility: Feasibility | None = None    # None: the paper's Algorithm 2 (no check)
-    budget_control: bool = True               # token budget against the SLA
-    decode_budget: str = "running"            # b of the budget: running decodes (tuned)
-                                              # or the batch b_t (the paper's PD fusion)
-    budget_margin_s: float = 0.0              # size chunks for D_SLA minus this
-    budget_bias_s: float = 0.0                # learnt: the window's mean step time over
-                                              # D_SLA - 2 eps_D (integral of the excess)
+    budget_acts: bool = False                 # set each tick by a TokenBudget wrapper:
+                                              # whether the token budget can act
 
     wants_active = False
-
-    def _no_chunk_holds(self, model: StepModel | None) -> bool:
-        """Whether even one decode beside the smallest chunk misses the SLA, so that
-        the token budget cannot act (see :meth:`decide`); then a violation caused
-        by prefill moves the cap (:class:`EvidenceSlaBound`): with the budget unable
-        to act, keeping the cap leaves those violations unanswered, and on a CPU host
-        that drifts from its profile a falling cap serves more requests within both
-        SLOs (``tools/host_drift.py`` compares the two)."""
-        if self.sla is None or self.decode_budget != "running" or model is None:
-            return False
-        sla_s = self.sla.sla_s - self.budget_margin_s
-        return model.predict_step_s(1, self.min_chunk_tokens, self.min_chunk_tokens) > sla_s
 
     def decide(self, obs: Observation) -> Decision:
         if self.memory is not None:
@@ -438,10 +394,9 @@ class BatchPolicy:
         feasible = True
         if self.sla is not None and self.feasibility is not None:
             feasible = self.feasibility.update(obs, model)
-        budget_acts = self.budget_control and not self._no_chunk_holds(model)
         if self.sla is not None and feasible:
             if isinstance(self.sla, EvidenceSlaBound):
-                self.sla.budget_controlled = budget_acts
+                self.sla.budget_controlled = self.budget_acts
             b_sla, sla_reason = self.sla.update(obs)
             lower, upper = self.sla.low, min(self.sla.high, b_mem)
         else:
@@ -458,48 +413,11 @@ class BatchPolicy:
         # decodes; they drain to the gate (cap) as they finish.
         batch = min(max(cap, obs.num_running), self.ceiling)
         lower = min(lower, upper)
-        budget = self._token_budget(obs, model, cap=cap, batch=batch, feasible=feasible,
-                                    budget_acts=budget_acts)
         inputs = self._decision_inputs(obs, model, cap=cap, feasible=feasible)
+        # the full budget: a TokenBudget wrapper sizes it for the SLA
         return Decision(target=target, lower=lower, upper=upper, cap=cap, batch=batch,
-                        token_budget=budget, reason=reason, b_mem=b_mem, b_sla=b_sla,
-                        inputs=inputs)
-
-    def _token_budget(self, obs: Observation, model: StepModel | None, *, cap: int,
-                      batch: int, feasible: bool, budget_acts: bool) -> int:
-        """The step's token budget for ``cap`` and ``batch``: the largest that keeps a
-        step with the decodes beside it within the SLA (less the closed-loop bias),
-        in [cap + 1, max_num_batched_tokens]."""
-        sla_s = self.sla.sla_s - self.budget_margin_s if (self.sla and feasible) else 0.0
-        b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
-        if not self.budget_control:
-            sla_s = 0.0
-        elif sla_s > 0 and not budget_acts:
-            # even one decode beside the smallest chunk misses the SLA (a CPU host's
-            # fixed step cost and per-token prefill cost): no chunk size can hold it,
-            # and each extra chunk pays the step's fixed cost again, so prefill
-            # throughput drops and queues (TTFT) grow for nothing; the full budget
-            # serves more within the SLOs. (At a large batch on a GPU the cap, not
-            # the budget, makes room: there the smallest chunk stays.)
-            sla_s = 0.0
-        elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
-            # close the loop on what a request's TPOT averages, the mean time of the
-            # window's decode steps, held to D_SLA - 2 eps_D (sla_s already has one
-            # eps_D off): above it the next chunks shrink by the excess (integral
-            # action, bounded to [0, sla_s / 2]). Not on the mixed steps alone: they
-            # run over the target under load while the mean stays well below it
-            # (chunks at the floor, prefill throughput lost, requests queueing past
-            # their TTFT). The bias does not go negative: mixed steps past the SLA,
-            # even when the mean has room, push the requests decoding in them past
-            # their TPOT.
-            err = obs.tbt_mean_s - (sla_s - self.budget_margin_s)
-            self.budget_bias_s = min(max(self.budget_bias_s + 0.5 * err, 0.0),
-                                     sla_s / 2)
-            sla_s -= self.budget_bias_s
-        budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
-                              sla_s, model, obs.kv_tokens_resident)
-        # what the engine applies: room for every admitted decode plus a token
-        return min(max(budget, cap + 1), self.max_num_batched_tokens)
+                        token_budget=self.max_num_batched_tokens, reason=reason,
+                        b_mem=b_mem, b_sla=b_sla, inputs=inputs)
 
     def _decision_inputs(self, obs: Observation, model: StepModel | None, *, cap: int,
                          feasible: bool) -> dict:
@@ -523,7 +441,7 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
          "demand_samples": obs.demand_samples, "tbt_mean_s": obs.tbt_mean_s,
          "tbt_p90_s": obs.tbt_p90_s, "decode_only_tbt_s": obs.decode_only_tbt_s,
          "binding": round(obs.binding, 3), "kv_tokens_resident": obs.kv_tokens_resident,
-         "mixed_tbt_s": obs.mixed_tbt_s, "budget_bias_s": round(pol.budget_bias_s, 6),
+         "mixed_tbt_s": obs.mixed_tbt_s,
          "decode_batch_mean": obs.decode_batch_mean,
          "safety_buffer_blocks": round(pol.memory.last_l0, 2) if pol.memory else None}
     if pol.sla is not None:

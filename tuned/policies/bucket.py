@@ -24,13 +24,22 @@ Mapping onto vLLM's continuous batching:
 * A request's sequence length S is prompt + predicted output (the KV it will
   hold at its end); BucketServe pads static batches to S_max, vLLM's paged cache
   does not pad, so buckets here group similar lengths rather than save padding.
-* M_remain is the free KV cache at the start of the step (``kv_free_tokens``);
-  memory is counted in tokens (bytes per token = 1, the byte factors cancel).
+* M_remain is the GPU memory left, as the paper reads it from the device: for N_max
+  (the bucket split/merge threshold), NVML's free device memory in KV tokens
+  (``AdmitContext.gpu_free_tokens``: the lowest GPU's free bytes over the KV bytes
+  per token on one GPU) where NVML and the engine's bytes per token are known,
+  never more than the free KV cache (vLLM allocates KV only from its pool); without
+  NVML, the free KV cache at the start of the step (``kv_free_tokens``). Memory is
+  counted in tokens (the byte factors cancel). Under vLLM most device memory is
+  the KV pool, reserved at start (``gpu_memory_utilization``), so NVML's free figure
+  is the memory outside it: a tenant or fragmentation taking it shrinks N_max.
   BucketServe dispatches one batch from one bucket with Σ S_i ≤ M_safe; here one
   admission round (one ``schedule()`` step) takes requests from one bucket
   (``one_bucket_per_step``) while their Σ S_i stays within 0.9 × the free KV.
   Running requests keep growing into the free KV, which the paper's static batch
   does not; the 10 % margin and vLLM's preemption cover that.
+* Eq. 6 admission (:meth:`BucketPolicy.admit`) reads the free KV cache, the
+  allocator's own limit, with or without NVML.
 * AdjustBuckets runs periodically, at most every ``adjust_interval_s`` (one pass,
   so a bucket splits at most once per adjustment), not on every engine step.
 """
@@ -162,11 +171,16 @@ class BucketPolicy(QueuePolicy):
                 self.bounds[-1] = (lo, float(self._seen_l_max))
 
     def compute_n_max(self, waiting: Collection[ReqInfo], ctx: AdmitContext) -> int:
-        """N_max for this step: free KV tokens and the mean S of waiting requests."""
+        """N_max for this step: M_remain (see the module docstring: NVML's free memory
+        in KV tokens where known, at most the free KV, else the free KV) and the mean
+        S of waiting requests."""
+        remain = ctx.kv_free_tokens
+        if ctx.gpu_free_tokens is not None:
+            remain = min(remain, ctx.gpu_free_tokens)
         if not waiting:
-            return n_max(ctx.kv_free_tokens, 1, 1, self.safe_fraction)
+            return n_max(remain, 1, 1, self.safe_fraction)
         mean = sum(r.seq_tokens for r in waiting) / len(waiting)
-        return n_max(ctx.kv_free_tokens, 1, mean, self.safe_fraction)
+        return n_max(remain, 1, mean, self.safe_fraction)
 
     def refresh(self, waiting: Collection[ReqInfo], ctx: AdmitContext) -> bool:
         """Run AdjustBuckets if ``adjust_interval_s`` passed; True if the buckets changed."""

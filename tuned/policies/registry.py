@@ -15,8 +15,14 @@ Batch policies (``decide(observation) -> Decision``, built by
   max_num_batched_tokens=..., block_size=..., profile=...)`` with a ``decide``
   method (a custom policy; the fault-injection tests use this).
 
-Every policy returns a :class:`~tuned.core.types.Decision`; the controller
-checks it (an invalid cap becomes the fallback, see :mod:`tuned.controller`).
+Every built-in policy decides the cap; with ``token_budget_policy = "sla"``
+:func:`build_batch_policy` wraps it in :class:`~tuned.policies.budget.TokenBudget`,
+which sizes the per-step token budget for the SLA (a plugin returns its own budget).
+Every policy, plugins included, is then built inside
+:class:`~tuned.policies.gpu_memory.GpuMemoryGuard` (GPU memory from NVML lowers the
+cap under pressure; without NVML a pass-through).
+Every policy returns a :class:`~tuned.core.types.Decision`; the controller checks it
+(an invalid cap becomes the fallback, see :mod:`tuned.controller`).
 
 Queue policies (:class:`~tuned.core.queue_policy.QueuePolicy` subclasses, built by
 :func:`make_policy`): :data:`QUEUE_POLICIES` maps each name to ``module:Class``,
@@ -36,6 +42,8 @@ from tuned.core.queue_policy import QueuePolicy
 from tuned.core.types import Decision, Observation
 from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,
                                   SlaBound)
+from tuned.policies.budget import TokenBudget
+from tuned.policies.gpu_memory import GpuMemoryGuard
 from tuned.policies.trtllm import TrtllmDynamicBatchTuner
 
 #: the built-in batch policies (``batch_policy``); any other value is a
@@ -55,7 +63,9 @@ QUEUE_POLICIES: dict[str, str] = {
 
 @dataclass
 class StaticPolicy:
-    """A fixed cap (B_max) and the full token budget: static batching's hand-set cap."""
+    """A fixed cap (B_max): static batching's hand-set cap. Its token budget is the
+    full one, unless a :class:`~tuned.policies.budget.TokenBudget` wraps it
+    (``token_budget_policy = "sla"`` with an SLA set)."""
 
     cap: int
     max_num_batched_tokens: int
@@ -76,8 +86,9 @@ class TrtllmPolicy:
     controller tick (``Observation.active``), which samples the same population at
     a coarser rate. Capacity is the whole KV pool in blocks over the blocks one
     sequence needs at the averages, snapped by the batch-size table; it has no
-    latency input, and the token budget stays at ``max_num_batched_tokens`` (the
-    source's token tuning is a separate flag, off by default).
+    latency input, and its own token budget is ``max_num_batched_tokens`` (the
+    source's token tuning is a separate flag, off by default); tuned's
+    ``token_budget_policy`` may wrap it like any other policy.
     """
 
     wants_active = True
@@ -142,23 +153,57 @@ def feasibility_patience(cfg: Any) -> int:
 
 def build_batch_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                        block_size: int, profile: Any = None) -> tuple[Any, str | None]:
-    """The batch policy named by ``cfg.batch_policy``, and the reason of its first
-    decision when the profile warm-starts it (else None). ``cfg`` is a validated
-    :class:`tuned.config.Config` (with the SLA already derived)."""
-    b_max = min(cfg.effective_b_max, ceiling)
+    """The batch policy named by ``cfg.batch_policy`` (with its token budget) inside
+    the GPU-memory guard (:class:`tuned.policies.gpu_memory.GpuMemoryGuard`, a
+    pass-through without NVML), and the reason of its first decision when the profile
+    warm-starts it (else None). ``cfg`` is a validated :class:`tuned.config.Config`
+    (with the SLA already derived)."""
+    policy, first_reason = _named_policy(cfg, ceiling=ceiling,
+                                         max_num_batched_tokens=max_num_batched_tokens,
+                                         block_size=block_size, profile=profile)
+    guard = GpuMemoryGuard(policy, floor=cfg.gpu_memory_floor, b_min=cfg.b_min,
+                           ceiling=ceiling)
+    return guard, first_reason
+
+
+def _named_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
+                  block_size: int, profile: Any = None) -> tuple[Any, str | None]:
+    """The named policy, a built-in one with its token budget."""
     name = cfg.batch_policy
-    if name == "static":
-        return StaticPolicy(b_max, max_num_batched_tokens), None
-    if name == "trtllm":
-        return TrtllmPolicy(ceiling, max_num_batched_tokens, block_size), None
-    if not is_builtin(name):
+    if not is_builtin(name):   # a plugin returns its own token budget
         return build_plugin(name, cfg=cfg, ceiling=ceiling,
                             max_num_batched_tokens=max_num_batched_tokens,
                             block_size=block_size, profile=profile), None
+    cap_policy, sla, first_reason = _cap_policy(cfg, ceiling=ceiling,
+                                                max_num_batched_tokens=max_num_batched_tokens,
+                                                block_size=block_size, profile=profile)
+    if cfg.token_budget_policy != "sla":
+        return cap_policy, first_reason
+    paper = cfg.sla_mode == "paper"
+    if sla is not None:
+        sla_s = sla.sla_s
+    else:   # memory alone has no SLA; the other policies take the configured one
+        sla_s = cfg.tbt_sla_s if cfg.sla_enabled and name != "memory" else 0.0
+    return TokenBudget(cap_policy, max_num_batched_tokens=max_num_batched_tokens,
+                       min_chunk_tokens=cfg.min_chunk_tokens, sla_s=sla_s,
+                       step_model=profile.step_model() if profile is not None else None,
+                       decode_budget="batch" if paper else "running",
+                       margin_s=0.0 if paper else cfg.eps_d_s), first_reason
+
+
+def _cap_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, block_size: int,
+                profile: Any) -> tuple[Any, Any, str | None]:
+    """The built-in policy that decides the cap, its SLA bound (or None) and the
+    reason of its first decision when the profile warm-starts it."""
+    b_max = min(cfg.effective_b_max, ceiling)
+    name = cfg.batch_policy
+    if name == "static":
+        return StaticPolicy(b_max, max_num_batched_tokens), None, None
+    if name == "trtllm":
+        return TrtllmPolicy(ceiling, max_num_batched_tokens, block_size), None, None
     sla = None
     first_reason = None
     paper = cfg.sla_mode == "paper"
-    budget = cfg.token_budget_policy == "sla"
     if cfg.sla_enabled and name in ("tuned", "sla"):
         if paper:
             sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min, b_max)
@@ -178,10 +223,8 @@ def build_batch_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
         step_model=profile.step_model() if profile is not None else None,
         feasibility=(None if paper or sla is None else
                      Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha,
-                                 patience=feasibility_patience(cfg))),
-        budget_control=budget, decode_budget="batch" if paper else "running",
-        budget_margin_s=0.0 if paper else cfg.eps_d_s)
-    return policy, first_reason
+                                 patience=feasibility_patience(cfg))))
+    return policy, sla, first_reason
 
 
 def policy_class(name: str) -> type[QueuePolicy]:

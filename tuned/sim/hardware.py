@@ -5,16 +5,25 @@ defaults. ``--hardware NAME`` picks a GPU-shaped model (:mod:`tuned.sim.gpu`),
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuned.sim.nvml import GpuPressure, SimNvml
 from tuned.sim.stepmodel import ProfileStepModel, StepClock
 
-#: vLLM 0.32's own defaults for its OpenAI server (``EngineArgs.get_batch_defaults``):
-#: H100-class (>= 70 GiB, not A100) 1024 / 8192, other GPUs (A100) 256 / 2048,
-#: the CPU build 128 / 2048 (world size 1).
+#: vLLM 0.32's own defaults for its OpenAI server (``EngineArgs.get_batch_defaults``,
+#: ``UsageContext.OPENAI_API_SERVER``): H100-class (>= 70 GiB, not A100) 1024 / 8192,
+#: other GPUs (A100) 256 / 2048, the CPU build 128 / 2048 (world size 1). (8192 for
+#: an A100 is the offline ``LLM`` class's figure, not the server's.)
 VLLM_DEFAULTS = {"h100": (1024, 8192), "a100": (256, 2048), "cpu": (128, 2048)}
+#: the longest sequence the simulated GPU engines run, and the CPU build's (the demo
+#: models' own context)
+GPU_MAX_MODEL_LEN = 8192
+CPU_MAX_MODEL_LEN = 1024
+#: the KV cache `tuned bench --engine vllm` gives the CPU build (the embedded default's)
+CPU_NUM_GPU_BLOCKS = 48
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,25 @@ class SimHardware:
     vllm_default_max_num_seqs: int
     vllm_default_max_num_batched_tokens: int
     info: dict[str, Any] = field(default_factory=dict)
+    max_model_len: int = GPU_MAX_MODEL_LEN
+    gpu_memory_bytes: int = 0               # one card's memory (0: not a GPU model)
+    gpu_memory_utilization: float = 0.9     # the share vLLM reserves at start
+    kv_bytes_per_token: float = 0.0         # KV bytes per token on one card (0: unknown)
+
+    def engine_defaults(self) -> dict[str, int]:
+        """The engine as vLLM starts it on this hardware: see :func:`engine_defaults`."""
+        return {"max_num_seqs": self.vllm_default_max_num_seqs,
+                "max_num_batched_tokens": self.vllm_default_max_num_batched_tokens,
+                "max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks}
+
+    def nvml(self, events: Sequence[GpuPressure]) -> SimNvml:
+        """A simulated NVML for ``events`` on this GPU: vLLM's reserved share used
+        outside them. ``ValueError`` for a hardware that is not a GPU model."""
+        if not self.gpu_memory_bytes:
+            raise ValueError(f"--events: gpu_pressure needs a GPU model (--hardware), "
+                             f"{self.name} has no GPU memory figure")
+        return SimNvml(events, total_bytes=self.gpu_memory_bytes,
+                       baseline_used_fraction=self.gpu_memory_utilization, name=self.name)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "block_size": self.block_size,
@@ -44,7 +72,10 @@ def gpu_hardware(name: str, data_dir: Path | None = None, block_size: int = 16,
     seqs, toks = VLLM_DEFAULTS["h100" if name.startswith("h100") else "a100"]
     return SimHardware(name, model, block_size,
                        model.num_gpu_blocks(block_size, gpu_memory_utilization) + 1,
-                       seqs, toks, {"gpu_memory_utilization": gpu_memory_utilization})
+                       seqs, toks, {"gpu_memory_utilization": gpu_memory_utilization},
+                       gpu_memory_bytes=model.gpu_memory_bytes,
+                       gpu_memory_utilization=gpu_memory_utilization,
+                       kv_bytes_per_token=model.kv_bytes_per_token / model.tensor_parallel)
 
 
 def profile_hardware(path: str | Path) -> SimHardware:
@@ -58,7 +89,21 @@ def profile_hardware(path: str | Path) -> SimHardware:
     gpu = (prof.meta.get("hardware") or {}).get("gpu")
     seqs, toks = VLLM_DEFAULTS["cpu" if not gpu else "a100"]
     return SimHardware(f"profile:{Path(path).name}", ProfileStepModel(prof), block,
-                       blocks, seqs, toks, {"profile": str(path)})
+                       blocks, seqs, toks, {"profile": str(path)},
+                       max_model_len=CPU_MAX_MODEL_LEN)
+
+
+def engine_defaults(hardware: SimHardware | None) -> dict[str, int]:
+    """The engine settings ``tuned simulate`` and ``tuned bench`` start from (a config
+    file's keys override them): vLLM 0.32's ``max_num_seqs`` and
+    ``max_num_batched_tokens`` for the hardware (:data:`VLLM_DEFAULTS`), its longest
+    sequence and its KV blocks. ``None`` is the CPU build that ``tuned bench --engine
+    vllm`` runs (the demo models, :data:`CPU_NUM_GPU_BLOCKS` blocks)."""
+    if hardware is not None:
+        return hardware.engine_defaults()
+    seqs, toks = VLLM_DEFAULTS["cpu"]
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": toks,
+            "max_model_len": CPU_MAX_MODEL_LEN, "num_gpu_blocks": CPU_NUM_GPU_BLOCKS}
 
 
 def resolve_hardware(hardware: str | None = None, profile: str | None = None,

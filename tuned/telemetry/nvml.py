@@ -6,18 +6,27 @@ passed in, so tests hand a fake module with the same function names and error cl
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import structlog
+
+from tuned.core.types import GpuMemory
 
 log = structlog.get_logger("tuned.nvml")
 
 
-class GpuMemory(NamedTuple):
-    index: int
-    name: str
-    used_bytes: int
-    total_bytes: int
+def free_fraction(gpus: list[GpuMemory] | None) -> float | None:
+    """Device free memory over total, the lowest over ``gpus`` (what the GPU-memory
+    guard reads); None without a sample or without a device that reports a total."""
+    fractions = [(g.total_bytes - g.used_bytes) / g.total_bytes
+                 for g in gpus or () if g.total_bytes > 0]
+    return max(0.0, min(fractions)) if fractions else None
+
+
+def free_bytes(gpus: list[GpuMemory] | None) -> int | None:
+    """Device free memory in bytes on the GPU with the least of it; None without a
+    sample."""
+    return max(0, min(g.total_bytes - g.used_bytes for g in gpus)) if gpus else None
 
 
 def _default_pynvml():

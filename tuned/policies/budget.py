@@ -1,0 +1,147 @@
+"""The per-step token budget (vLLM's ``max_num_scheduled_tokens``) as a wrapper
+around any batch policy: the inner policy decides the cap, :class:`TokenBudget` sizes
+the prefill chunk beside it.
+
+Seed 000's PD-fusion variant picks the chunk size so that a mixed step still meets
+the TBT SLA (:func:`token_budget`). The budget is a knob of its own, orthogonal to the
+cap: ``token_budget_policy = "sla"`` wraps whichever ``batch_policy`` is chosen
+(``tuned``, ``memory``, ``sla``, ``static``, ``trtllm``); ``"max"`` leaves the budget
+at ``max_num_batched_tokens``. A ``package.module:Class`` plugin returns its own
+budget and is not wrapped.
+
+One piece of protocol joins the two: an inner policy with a ``budget_acts``
+attribute (:class:`tuned.policies.batch.BatchPolicy`) is told, before it decides,
+whether the budget can act this tick, because seed 000's SLA bound answers a
+violation caused by prefill with the budget where the budget can act and with the
+cap where it cannot (:class:`tuned.policies.batch.EvidenceSlaBound`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tuned.core.types import Decision, Observation, StepModel
+
+
+def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
+                 sla_s: float = 0.0, step_model: StepModel | None = None,
+                 kv_tokens: float = 0.0) -> int:
+    """Tokens the scheduler may put in one step (vLLM's ``max_num_scheduled_tokens``).
+
+    Seed 000's PD-fusion variant picks the chunk size so a mixed step still meets
+    the TBT SLA: with a step-time model T(b, c, kv) the chunk is the largest c with
+    T(b, c, kv + c) <= D_SLA at the decode batch b and the KV resident, and the
+    budget is b decode tokens plus that chunk. Always clamped to
+    [b + min_chunk_tokens, max_num_batched_tokens] so running decodes plus at least
+    one prefill chunk fit (less would starve them).
+
+    :class:`TokenBudget` closes a loop around it: the window's mean step time (what a
+    request's TPOT averages) above D_SLA - 2 eps_D shrinks the chunks' target by the
+    integral of the excess. Where the paper holds every mixed step to D_SLA, a loop on
+    the mixed steps alone holds the mean far below it under load: chunks sit at their
+    floor and requests queue past their TTFT.
+    """
+    lo = batch + min_chunk_tokens
+    hi = max_num_batched_tokens
+    if lo >= hi:
+        return hi
+    if step_model is None or sla_s <= 0:
+        return hi
+    chunk = step_model.largest_chunk_within(batch, sla_s, min_chunk_tokens, hi - batch,
+                                            kv_tokens)
+    return min(max(batch + chunk, lo), hi)
+
+
+@dataclass
+class TokenBudget:
+    """Wraps a batch policy: its decision, with the token budget sized for the SLA.
+
+    ``sla_s`` is the TBT SLA the chunks are sized for (0: none, the full budget);
+    ``decode_budget`` is the b of the budget: ``running`` (the decodes running now,
+    tuned) or ``batch`` (the decision's b_t, the paper's PD fusion); chunks are sized
+    for ``sla_s - margin_s``. An inner decision with ``inputs["sla_feasible"]`` false
+    gets the full budget (no chunk size holds an infeasible SLA).
+    """
+
+    inner: Any
+    max_num_batched_tokens: int
+    min_chunk_tokens: int
+    sla_s: float = 0.0
+    step_model: StepModel | None = None      # the profile's T(b, c, kv), if any
+    control: bool = True                     # False: the full budget (policy "max")
+    decode_budget: str = "running"
+    margin_s: float = 0.0
+    bias_s: float = 0.0                      # learnt: the window's mean step time over
+                                             # D_SLA - 2 eps_D (integral of the excess)
+
+    @property
+    def wants_step_fit(self) -> bool:
+        """Sizing chunks for an SLA reads the controller's online step model."""
+        return self.control and self.sla_s > 0
+
+    @property
+    def wants_active(self) -> bool:
+        return getattr(self.inner, "wants_active", False)
+
+    def _no_chunk_holds(self, model: StepModel | None) -> bool:
+        """Whether even one decode beside the smallest chunk misses the SLA, so that
+        the token budget cannot act; then a violation caused by prefill moves the cap
+        (:class:`tuned.policies.batch.EvidenceSlaBound`): with the budget unable to
+        act, keeping the cap leaves those violations unanswered, and on a CPU host
+        that drifts from its profile a falling cap serves more requests within both
+        SLOs (``tools/host_drift.py`` compares the two)."""
+        if self.sla_s <= 0 or self.decode_budget != "running" or model is None:
+            return False
+        sla_s = self.sla_s - self.margin_s
+        return model.predict_step_s(1, self.min_chunk_tokens, self.min_chunk_tokens) > sla_s
+
+    def decide(self, obs: Observation) -> Decision:
+        # the online fit of this engine's own steps wins over a profile made elsewhere
+        model = obs.step_model if obs.step_model is not None else self.step_model
+        acts = self.control and not self._no_chunk_holds(model)
+        if hasattr(self.inner, "budget_acts"):
+            self.inner.budget_acts = acts
+        d = self.inner.decide(obs)
+        feasible = bool((d.inputs or {}).get("sla_feasible", True))
+        budget = self._budget(obs, model, cap=d.cap, batch=d.batch, feasible=feasible,
+                              acts=acts)
+        inputs = dict(d.inputs or {})
+        inputs["budget_bias_s"] = round(self.bias_s, 6)
+        return dataclasses.replace(d, token_budget=budget, inputs=inputs)
+
+    def _budget(self, obs: Observation, model: StepModel | None, *, cap: int, batch: int,
+                feasible: bool, acts: bool) -> int:
+        """The step's token budget for ``cap`` and ``batch``: the largest that keeps a
+        step with the decodes beside it within the SLA (less the closed-loop bias),
+        in [cap + 1, max_num_batched_tokens]."""
+        sla_s = self.sla_s - self.margin_s if (self.sla_s > 0 and feasible) else 0.0
+        b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
+        if not self.control:
+            sla_s = 0.0
+        elif sla_s > 0 and not acts:
+            # even one decode beside the smallest chunk misses the SLA (a CPU host's
+            # fixed step cost and per-token prefill cost): no chunk size can hold it,
+            # and each extra chunk pays the step's fixed cost again, so prefill
+            # throughput drops and queues (TTFT) grow for nothing; the full budget
+            # serves more within the SLOs. (At a large batch on a GPU the cap, not
+            # the budget, makes room: there the smallest chunk stays.)
+            sla_s = 0.0
+        elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
+            # close the loop on what a request's TPOT averages, the mean time of the
+            # window's decode steps, held to D_SLA - 2 eps_D (sla_s already has one
+            # eps_D off): above it the next chunks shrink by the excess (integral
+            # action, bounded to [0, sla_s / 2]). Not on the mixed steps alone: they
+            # run over the target under load while the mean stays well below it
+            # (chunks at the floor, prefill throughput lost, requests queueing past
+            # their TTFT). The bias does not go negative: mixed steps past the SLA,
+            # even when the mean has room, push the requests decoding in them past
+            # their TPOT.
+            err = obs.tbt_mean_s - (sla_s - self.margin_s)
+            self.bias_s = min(max(self.bias_s + 0.5 * err, 0.0), sla_s / 2)
+            sla_s -= self.bias_s
+        budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
+                              sla_s, model, obs.kv_tokens_resident)
+        # what the engine applies: room for every admitted decode plus a token
+        return min(max(budget, cap + 1), self.max_num_batched_tokens)

@@ -382,3 +382,20 @@ def test_a_429_or_503_is_a_refusal_timed_when_it_came_back(status):
     assert r.refused_s == pytest.approx(0.75) and r.first_response_s == pytest.approx(0.25)
     assert r.error == f"refused: HTTP {status}"
     assert r.first_token_s is None and r.finish_s is None
+
+
+def test_a_stream_aborted_before_any_token_is_a_refusal():
+    """tuned's wait bound refuses a request in vLLM by finishing it as aborted: the
+    stream's one chunk has finish reason ``abort`` and no token."""
+    srv = FakeServer(FakeClock(100.0), [_chunk(0, finish="abort"), _chunk(0, choices=False),
+                                        "[DONE]"], [10.5, 0.0, 0.0])
+    r, _ = srv.send(RequestSpec("r1", 0.5, 8, 4, 4), [1] * 8)
+    assert not r.failed and r.refused, r.error
+    assert (r.refused_s, r.first_response_s, r.error) == (10.5, 10.0,
+                                                           "refused: finish reason abort")
+    # an abort after tokens came is a failure, not a refusal
+    srv = FakeServer(FakeClock(100.0), [_chunk(1), _chunk(1, finish="abort"), "[DONE]"],
+                     [0.1, 0.1, 0.0])
+    r, _ = srv.send(RequestSpec("r1", 0.0, 8, 4, 4), [1] * 8)
+    assert r.failed and not r.refused
+    assert r.error == "EngineError: generated 1 tokens (1 timed), asked for 4"

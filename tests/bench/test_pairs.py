@@ -247,7 +247,8 @@ def test_the_longest_wait_and_waits_past_ten_times_the_ttft_target_are_said():
 def test_a_cap_that_never_moved_is_said_with_where_the_gain_came_from():
     words = report_mod.findings(_report(_field(cap_moves=0)))
     assert ("The batch cap never moved (it stayed at 8); the gain came from the queue "
-            "order (tuned-queue-only).") in words
+            "order (tuned-queue-only alone: 75%) and the token budget (tuned-budget-only "
+            "alone: 25%).") in words
     moved = report_mod.findings(_report(_field(cap_moves=5)))
     assert "The batch cap moved 5 times, between 3 and 8." in moved
     md = report_mod.markdown(_report(_field(cap_moves=0)))

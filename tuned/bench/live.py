@@ -43,8 +43,10 @@ How each request is timed (all times in seconds since the run start, on
   and the client closes the stream after ``output_tokens`` tokens, which aborts the
   request in vLLM -- as an EOS would end it; the engine may have computed a token
   or two more by the time the abort lands.
-- A request answered HTTP 429 or 503 is *refused* (``refused_s``: when the answer
-  came back), not failed: the clean refusal of an overloaded server. Any other
+- A request answered HTTP 429 or 503, or whose stream ends with finish reason
+  ``abort`` and no token (how tuned's wait bound refuses a request in vLLM), is
+  *refused* (``refused_s``: when the answer came back), not failed: the clean
+  refusal of an overloaded server. Any other
   request that raises, or ends with a different number of tokens than asked for,
   is ``failed`` with its error; the run goes on.
 """
@@ -293,6 +295,7 @@ class _Client:
         usage_prompt: int | None = None
         seen = 0            # tokens counted so far
         finish = None
+        finish_t = None     # when the finish reason came
         res = RequestResult(spec.request_id, spec.arrival_s, spec.prompt_tokens, 0, None, None,
                             token_times_s=times)
         cut = spec.max_tokens > spec.output_tokens
@@ -330,12 +333,17 @@ class _Client:
                             times.extend([t] * n)
                             seen += n
                             self.chunks += 1
-                        finish = choices[0].get("finish_reason") or finish
+                        if choices[0].get("finish_reason"):
+                            finish, finish_t = choices[0]["finish_reason"], t
                         if cut and seen >= spec.output_tokens:
                             usage_total, finish = seen, "cut"
                             break  # closing the response aborts the request in vLLM
                     elif u:
                         usage_total = u["completion_tokens"]
+            if finish == "abort" and not times:
+                # tuned's wait bound refused it: vLLM finishes it as aborted, no tokens
+                res.refused_s, res.error = finish_t, "refused: finish reason abort"
+                return res
             if usage_total is not None and usage_total > len(times) and times:
                 times.extend([times[-1]] * (usage_total - len(times)))  # no per-chunk usage
             res.output_tokens = usage_total if usage_total is not None else seen

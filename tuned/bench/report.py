@@ -174,6 +174,8 @@ def attribution(runs: list[dict], subject: str = "tuned") -> dict[str, Any]:
                  and (r.get("cap"), r.get("budget")) == pair), by.get("vllm-default"))
     if base is None:
         return {}
+    if base.get("goodput_rps") is None or me.get("goodput_rps") is None:
+        return {}
     g0 = _num(base.get("goodput_rps"))
     gain = _num(me.get("goodput_rps")) - g0
     out: dict[str, Any] = {"baseline": base["name"], "gain_rps": gain}
@@ -262,11 +264,12 @@ def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
     if me.get("cap_moves") == 0:
         why = ""
         if att.get("shares"):
-            levers = [n for n in att["shares"] if n != "tuned-cap-only"]
-            if levers:
-                top = min(levers, key=lambda n: abs(_num(me.get("goodput_rps"))
-                                                   - _num(by[n].get("goodput_rps"))))
-                why = f"; the gain came from {LEVERS.get(top, top)} ({top})"
+            shares = att["shares"]
+            levers = sorted((n for n in shares if n != "tuned-cap-only" and shares[n] > 0),
+                            key=lambda n: -shares[n])
+            parts = [f"{LEVERS.get(n, n)} ({n} alone: {_pct(shares[n])})" for n in levers]
+            why = ("; the gain came from " + _and(parts) if parts else
+                   "; no other lever alone produced any of the gain")
         words.append(f"The batch cap never moved (it stayed at {_fmt(me.get('cap_max'))})"
                      f"{why}.")
     elif me.get("cap_moves"):
@@ -274,6 +277,10 @@ def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
         words.append(f"The batch cap moved {_fmt(me['cap_moves'])} times{per_run}, between "
                      f"{_fmt(me.get('cap_min'))} and {_fmt(me.get('cap_max'))}.")
     return words
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _together(total: float) -> str:

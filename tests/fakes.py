@@ -103,10 +103,14 @@ BLOCK = 16
 NUM_BLOCKS = 64
 
 
-def make_scheduler(model: str, asynchronous: bool, **overrides):
+def make_scheduler(model: str, asynchronous: bool, additional_config: dict | None = None,
+                   **overrides):
     """tuned's scheduler (``TunedScheduler``, sync or async base) built from vLLM's own
     config objects with a fake KV-cache config: no GPU, no model run; its controller
-    is stopped, so a test drives decisions by hand."""
+    is stopped, so a test drives decisions by hand. The engine runs ``max_num_seqs``
+    8, ``max_num_batched_tokens`` 256 and ``max_model_len`` 256; tuned's config is
+    handed over as `tuned serve` does, from ``overrides``, unless
+    ``additional_config`` is given (vLLM's ``--additional-config`` as is)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -123,9 +127,10 @@ def make_scheduler(model: str, asynchronous: bool, **overrides):
                          scheduler_cls="tuned.engines.vllm.TunedScheduler")
     vc = VllmConfig(scheduler_config=sc,
                     model_config=ModelConfig(model=model, dtype="float32", seed=0,
-                                             skip_tokenizer_init=True),
+                                             max_model_len=256, skip_tokenizer_init=True),
                     cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-                    additional_config=tuned_additional_config(cfg))
+                    additional_config=(tuned_additional_config(cfg) if additional_config
+                                       is None else additional_config))
     # The CPU platform forces async scheduling off while finalising the config;
     # set it afterwards to build the GPU default's variant.
     vc.scheduler_config.async_scheduling = asynchronous

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from tuned import config as config_mod
+from tuned.demo_model import model_form
+from tuned.opscli import config_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "systemd" / "examples").glob("*.toml"))
@@ -17,13 +19,32 @@ def test_there_are_examples():
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_config_is_valid(path):
+def test_example_config_passes_check_config(path):
+    # what `tuned check-config FILE` runs: the file, the model's form, the service's
+    # watchdog, plugins and profile
+    assert config_problems(str(path), watchdog_s=config_mod.UNIT_WATCHDOG_S, deep=True) == []
     cfg = config_mod.load(path)
-    assert cfg.model.startswith("/")          # serve needs a local model folder
+    # a real model, named so that `tuned serve` takes it on any host
+    assert model_form(cfg.model) == "hf_id"
 
 
 def test_llama2_7b_example_values():
     cfg = config_mod.load(ROOT / "systemd" / "examples" / "llama2-7b-a100.toml")
     assert (cfg.model, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len) == (
-        "/models/Llama-2-7b-hf", 256, 8192, 4096)
+        "meta-llama/Llama-2-7b-hf", 256, 8192, 0)
+    # the model's own context length: tuned passes no --max-model-len
+    assert cfg.effective_max_model_len is None
     assert (cfg.tbt_sla_s, cfg.ttft_sla_s, cfg.queue_policy) == (0.05, 2.0, "fcfs")
+
+
+def test_llama2_7b_example_command_line():
+    # the engine arguments `tuned serve --print-command` shows for it
+    from tuned import launch
+
+    cfg = config_mod.load(ROOT / "systemd" / "examples" / "llama2-7b-a100.toml")
+    cmd = launch.own_command(cfg, cfg.model, python="python")
+    assert cmd[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                       "meta-llama/Llama-2-7b-hf"]
+    assert "--max-model-len" not in cmd
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "256"
+    assert cmd[cmd.index("--scheduler-cls") + 1] == "tuned.engines.vllm.TunedScheduler"

@@ -10,7 +10,7 @@ import pytest
 
 from tuned import demo_model
 from tuned.demo_model import (MANIFEST, SIZES, WEIGHTS, build_demo_model, param_count,
-                              read_manifest, resolve_model)
+                              model_form, read_manifest, resolve_model)
 
 
 def sha256(path: Path) -> str:
@@ -180,12 +180,63 @@ def test_resolve_model_missing_path_names_it(tmp_path):
 
 
 def test_resolve_model_paths_and_demo(tiny, tmp_path):
-    assert resolve_model(str(tiny), tmp_path / "cache") == tiny
+    assert resolve_model(str(tiny), tmp_path / "cache") == str(tiny)
     got = resolve_model("demo:tiny", tmp_path / "cache")
-    assert got == (tmp_path / "cache" / "tiny").absolute()
-    assert sha256(got / WEIGHTS) == sha256(tiny / WEIGHTS)
+    assert got == str((tmp_path / "cache" / "tiny").absolute())
+    assert sha256(Path(got) / WEIGHTS) == sha256(tiny / WEIGHTS)
     with pytest.raises(ValueError, match="huge"):
         resolve_model("demo:huge", tmp_path / "cache")
+
+
+def test_resolve_model_passes_a_hugging_face_id_through(tmp_path):
+    # nothing is downloaded or built: vLLM gets the id as written
+    assert resolve_model("meta-llama/Llama-2-7b-hf", tmp_path / "cache") == \
+        "meta-llama/Llama-2-7b-hf"
+    assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------ model_form
+
+@pytest.mark.parametrize("spec, form", [
+    ("demo:tiny", "demo"), ("demo:small", "demo"),
+    ("meta-llama/Llama-2-7b-hf", "hf_id"), ("gpt2", "hf_id"),
+    ("Qwen/Qwen2.5-7B-Instruct", "hf_id"), ("org_1/model.v2-x", "hf_id"),
+])
+def test_model_form_names(spec, form):
+    assert model_form(spec) == form
+
+
+def test_model_form_folder(tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    assert model_form(str(tmp_path / "m")) == "folder"
+    monkeypatch.chdir(tmp_path)
+    # an existing relative folder is a folder, even where it would read as an id
+    assert model_form("m") == "folder"
+    assert model_form("./m") == "folder"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("/models/Llama-2-7b-hf", "model folder '/models/Llama-2-7b-hf' does not exist (or is "
+     "not a folder); pass an existing model folder, a Hugging Face id (owner/name) or "
+     "demo:tiny / demo:small"),
+    ("./nope", "model folder './nope' does not exist"),
+    ("a/b/c", "model folder 'a/b/c' does not exist"),
+    ("demo:huge", "unknown demo model 'demo:huge'; choose one of demo:tiny, demo:small"),
+    ("two words", "'two words' is neither an existing model folder nor a Hugging Face id "
+     "(owner/name); pass one of those (a folder here as ./name) or demo:tiny / demo:small"),
+    ("", "'' is neither"), ("a--b/c", "'a--b/c' is neither"), ("x" * 97, "is neither"),
+])
+def test_model_form_refuses(spec, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        model_form(spec)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_resolve_model_missing_folder_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_model("/models/none-here", tmp_path)
 
 
 # ------------------------------------------------------------------ vLLM

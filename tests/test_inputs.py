@@ -100,7 +100,8 @@ def test_other_vllm_args_pass(tmp_path):
 def test_empty_model_is_refused(tmp_path):
     code, err = check(write(tmp_path, 'model = ""\n'))
     assert (code, err.split(": ", 1)[1]) == (
-        2, "model: must be a model folder or demo:tiny / demo:small, got ''\n")
+        2, "model: must be a model folder, a Hugging Face id or demo:tiny / "
+        "demo:small, got ''\n")
 
 
 def test_a_huge_value_is_cut_in_the_problem_line(tmp_path):

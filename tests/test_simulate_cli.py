@@ -25,9 +25,9 @@ SPEC = "poisson:rate=5,prompt=U(16,256),output=U(16,128),n=40"
 CONFIG = "max_num_seqs = 16\nmax_num_batched_tokens = 512\ntbt_sla_s = 0.03\n"
 
 TOP_KEYS = {"requests", "steps", "decisions", "summary", "hardware", "config", "workload",
-            "failed"}     # and "events" with --events
+            "failed", "refused"}     # and "events" with --events
 REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
-                "finish_s", "preemptions"}
+                "finish_s", "preemptions", "refused_s"}
 
 
 @pytest.fixture(autouse=True)

@@ -66,6 +66,7 @@ def build(model: str, tuned: bool, n: int, num_blocks: int, max_tokens: int):
                          enable_chunked_prefill=True, is_encoder_decoder=False, **kw)
     vc = VllmConfig(scheduler_config=sc,
                     model_config=ModelConfig(model=model, dtype="float32", seed=0,
+                                             max_model_len=max_tokens,
                                              skip_tokenizer_init=True),
                     cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
                     additional_config=extra)

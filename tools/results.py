@@ -12,7 +12,11 @@ the benches again and then this script::
 Per report: the command, host (CPU model, cores), date, SLO, and a table of the
 contenders with goodput, attainment, throughput and the tail: TTFT p99, TPOT p99
 and the longest wait (the largest time to first token of any request; requests
-never served are counted beside it). A summary table on top gives tuned's ratios.
+refused and requests never served are counted beside it), then the report's
+findings (which ablation produced tuned's gain, tail regressions against the best
+static pair, whether the cap moved). A summary table on top gives tuned's ratios
+to the best static (cap, token budget) pair, the best cap at vLLM's default token
+budget and vLLM's default.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ class ResultsError(Exception):
 
 
 def load(folder: Path) -> dict[str, Any]:
-    """The folder's ``report.json``, each run given ``longest_wait_s`` and
-    ``never_served`` from ``logs/<run>.requests.csv`` (None when the log is absent)."""
+    """The folder's ``report.json``, each run given ``longest_wait_s``,
+    ``never_served`` (neither a token nor a refusal) and ``refused_requests`` from
+    ``logs/<run>.requests.csv`` (None when the log is absent)."""
     path = folder / "report.json"
     try:
         report = json.loads(path.read_text())
@@ -51,20 +56,22 @@ def load(folder: Path) -> dict[str, Any]:
     if not isinstance(report, dict) or not isinstance(report.get("runs"), list):
         raise ResultsError(f"{path}: no 'runs' list; is this a tuned bench report?")
     for run in report["runs"]:
-        run["longest_wait_s"], run["never_served"] = _longest_wait(
+        run["longest_wait_s"], run["never_served"], run["refused_requests"] = _longest_wait(
             folder / "logs" / f"{run['name']}.requests.csv")
     report["folder"] = str(folder)
     return report
 
 
-def _longest_wait(requests_csv: Path) -> tuple[float | None, int | None]:
+def _longest_wait(requests_csv: Path) -> tuple[float | None, int | None, int | None]:
     try:
         with open(requests_csv, newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError:
-        return None, None
+        return None, None, None
     waits = [float(r["ttft_s"]) for r in rows if r.get("ttft_s")]
-    return (max(waits) if waits else None), sum(1 for r in rows if not r.get("ttft_s"))
+    refused = sum(1 for r in rows if r.get("refused") == "1")
+    never = sum(1 for r in rows if not r.get("ttft_s") and r.get("refused") != "1")
+    return (max(waits) if waits else None), never, refused
 
 
 def _ratio(v: Any) -> str:
@@ -83,8 +90,9 @@ def _title(report: dict[str, Any]) -> str:
 
 
 def summary_rows(reports: Sequence[dict[str, Any]]) -> list[str]:
-    """One markdown row per report: tuned's goodput against the best static cap and
-    vLLM's default, the TTFT p99 of tuned and of the best static, and capacity."""
+    """One markdown row per report: tuned's goodput against the best static pair, the
+    best cap at vLLM's default budget and vLLM's default, the TTFT p99 of tuned and
+    of the best static pair, and capacity."""
     rows = []
     for rep in reports:
         by = {r["name"]: r for r in rep["runs"]}
@@ -94,6 +102,8 @@ def summary_rows(reports: Sequence[dict[str, Any]]) -> list[str]:
         rows.append("| " + " | ".join([
             rep["engine"], rep["hardware"], f"`{rep['workload']}`",
             f"{_ratio(rat.get('goodput_vs_best_static'))} ({best or '-'})",
+            f"{_ratio(rat.get('goodput_vs_best_cap'))} "
+            f"({(rep.get('best_cap') or {}).get('by_goodput') or '-'})",
             _ratio(rat.get("goodput_vs_vllm-default")),
             f"{fmt(tuned.get('ttft_p99_s'), '_s')} / {fmt(best_run.get('ttft_p99_s'), '_s')}",
             _ratio(rat.get("capacity_vs_best_static")),
@@ -107,6 +117,8 @@ def run_rows(report: dict[str, Any]) -> list[str]:
     rows = []
     for r in report["runs"]:
         wait = fmt(r.get("longest_wait_s"), "_s")
+        if r.get("refused_requests"):
+            wait += f" (+{r['refused_requests']} refused)"
         if r.get("never_served"):
             wait += f" (+{r['never_served']} never served)"
         cells = [r["name"], r["kind"], fmt(r.get("goodput_rps")), fmt(r.get("attainment")),
@@ -129,9 +141,10 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
              "attainment is their share; capacity is the highest arrival rate with 90% "
              "attainment. Compare ratios within one report only.", "",
              "## Summary", "",
-             "| engine | hardware | workload | tuned goodput vs best static | vs vLLM "
-             "default | TTFT p99 tuned / best static | capacity vs best static | command |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| engine | hardware | workload | tuned goodput vs best static pair | vs best "
+             "cap at default budget | vs vLLM default | TTFT p99 tuned / best static pair "
+             "| capacity vs best static pair | command |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += summary_rows(reports)
     for rep in reports:
         best = ", ".join(f"{k.removeprefix('by_')} {v}"
@@ -145,9 +158,15 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
                   f"- host: {_host(rep)}",
                   f"- date: {rep.get('date', NOT_RECORDED)}",
                   f"- SLO: {rep['slo']}; seed {rep['seed']}",
-                  f"- best static cap in hindsight: {best}", "",
+                  f"- best static pair (cap, token budget) in hindsight: {best}"]
+        if rep.get("best_cap"):
+            lines.append("- best cap at vLLM's default token budget: " + ", ".join(
+                f"{k.removeprefix('by_')} {v}" for k, v in rep["best_cap"].items()))
+        lines += ["",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += run_rows(rep)
+        if rep.get("findings"):
+            lines += [""] + [f"- {w}" for w in rep["findings"]]
     lines.append("")
     return "\n".join(lines)
 

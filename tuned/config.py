@@ -16,10 +16,12 @@ import hashlib
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuned.demo_model import DEMO_MAX_MODEL_LEN, model_form
 from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
 # the one registry of policy names (tuned.policies.registry)
 from tuned.policies.registry import BATCH_POLICIES
@@ -28,6 +30,7 @@ from tuned.policies.registry import QUEUE_POLICIES as _QUEUE_POLICY_CLASSES
 SLA_MODES = ("evidence", "paper")
 SLA_STATISTICS = ("mean", "p90")
 TOKEN_BUDGET_POLICIES = ("sla", "max")
+WAIT_BOUND_MODES = ("refuse", "serve", "off")
 ADMISSION_GUARDS = ("tpot", "off")
 QUEUE_POLICIES = tuple(_QUEUE_POLICY_CLASSES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -47,13 +50,16 @@ def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = No
 @dataclass(frozen=True)
 class Config:
     # --- engine (restart to change) ---
-    model: str = _f("demo:small", "model folder, or demo:tiny / demo:small to build the "
-                    "random-weight demo Llama locally", restart=True)
+    model: str = _f("demo:small", "model folder, Hugging Face id (owner/name, passed to "
+                    "vLLM unchanged), or demo:tiny / demo:small to build the random-weight "
+                    "demo Llama locally", restart=True)
     max_num_seqs: int = _f(32, "ceiling on running sequences handed to vLLM; tuned's cap "
                            "moves inside [b_min, max_num_seqs]", lo=1, hi=4096, restart=True)
     max_num_batched_tokens: int = _f(2048, "vLLM's per-step token ceiling; tuned's token "
                                      "budget moves below it", lo=16, hi=1 << 20, restart=True)
-    max_model_len: int = _f(1024, "longest prompt+output in tokens", lo=16, hi=1 << 20,
+    max_model_len: int = _f(0, "longest prompt+output in tokens (0 = the model's own "
+                            "context length, read by vLLM from the model; "
+                            f"{DEMO_MAX_MODEL_LEN} for the demo models)", lo=0, hi=1 << 20,
                             restart=True)
     num_gpu_blocks: int = _f(0, "KV-cache blocks to allocate (0 = let vLLM size the cache)",
                              lo=0, hi=1 << 24, restart=True)
@@ -109,6 +115,19 @@ class Config:
                            "queue, requests that waited longer (late already) are served "
                            "after those that can still make it (0 = off)",
                            lo=0.0, hi=3600.0)
+    max_wait_s: float = _f(0.0, "bound on a request's wait for its first token, in seconds "
+                           "(0 = 10 x ttft_sla_s when a TTFT target is set, else no bound); "
+                           "see on_max_wait", lo=0.0, hi=86400.0)
+    on_max_wait: str = _f("refuse", "what the wait bound does: refuse (a request still "
+                          "waiting at max_wait_s is refused at once, so its client can "
+                          "retry elsewhere), serve (served late, never refused) or off (no "
+                          "bound: late requests wait for a lull). With refuse or serve, a "
+                          "request that has waited age_after_s is admitted before the "
+                          "queue policy's choice (aging)", choices=WAIT_BOUND_MODES)
+    age_after_s: float = _f(0.0, "with a wait bound, a request that has waited this long is "
+                            "admitted before the queue policy's choice, oldest first "
+                            "(0 = 2 x ttft_sla_s, at most half of the bound; without a "
+                            "TTFT target, half of the bound)", lo=0.0, hi=86400.0)
     alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
     delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
     tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",
@@ -157,11 +176,25 @@ class Config:
             opts.setdefault("late_after_s", self.ttft_sla_s)
         return self.queue_policy, opts
 
+    def wait_bound_spec(self) -> tuple[float, bool, float] | None:
+        """(bound, refuse at it, aging point), in seconds, of the wait bound, or None
+        without one: the bound is ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT
+        target is set; the aging point ``age_after_s``, else 2 x ``ttft_sla_s``, at
+        most half the bound."""
+        if self.on_max_wait == "off":
+            return None
+        bound = self.max_wait_s or 10.0 * self.ttft_sla_s
+        if bound <= 0:
+            return None
+        age = self.age_after_s or min(2.0 * self.ttft_sla_s or bound / 2, bound / 2)
+        return bound, self.on_max_wait == "refuse", min(age, bound)
+
     @property
     def native_queue(self) -> bool:
         """True when the engine may keep its own FCFS queue (no tuned queue needed)."""
         name, opts = self.queue_spec()
-        return name == "fcfs" and not opts and not self.guards_admission
+        return (name == "fcfs" and not opts and not self.guards_admission
+                and self.wait_bound_spec() is None)
 
     @property
     def guards_admission(self) -> bool:
@@ -175,6 +208,15 @@ class Config:
     @property
     def effective_b_max(self) -> int:
         return self.b_max or self.max_num_seqs
+
+    @property
+    def effective_max_model_len(self) -> int | None:
+        """The ``--max-model-len`` tuned gives vLLM: the config's, else the demo
+        models' :data:`~tuned.demo_model.DEMO_MAX_MODEL_LEN`, else None (the flag is
+        left out and vLLM reads the model's own)."""
+        if self.max_model_len:
+            return self.max_model_len
+        return DEMO_MAX_MODEL_LEN if self.model.startswith("demo:") else None
 
     @property
     def sla_enabled(self) -> bool:
@@ -345,8 +387,12 @@ def cross_field_problems(cfg: Config) -> list[str]:
                         f"{clip_text(cfg.profile)}")
     if cfg.metrics_port == cfg.port and cfg.metrics_host == cfg.host:
         problems.append(f"metrics_port: must be different from port ({cfg.port})")
+    if cfg.max_model_len and cfg.max_model_len < 16:
+        problems.append(f"max_model_len: must be 0 (the model's own) or in [16, 1048576], "
+                        f"got {cfg.max_model_len}")
     if not cfg.model.strip():
-        problems.append("model: must be a model folder or demo:tiny / demo:small, got ''")
+        problems.append("model: must be a model folder, a Hugging Face id or demo:tiny / "
+                        "demo:small, got ''")
     problems += vllm_args_problems(cfg.vllm_args)
     return problems
 
@@ -474,6 +520,127 @@ def from_engine_handoff(additional: dict | None) -> tuple[Config, str | None]:
     extra = (additional or {}).get("tuned") or {}
     cfg = validate(dict(extra.get("config") or {}), source=extra.get("config_path") or "")
     return cfg, extra.get("serving_url")
+
+
+#: the environment variable naming the config file of a vLLM command line that runs
+#: tuned's scheduler (the alternative to ``--additional-config``'s ``config_path``)
+CONFIG_ENV = "TUNED_CONFIG"
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What tuned's scheduler starts from: the validated config, the URL that says
+    the OpenAI server answers (None: not known, taken as answering) and the reload
+    token's sha256 digest ('' = none)."""
+
+    cfg: Config
+    serving_url: str | None
+    reload_token_sha256: str
+
+
+def engine_setup(additional: Any, environ: Mapping[str, str]) -> EngineSetup:
+    """The config tuned's scheduler runs, from vLLM's ``additional_config`` and the
+    engine's environment, in this order:
+
+    1. ``{"tuned": {"config": {...}}}``: the config `tuned serve` validated and shipped
+       (:func:`engine_handoff`), never a re-read of the file;
+    2. ``{"tuned": {"config_path": FILE}}`` (optionally ``"serving_url"``), or
+       :data:`CONFIG_ENV` ``=FILE``: your own vLLM command line; the file is read and
+       validated by :func:`load`, as `tuned serve` and `tuned check-config` do.
+
+    :class:`ConfigError` (one line per problem) for a missing or bad config, an
+    ``additional_config`` entry of the wrong shape, or a path and :data:`CONFIG_ENV`
+    naming two different files."""
+    if additional is not None and not isinstance(additional, Mapping):
+        raise ConfigError([f"additional_config: must be a JSON object, got "
+                           f"{clip(additional)}"])
+    extra = (additional or {}).get("tuned")
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError([f"additional_config.tuned: must be a JSON object such as "
+                           f"{{\"config_path\": \"/etc/tuned/tuned.toml\"}}, got {clip(extra)}"])
+    unknown = sorted(set(extra) - {"config", "config_path", "serving_url",
+                                   "reload_token_sha256"})
+    if unknown:
+        raise ConfigError([f"additional_config.tuned: unknown key {clip_text(unknown[0])} "
+                           f"(known: config_path, serving_url)"])
+    serving_url = extra.get("serving_url") or None
+    if serving_url is not None and not isinstance(serving_url, str):
+        raise ConfigError([f"additional_config.tuned.serving_url: must be a URL string, "
+                           f"got {clip(serving_url)}"])
+    if "config" in extra:
+        cfg, _ = from_engine_handoff(additional)
+        return EngineSetup(cfg, serving_url, reload_token_digest(additional))
+    path = extra.get("config_path") or ""
+    if not isinstance(path, str):
+        raise ConfigError([f"additional_config.tuned.config_path: must be a file path "
+                           f"string, got {clip(path)}"])
+    env_path = environ.get(CONFIG_ENV, "")
+    if path and env_path and Path(path).resolve() != Path(env_path).resolve():
+        raise ConfigError([f"config_path: additional_config names {clip_text(path)} and "
+                           f"{CONFIG_ENV} names {clip_text(env_path)}; give one"])
+    path = path or env_path
+    if not path:
+        raise ConfigError([f"config: none given to tuned's scheduler; pass --additional-config "
+                           f"'{{\"tuned\": {{\"config_path\": \"FILE\"}}}}' or set "
+                           f"{CONFIG_ENV}=FILE (or start it with `tuned serve`)"])
+    cfg = load(path)
+    digest = hashlib.sha256(cfg.reload_token.encode()).hexdigest() if cfg.reload_token else ""
+    return EngineSetup(cfg, serving_url, digest)
+
+
+def model_problems(cfg: Config) -> list[str]:
+    """``model`` as :func:`tuned.demo_model.model_form` reads it (a missing folder, an
+    unknown demo size, something that is no Hugging Face id): `tuned serve`,
+    `tuned check-config` and tuned's scheduler refuse the same settings."""
+    try:
+        model_form(cfg.model)
+    except ValueError as e:
+        return [f"model: {e}"]
+    return []
+
+
+#: the engine settings :func:`engine_problems` compares: config key -> vLLM flag
+ENGINE_FLAGS = {"max_num_seqs": "--max-num-seqs",
+                "max_num_batched_tokens": "--max-num-batched-tokens",
+                "max_model_len": "--max-model-len",
+                "num_gpu_blocks": "--num-gpu-blocks-override", "model": "--model"}
+
+
+def engine_problems(cfg: Config, engine: Mapping[str, Any]) -> list[str]:
+    """One line per setting where the engine's own arguments contradict the config.
+
+    ``engine`` holds what vLLM runs with, under the config's key names
+    (:data:`ENGINE_FLAGS`): ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``max_model_len``, ``num_gpu_blocks`` (vLLM's override, None when unset) and
+    ``model``. ``max_model_len`` is compared when tuned would pass it
+    (:attr:`Config.effective_max_model_len`), ``num_gpu_blocks`` when the config sets
+    it, ``model`` when it is a folder (same folder) or a Hugging Face id (same id); a
+    demo model is whatever folder the engine was given."""
+    want: dict[str, Any] = {"max_num_seqs": cfg.max_num_seqs,
+                            "max_num_batched_tokens": cfg.max_num_batched_tokens}
+    if cfg.effective_max_model_len:
+        want["max_model_len"] = cfg.effective_max_model_len
+    if cfg.num_gpu_blocks:
+        want["num_gpu_blocks"] = cfg.num_gpu_blocks
+    problems = []
+    for key, value in want.items():
+        got, flag = engine.get(key), ENGINE_FLAGS[key]
+        if got is None:
+            problems.append(f"{key}: the config says {value}, the engine was started "
+                            f"without {flag}; pass {flag} {value} to vLLM")
+        elif got != value:
+            problems.append(f"{key}: the config says {value}, the engine runs {flag} {got}; "
+                            f"pass {flag} {value} to vLLM or set {key} = {got} in the config")
+    model = engine.get("model")
+    if model is not None and not cfg.model.startswith("demo:"):
+        same = (Path(cfg.model).expanduser().resolve() == Path(str(model)).expanduser().resolve()
+                if Path(cfg.model).expanduser().is_dir() else cfg.model == model)
+        if not same:
+            problems.append(f"model: the config says {clip_text(cfg.model)}, the engine runs "
+                            f"--model {clip_text(str(model))}; give both the same model")
+    return problems
 
 
 def reload_token_digest(additional: dict | None) -> str:

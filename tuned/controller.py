@@ -197,8 +197,10 @@ class Controller:
             kept = (self.cfg, self.policy, self._first_reason, self.profile, self.speed_fn)
             try:
                 self._build(new)
-                if (new.queue_spec(), new.class_deadlines_s, new.queue_seed) != (
-                        old.queue_spec(), old.class_deadlines_s, old.queue_seed) or (
+                if (new.queue_spec(), new.class_deadlines_s, new.queue_seed,
+                        new.wait_bound_spec()) != (
+                        old.queue_spec(), old.class_deadlines_s, old.queue_seed,
+                        old.wait_bound_spec()) or (
                         old.native_queue and not new.native_queue):
                     self.engine.set_queue_policy(new.queue_policy, new)
             except Exception:
@@ -350,10 +352,12 @@ class Controller:
 
     def _refresh_step_fit(self, now: float) -> None:
         """The online step model: refreshed every few seconds from this engine's own
-        recent steps (tuned.curves.online), where an SLA or the guard reads it."""
+        recent steps (tuned.curves.online), where an SLA or the guard reads it (a
+        plugin policy that reads it says so with ``wants_step_fit``)."""
         cfg = self.cfg
         if (now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto)
-                and (cfg.batch_policy in ("tuned", "sla") or cfg.guards_admission)):
+                and (cfg.batch_policy in ("tuned", "sla") or cfg.guards_admission
+                     or getattr(self.policy, "wants_step_fit", False))):
             self._fit_t = now
             fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES))
             if fit is not None:

@@ -78,7 +78,7 @@ class _DecisionPrinter:
              f"running={inp.get('running', '-')} waiting={inp.get('waiting', '-')}")
 
 
-def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int,
+def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | None,
                   phase_s: float = 15.0, ceiling: int = 32):
     """An open-loop, phase-shifting workload sized to this host's measured speed.
 
@@ -123,7 +123,7 @@ def _calibrate(server, cfg) -> dict:
 
     t_end = time.monotonic() + CALIBRATION_TIMEOUT_S
     wl = parse_workload("poisson:rate=4,prompt=U(32,96),output=64,n=12", 0,
-                        max_model_len=cfg.max_model_len)
+                        max_model_len=cfg.effective_max_model_len)
     while time.monotonic() < t_end:
         server.drive(wl)
         d = requests.get(f"{server.endpoint}/decisions?limit=0", timeout=5).json()
@@ -174,7 +174,7 @@ def cmd_demo(args) -> int:
                  f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1) = "
                  f"{sla_s * 1e3:.1f} ms")
         wl, b_sla = demo_workload(sla_s, fit, seed=args.seed, phase_s=args.phase_s,
-                                  max_model_len=cfg.max_model_len,
+                                  max_model_len=cfg.effective_max_model_len,
                                   ceiling=cfg.max_num_seqs)
         info = wl.describe()
         _say(f"[3/5] tuned: {len(wl.requests)} requests open-loop over "

@@ -14,8 +14,9 @@ tokenizer), idempotent (a folder whose ``tuned_demo.json`` manifest matches is
 returned as is) and atomic (built in a temporary folder next to the target, then
 renamed into place, under a lock file so concurrent builders do not race).
 
-``resolve_model("demo:small", cache_dir)`` is how the rest of tuned turns the
-``model`` setting into a folder.
+``model_form(spec)`` says what a ``model`` setting names (a folder, a demo model or a
+Hugging Face id); ``resolve_model("demo:small", cache_dir)`` is how the rest of tuned
+turns the setting into vLLM's ``--model``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -419,20 +421,65 @@ def build_demo_model(out_dir: Path, size: str = "tiny", seed: int = 0, force: bo
     return out_dir
 
 
-def resolve_model(spec: str, cache_dir: Path, log: Log | None = None) -> Path:
-    """Turn the ``model`` setting into a model folder.
+#: the context length tuned serves a demo model at unless the config sets
+#: ``max_model_len`` (the models know 2048 positions; every demo run so far used this)
+DEMO_MAX_MODEL_LEN = 1024
 
-    ``demo:<size>`` builds (if needed) the demo model into ``cache_dir/<size>``;
-    anything else is a path to an existing model folder.
-    """
+MODEL_FORMS = ("folder", "demo", "hf_id")
+# A Hugging Face repository id: ``name`` or ``owner/name``, letters, digits, ``-``, ``_``
+# and ``.``, at most 96 characters (the hub's own rule), no ``--`` or ``..``.
+_HF_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (spec.startswith(("/", "./", "../", "~")) or spec in (".", "..")
+            or spec.count("/") > 1 or "\\" in spec)
+
+
+def model_form(spec: str) -> str:
+    """What the ``model`` setting names, the one reading ``tuned check-config``,
+    ``tuned serve`` and tuned's scheduler share: ``"folder"`` (an existing model
+    folder), ``"demo"`` (``demo:<size>``, built locally) or ``"hf_id"`` (a Hugging
+    Face id such as ``meta-llama/Llama-2-7b-hf``, passed to vLLM unchanged; nothing
+    here downloads). A path-like setting (``/``, ``./``, ``~`` or more than one
+    ``/``) must be an existing folder. :class:`ValueError` with one line otherwise."""
     if spec.startswith("demo:"):
         size = spec.removeprefix("demo:")
-        _size(size)
-        return build_demo_model(Path(cache_dir) / size, size=size, log=log)
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"model folder {str(path)!r} does not exist (or is not a folder); pass an "
-            f"existing Hugging Face model folder or one of "
-            f"{', '.join('demo:' + s for s in SIZES)}")
-    return path.absolute()
+        if size not in SIZES:
+            raise ValueError(f"unknown demo model {spec!r}; choose one of "
+                             f"{', '.join('demo:' + s for s in SIZES)}")
+        return "demo"
+    if spec.strip() and Path(spec).expanduser().is_dir():
+        return "folder"
+    if not _looks_like_path(spec) and len(spec) <= 96 and _HF_ID.fullmatch(spec) \
+            and "--" not in spec and ".." not in spec:
+        return "hf_id"
+    demos = " / ".join("demo:" + s for s in SIZES)
+    if _looks_like_path(spec):
+        raise ValueError(f"model folder {os.path.expanduser(spec)!r} does not exist (or "
+                         f"is not a folder); pass an existing model folder, a Hugging Face "
+                         f"id (owner/name) or {demos}")
+    raise ValueError(f"{spec!r} is neither an existing model folder nor a Hugging Face id "
+                     f"(owner/name); pass one of those (a folder here as ./name) or {demos}")
+
+
+def resolve_model(spec: str, cache_dir: Path, log: Log | None = None) -> str:
+    """Turn the ``model`` setting into what vLLM's ``--model`` gets.
+
+    ``demo:<size>`` builds (if needed) the demo model into ``cache_dir/<size>`` and
+    gives its folder; a folder gives its absolute path; a Hugging Face id is passed
+    through (vLLM resolves it). :func:`model_form` decides which; its
+    :class:`ValueError` is raised as :class:`FileNotFoundError` for a missing folder.
+    """
+    try:
+        form = model_form(spec)
+    except ValueError as e:
+        if spec.startswith("demo:"):
+            raise
+        raise FileNotFoundError(str(e)) from None
+    if form == "demo":
+        size = spec.removeprefix("demo:")
+        return str(build_demo_model(Path(cache_dir) / size, size=size, log=log))
+    if form == "folder":
+        return str(Path(spec).expanduser().absolute())
+    return spec

@@ -9,6 +9,9 @@ and ``tuned demo`` all build their command here:
 - :func:`scheduler_command`: the same server with tuned's scheduler embedded
   (``--scheduler-cls tuned.engines.vllm.TunedScheduler --additional-config``), what
   ``tuned serve`` runs as its child;
+- :func:`own_command`: the same with the config named by its path, for an operator's
+  own unit or container (``tuned serve --print-command`` prints it with
+  :func:`shell_command`);
 - :func:`serve_command`: ``python -m tuned serve --config FILE``, for a tuned run
   started by another command (the supervisor then builds :func:`scheduler_command`).
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -70,14 +74,17 @@ def connect_host(host: str) -> str:
 # --- command lines ---------------------------------------------------------------------------
 
 def vllm_command(model_path: str, *, host: str, port: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, num_gpu_blocks: int = 0,
-                 args: Sequence[str] = (), python: str = sys.executable) -> list[str]:
+                 max_num_batched_tokens: int, max_model_len: int | None,
+                 num_gpu_blocks: int = 0, args: Sequence[str] = (),
+                 python: str = sys.executable) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server`` with these engine settings,
-    then ``args`` unchanged."""
+    then ``args`` unchanged; no ``--max-model-len`` when ``max_model_len`` is None or
+    0 (vLLM reads the model's own)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
            "--host", host, "--port", str(port), "--max-num-seqs", str(max_num_seqs),
-           "--max-num-batched-tokens", str(max_num_batched_tokens),
-           "--max-model-len", str(max_model_len)]
+           "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
     if num_gpu_blocks:
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
     return cmd + list(args)
@@ -99,23 +106,59 @@ def static_command(cfg: Config, model_path: str, *, port: int, max_num_seqs: int
     return vllm_command(model_path, host=host, port=port,
                         max_num_seqs=cfg.max_num_seqs if max_num_seqs is None else max_num_seqs,
                         max_num_batched_tokens=cfg.max_num_batched_tokens,
-                        max_model_len=cfg.max_model_len, num_gpu_blocks=cfg.num_gpu_blocks,
+                        max_model_len=cfg.effective_max_model_len,
+                        num_gpu_blocks=cfg.num_gpu_blocks,
                         args=_with_dtype(cfg, [*cfg.vllm_args, *extra]), python=python)
+
+
+def _serving_url(cfg: Config) -> str:
+    return f"http://{connect_host(cfg.host)}:{cfg.port}/health"
+
+
+def _with_scheduler(cfg: Config, model_path: str, additional: dict, extra: Sequence[str],
+                    python: str) -> list[str]:
+    tuned_args = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional)]
+    return vllm_command(model_path, host=cfg.host, port=cfg.port,
+                        max_num_seqs=cfg.max_num_seqs,
+                        max_num_batched_tokens=cfg.max_num_batched_tokens,
+                        max_model_len=cfg.effective_max_model_len,
+                        num_gpu_blocks=cfg.num_gpu_blocks,
+                        args=tuned_args + _with_dtype(cfg, [*cfg.vllm_args, *extra]),
+                        python=python)
 
 
 def scheduler_command(cfg: Config, model_path: str, extra: Sequence[str] = (),
                       python: str = sys.executable) -> list[str]:
     """vLLM on the config's host and port with tuned's scheduler embedded: the
     config travels in ``--additional-config`` (:func:`tuned.config.engine_handoff`)."""
-    serving_url = f"http://{connect_host(cfg.host)}:{cfg.port}/health"
-    tuned_args = ["--scheduler-cls", SCHEDULER_CLS,
-                  "--additional-config", json.dumps(engine_handoff(cfg, serving_url))]
-    return vllm_command(model_path, host=cfg.host, port=cfg.port,
-                        max_num_seqs=cfg.max_num_seqs,
-                        max_num_batched_tokens=cfg.max_num_batched_tokens,
-                        max_model_len=cfg.max_model_len, num_gpu_blocks=cfg.num_gpu_blocks,
-                        args=tuned_args + _with_dtype(cfg, [*cfg.vllm_args, *extra]),
-                        python=python)
+    return _with_scheduler(cfg, model_path, engine_handoff(cfg, _serving_url(cfg)), extra,
+                           python)
+
+
+def own_command(cfg: Config, model_path: str, extra: Sequence[str] = (),
+                python: str = sys.executable) -> list[str]:
+    """:func:`scheduler_command` as an operator writes it in their own unit or
+    container: the same engine arguments, with the config named by its path
+    (``--additional-config '{"tuned": {"config_path": FILE, "serving_url": URL}}'``)
+    so the engine reads and validates the file at start and a reload re-reads it.
+    The config must come from a file."""
+    if not cfg.source_path:
+        raise ValueError("config: the command line names the config by its path; give "
+                         "one with --config FILE")
+    additional = {"tuned": {"config_path": cfg.source_path, "serving_url": _serving_url(cfg)}}
+    return _with_scheduler(cfg, model_path, additional, extra, python)
+
+
+#: the environment variables tuned sets for the engine (:func:`child_env`)
+ENGINE_ENV = (KV_CACHE_SPACE_ENV,)
+
+
+def shell_command(cmd: Sequence[str], env: dict[str, str] | None = None) -> str:
+    """``cmd`` as one shell line, prefixed with ``env NAME=VALUE`` for each of the
+    :data:`ENGINE_ENV` variables :func:`child_env` gives the engine."""
+    engine_env = child_env(env)
+    pairs = [f"{name}={engine_env[name]}" for name in ENGINE_ENV if name in engine_env]
+    return shlex.join((["env", *pairs] if pairs else []) + list(cmd))
 
 
 def serve_command(config_path: Path | str, *, model_cache: Path | str | None = None,

@@ -106,6 +106,10 @@ class Metrics:
                             "refused (request x step)", ("policy",))
         self.q_demoted = c("tuned_queue_demoted_total", "Requests demoted to the low-priority "
                            "queue (saber)", ("policy",))
+        self.q_aged = c("tuned_queue_aged_total", "Requests admitted before the queue "
+                        "policy's choice because they had waited age_after_s")
+        self.refused = c("tuned_requests_refused_total", "Requests refused, by reason "
+                         "(max_wait: still waiting at max_wait_s)", ("reason",))
         self.q_bins = g("tuned_queue_bins_in_use", "Length bins holding waiting requests "
                         "(multibin)")
         self.q_buckets = g("tuned_queue_buckets_in_use", "Length buckets holding waiting "

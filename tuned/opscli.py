@@ -131,8 +131,10 @@ def check_config(paths: list[str] | str, explain: bool = False, out: TextIO | No
     """Validate each file; print ``FILE: ok`` (stdout) or one ``FILE: <problem>`` line
     per problem (stderr); return 0 when all are valid, else 2.
 
-    Beyond the file itself, it finds what `tuned serve` would fail on only after the
-    model loaded: the profile's contents (:func:`profile_problems`), a plugin that
+    Beyond the file itself, it finds what `tuned serve` refuses: the model as
+    :func:`tuned.config.model_problems` reads it (a missing folder; a Hugging Face id is
+    passed to vLLM unchecked), and what it would fail on only after the model loaded:
+    the profile's contents (:func:`profile_problems`), a plugin that
     cannot be imported or is not a policy class, and what the service cannot live
     with under a watchdog of ``watchdog_s`` (:func:`tuned.config.service_problems`)."""
     out = out or sys.stdout
@@ -165,7 +167,8 @@ def config_problems(path: str, watchdog_s: float | None = None,
         cfg = config_mod.load(path)
         if not deep:
             return []
-        problems = config_mod.service_problems(cfg, watchdog_s)
+        problems = config_mod.model_problems(cfg)
+        problems += config_mod.service_problems(cfg, watchdog_s)
         problems += plugin_problems(cfg)
         problems += profile_problems(cfg)
         return [_one_line(p) for p in problems]

@@ -35,6 +35,7 @@ from tuned import config as config_mod
 from tuned import launch
 from tuned import log as log_mod
 from tuned.config import Config, ConfigError
+from tuned.inputs import UserError, clip_text
 
 log = structlog.get_logger("tuned.serve")
 
@@ -51,6 +52,10 @@ def register(subparsers) -> None:
                    "small demo model on CPU)")
     p.add_argument("--model-cache", default=str(DEFAULT_MODEL_CACHE),
                    help="where demo:tiny / demo:small are built (default: %(default)s)")
+    p.add_argument("--print-command", nargs="?", const="", default=None, metavar="CONFIG",
+                   help="print the vLLM command line (with its environment) that runs "
+                        "tuned from CONFIG (or --config), for your own unit or container, "
+                        "then exit; the engine reads the config file at start")
     p.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")
     p.set_defaults(func=cmd_serve)
 
@@ -62,7 +67,7 @@ def load_config(path: str | None) -> Config:
 def resolve_model(cfg: Config, cache_dir: Path) -> str:
     from tuned.demo_model import resolve_model as _resolve
 
-    return str(_resolve(cfg.model, cache_dir, log=lambda msg: log.info("demo_model", step=msg)))
+    return _resolve(cfg.model, cache_dir, log=lambda msg: log.info("demo_model", step=msg))
 
 
 #: vLLM with tuned's scheduler embedded, on the config's host and port (see tuned.launch)
@@ -210,13 +215,27 @@ class Supervisor:
 build_env = launch.child_env
 
 
+def _config_path(args) -> str | None:
+    """--config, or the file --print-command names; a usage error when they differ."""
+    named = args.print_command or None
+    if named and args.config and Path(named).resolve() != Path(args.config).resolve():
+        raise UserError(f"--print-command: names {clip_text(named)} and --config names "
+                        f"{clip_text(args.config)}; give one")
+    return named or args.config
+
+
 def cmd_serve(args) -> int:
     extra = list(args.vllm_args or [])
+    printing = args.print_command is not None
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(_config_path(args))
     except ConfigError as e:
         for p in e.problems:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
+        return 2
+    if printing and not cfg.source_path:
+        print("tuned serve: --print-command: give a config file (--print-command FILE): "
+              "the engine reads it by path", file=sys.stderr)
         return 2
     from tuned.sdnotify import watchdog_s
 
@@ -230,7 +249,7 @@ def cmd_serve(args) -> int:
     log_mod.configure(cfg.log_level)
     try:
         model_path = resolve_model(cfg, Path(args.model_cache))
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"model: {e}", file=sys.stderr)
         return 2
     from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version, installed_vllm
@@ -240,5 +259,8 @@ def cmd_serve(args) -> int:
     except UnsupportedVllmError as e:
         print(str(e), file=sys.stderr)
         return 2
+    if printing:
+        print(launch.shell_command(launch.own_command(cfg, model_path, extra)))
+        return 0
     sup = Supervisor(cfg, server_command(cfg, model_path, extra), build_env())
     return sup.run()

@@ -8,12 +8,13 @@ writes ``DIR/result.json`` (keys sorted: two runs with one seed compare byte for
 byte) and prints a summary. ``result.json``::
 
     {"requests": [{"id", "arrival_s", "prompt_tokens", "output_tokens",
-                   "first_token_s", "finish_s", "preemptions"}, ...],
+                   "first_token_s", "finish_s", "preemptions", "refused_s"}, ...],
      "steps": [{...the fields of the live step ring, tuned.core.ring.StepSample}],
      "decisions": [{...one entry per controller decision, as /decisions shows them}],
      "summary": {...}, "hardware": {...}, "config": {...}, "workload": {...},
      "failed": [ids of requests refused because they need more KV blocks than the
                 cache holds],
+     "refused": [ids of requests refused at the wait bound (``max_wait_s``)],
      "events": [{"kind": "gpu_pressure", "start_s", "end_s", "used_fraction"}, ...]}
                 (only with --events)
 
@@ -125,7 +126,8 @@ def result_json(res, workload, summary: dict) -> str:
     config = {k: v for k, v in res.config.items() if k not in config_mod.SECRET_FIELDS}
     doc = {"requests": res.request_rows(), "steps": [s._asdict() for s in res.steps],
            "decisions": res.decisions, "summary": summary, "hardware": res.hardware,
-           "config": config, "workload": workload.describe(), "failed": res.failed}
+           "config": config, "workload": workload.describe(), "failed": res.failed,
+           "refused": res.refused}
     if res.events:
         doc["events"] = res.events
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str) + "\n"
@@ -140,7 +142,7 @@ def run_summary(res, slo=None) -> dict[str, Any]:
     s.update(steps=len(res.steps), decisions=len(res.decisions),
              mean_cap=sum(caps) / len(caps) if caps else None,
              final_cap=res.decisions[-1]["cap"] if res.decisions else None,
-             simulated_s=res.duration_s)
+             simulated_s=res.duration_s, refused=len(res.refused))
     return s
 
 
@@ -165,7 +167,7 @@ def cmd_simulate(args) -> int:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)
         return 2
     try:
-        wl = parse_workload(args.workload, args.seed, max_model_len=cfg.max_model_len)
+        wl = parse_workload(args.workload, args.seed, max_model_len=cfg.effective_max_model_len)
     except (ValueError, WorkloadError) as e:
         print(f"tuned simulate: {clip_text(str(e), 4 * CLIP_CHARS)}", file=sys.stderr)
         return 2
@@ -204,7 +206,7 @@ def cmd_simulate(args) -> int:
         return 2
     print(f"simulated {len(res.requests)} requests on {hw.name} in {wall:.1f}s wall "
           f"({len(res.steps) / wall:,.0f} steps/s): {res.duration_s:.1f}s simulated")
-    for key in ("completed", "failed", "request_throughput_rps", "output_tok_s",
+    for key in ("completed", "failed", "refused", "request_throughput_rps", "output_tok_s",
                 "ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "preemptions",
                 "mean_cap", "final_cap"):
         v = summary.get(key)

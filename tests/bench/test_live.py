@@ -270,7 +270,7 @@ def test_a_server_that_dies_at_start_names_the_contender_and_shows_its_log(tmp_p
 
 def test_an_unknown_kind_is_refused(tmp_path):
     wl = parse_workload("poisson:rate=4,prompt=8,output=4,n=2", seed=0)
-    with pytest.raises(ValueError, match="kind must be one of static, peer, tuned"):
+    with pytest.raises(ValueError, match="kind must be one of static, peer, tuned, ablation"):
         run_live(Contender("x", "fixed", Config()), wl, model_path="/m", log_dir=tmp_path)
 
 
@@ -371,3 +371,14 @@ def test_decisions_are_polled_deduplicated_by_seq_and_a_gap_asks_for_more():
     assert sorted(c.decisions) == [1, 2, 3, 4, 5] + list(range(30, 46))
     assert c.decisions[2]["run_s"] == pytest.approx(2.0)
     assert c.cap_timeline == [(0.0, 5), (0.5, 6), (0.5, 7)]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_429_or_503_is_a_refusal_timed_when_it_came_back(status):
+    srv = FakeServer(FakeClock(100.0), [], [], status=status)
+    srv.clock.now = 100.75        # the answer comes back 0.75 s into the run
+    r, _ = srv.send(RequestSpec("r1", 0.5, 8, 4, 4), [1] * 8)
+    assert not r.failed and r.refused
+    assert r.refused_s == pytest.approx(0.75) and r.first_response_s == pytest.approx(0.25)
+    assert r.error == f"refused: HTTP {status}"
+    assert r.first_token_s is None and r.finish_s is None

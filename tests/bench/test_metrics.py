@@ -255,3 +255,87 @@ def test_host_drift_tool_at_the_profiles_speed_is_the_bench(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1
     assert bad.stderr.strip() == "--slow: a comma-separated list of numbers, got 'fast'"
+
+
+# --- refusals and time to first response -----------------------------------------------------
+
+def refusal_timeline():
+    """r1 served (TTFT 0.5), r2 served late (TTFT 25 s), r3 refused 0.25 s after it
+    arrived, r4 failed, r5 unfinished. First responses: 0.5, 25, 0.25."""
+    return [RequestResult("r1", 0.0, 10, 2, 0.5, 1.0, [0.5, 1.0]),
+            RequestResult("r2", 1.0, 10, 2, 26.0, 26.5, [26.0, 26.5]),
+            RequestResult("r3", 2.0, 10, 2, None, None, refused_s=2.25),
+            RequestResult("r4", 3.0, 10, 0, None, 3.5, failed=True, error="HTTP 500"),
+            RequestResult("r5", 4.0, 10, 2, None, None)]
+
+
+def test_refused_requests_are_counted_and_never_good():
+    rs = refusal_timeline()
+    assert (rs[2].refused, rs[2].completed, rs[2].first_response_s) == (True, False, 0.25)
+    assert not Slo().is_good(rs[2])
+    # a refused request is refused even if a server sent a token first
+    odd = RequestResult("x", 0.0, 1, 1, 0.1, 0.2, refused_s=0.3)
+    assert not odd.completed and not Slo().is_good(odd)
+    s = summarize(rs, Slo(ttft_s=2.0))
+    assert {k: s[k] for k in ("submitted", "completed", "failed", "refused", "unfinished",
+                              "good")} == {"submitted": 5, "completed": 2, "failed": 1,
+                                           "refused": 1, "unfinished": 1, "good": 1}
+    assert s["attainment"] == pytest.approx(1 / 5)
+
+
+def test_first_response_and_the_longest_wait_by_hand():
+    s = summarize(refusal_timeline(), Slo(ttft_s=2.0, tpot_s=1.0))
+    # first responses [0.25, 0.5, 25]: p50 0.5, p90 at index 1.8 = 0.5 + 0.8 * 24.5
+    assert {k: s[k] for k in ("first_response_mean_s", "first_response_p50_s",
+                              "first_response_p90_s", "first_response_p99_s",
+                              "max_wait_s")} == pytest.approx(
+        {"first_response_mean_s": 25.75 / 3, "first_response_p50_s": 0.5,
+         "first_response_p90_s": 20.1, "first_response_p99_s": 24.51, "max_wait_s": 25.0})
+    # r2 waited 25 s > 10 x 2 s
+    assert s["waits_over_10x_ttft"] == 1
+    assert summarize(refusal_timeline(), Slo(ttft_s=3.0))["waits_over_10x_ttft"] == 0
+    assert summarize(refusal_timeline(), Slo(tpot_s=1.0))["waits_over_10x_ttft"] is None
+    # the run lasts until the last answer, a refusal included
+    late_refusal = refusal_timeline()[:3] + [RequestResult("r6", 5.0, 1, 1, None, None,
+                                                           refused_s=40.0)]
+    assert summarize(late_refusal, Slo())["duration_s"] == 40.0
+
+
+def test_requests_csv_marks_refusals():
+    import csv
+    import io
+
+    from tuned.bench.metrics import request_rows
+
+    rows = {r["request_id"]: r for r in request_rows(refusal_timeline(), Slo(ttft_s=2.0))}
+    assert (rows["r3"]["refused"], rows["r3"]["first_response_s"], rows["r3"]["good"]) == \
+        ("1", "0.250000", 0)
+    assert (rows["r1"]["refused"], rows["r1"]["first_response_s"]) == ("0", "0.500000")
+    assert rows["r5"]["first_response_s"] == ""
+    buf = io.StringIO()
+    csv.DictWriter(buf, fieldnames=REQUEST_COLUMNS).writerows(rows.values())
+
+
+def test_sim_results_carry_the_simulators_refusals():
+    """A simulated request the queue refused (``refused_s`` on the simulator's request)
+    is a refusal in the bench's results; a simulator without the attribute refuses
+    nothing."""
+    from types import SimpleNamespace
+
+    from tuned.bench.runner import results_from_sim
+
+    def req(rid, **kw):
+        d = dict(request_id=rid, arrival_time=1.0, num_prompt_tokens=8, num_output_tokens=2,
+                 first_token_s=None, finish_s=None, token_times=None, preemptions=0,
+                 recomputed_tokens=0)
+        d.update(kw)
+        return SimpleNamespace(**d)
+
+    res = SimpleNamespace(failed=[], requests=[
+        req("a", refused_s=1.5),
+        req("b", first_token_s=1.2, finish_s=1.4, token_times=[1.2, 1.4])])
+    a, b = results_from_sim(res)
+    assert (a.refused, a.refused_s, a.first_response_s, a.completed) == (True, 1.5, 0.5, False)
+    assert (b.refused, b.completed) == (False, True)
+    s = summarize([a, b], Slo(ttft_s=1.0))
+    assert (s["refused"], s["good"], s["unfinished"]) == (1, 1, 0)

@@ -35,16 +35,20 @@ def _folder(tmp_path: Path, *, provenance: bool = True) -> Path:
     rep = {"engine": "sim", "hardware": "a100-llama2-7b", "workload": "phase-shift:n=4",
            "slo": "ttft=2,tpot=0.05", "seed": 0, "runs": runs,
            "best_static": {"by_goodput": "vllm-default"},
+           "best_cap": {"by_goodput": "vllm-default"},
+           "findings": ["The batch cap never moved (it stayed at 256)."],
            "capacity": {"vllm-default": 2.0, "tuned": 3.0},
            "ratios": {"goodput_vs_best_static": 1.5, "goodput_vs_vllm-default": 1.5,
+                      "goodput_vs_best_cap": 1.5,
                       "capacity_vs_best_static": 1.5}}
     if provenance:
         rep.update({"command": "tuned bench --engine sim --out rep", "date": "2026-01-02T03:04:05Z",
                     "host": {"cpu_model": "Test CPU", "cpu_cores": 2}})
     (folder / "report.json").write_text(json.dumps(rep))
     (folder / "logs" / "tuned.requests.csv").write_text(
-        "request_id,arrival_s,ttft_s,good\n"
-        "r0,0.0,0.250000,1\nr1,0.5,1.500000,1\nr2,1.0,,0\nr3,1.5,0.100000,1\n")
+        "request_id,arrival_s,ttft_s,good,refused\n"
+        "r0,0.0,0.250000,1,0\nr1,0.5,1.500000,1,0\nr2,1.0,,0,0\nr3,1.5,0.100000,1,0\n"
+        "r4,2.0,,0,1\n")
     return folder
 
 
@@ -53,6 +57,7 @@ def test_results_page_rows(results, tmp_path):
     assert results.main([str(_folder(tmp_path)), "--out", str(out)]) == 0
     lines = out.read_text().splitlines()
     assert ("| sim | a100-llama2-7b | `phase-shift:n=4` | 1.50x (vllm-default) | 1.50x "
+            "(vllm-default) | 1.50x "
             "| 900.0 ms / 2.50 s | 1.50x | `tuned bench --engine sim --out rep` |") in lines
     assert "- command: `tuned bench --engine sim --out rep`" in lines
     assert "- host: Test CPU, 2 cores" in lines
@@ -61,7 +66,8 @@ def test_results_page_rows(results, tmp_path):
     assert ("| vllm-default | static | 0.5 | 0.5 | 120 | 2.50 s | 80.0 ms | - | 4/4 | 2 |"
             in lines)
     assert ("| tuned | tuned | 0.75 | 0.75 | 118 | 900.0 ms | 45.0 ms "
-            "| 1.50 s (+1 never served) | 3/4 | 3 |") in lines
+            "| 1.50 s (+1 refused) (+1 never served) | 3/4 | 3 |") in lines
+    assert "- The batch cap never moved (it stayed at 256)." in lines
 
 
 def test_results_page_without_provenance(results, tmp_path):

@@ -5,11 +5,17 @@
     tuned bench --paper {multibin,mcsf,pang,saber,bucketserve} --out DIR [--quick]
 
 Runs every contender of :func:`tuned.bench.runner.contenders` on the same arrivals
-(same seed), computes vLLM-benchmark metrics per run, the best static cap in
-hindsight per metric, tuned's ratios to it, to vLLM's default and to each peer,
-and (on the simulator, by default) each contender's capacity: the highest arrival
-rate with at least 90% SLA attainment (DistServe), by bisection over the rate of
-the workload's first 10 minutes. Writes DIR/report.{json,csv,md} and PNG plots.
+(same seed): vLLM's default, static (cap, token budget) pairs (``--caps`` x
+``--budgets``), the peers, tuned and its ablations. Computes vLLM-benchmark metrics
+per run, the best static pair in hindsight per metric and the best cap at vLLM's
+default budget, tuned's ratios to both, to vLLM's default and to each peer, which
+ablation produced tuned's gain, any tail regression against the best pair, and (on
+the simulator, by default) each contender's capacity: the highest arrival rate with
+at least 90% SLA attainment (DistServe), by bisection over the rate of the
+workload's first 10 minutes. ``--repeats N`` runs each contender N times (on the
+simulator with seeds seed, seed+1, ...: the same arrivals give the same result
+there) and reports the mean, on which the best pair is settled. Writes
+DIR/report.{json,csv,md} and PNG plots.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ _JOB: dict[str, Any] = {}
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "bench", help="tuned against static caps and peers' rules, side by side",
-        description=__doc__.split("\n\n")[0] + " Runs tuned, vLLM's default cap, a sweep "
-        "of static caps, TensorRT-LLM's and SGLang's rules on the same arrivals.")
+        "bench", help="tuned against static (cap, token budget) pairs and peers' rules, "
+        "side by side",
+        description=__doc__.split("\n\n")[0] + " Runs tuned, its ablations, vLLM's "
+        "default, a sweep of static (cap, token budget) pairs, TensorRT-LLM's and SGLang's "
+        "rules on the same arrivals.")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     hw = p.add_mutually_exclusive_group()
     hw.add_argument("--hardware", help="sim: a100-llama2-7b, h100-llama2-7b, "
@@ -55,6 +63,12 @@ def register(subparsers) -> None:
                    "and ttft set tbt_sla_s and ttft_sla_s unless the file sets them")
     p.add_argument("--contenders", help="comma-separated run names to keep (default: all)")
     p.add_argument("--caps", help="comma-separated static caps (default: the sweep)")
+    p.add_argument("--budgets", help="comma-separated token budgets paired with each static "
+                   "cap (default: sim 512,1024,2048,4096,8192, --quick 512,2048,8192; vllm "
+                   "128,256,512,2048, --quick 256,2048); vLLM's default budget is always added")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each contender, averaged (default %(default)s; on the "
+                   "simulator repeat k uses seed + k)")
     p.add_argument("--capacity", choices=("auto", "on", "off"), default="auto",
                    help="search each contender's capacity (auto: on for sim)")
     p.add_argument("--jobs", type=int, default=0,
@@ -106,6 +120,8 @@ def cmd_bench(args) -> int:
     log_mod.configure("warning")
     if args.jobs < 0:
         return _fail(f"--jobs: must be >= 0 (0 = the CPU count), got {args.jobs}")
+    if not 1 <= args.repeats <= 100:
+        return _fail(f"--repeats: must be in [1, 100], got {args.repeats}")
     problem = _out_dir(args.out)
     if problem:
         return _fail(problem)
@@ -164,25 +180,41 @@ def cmd_bench(args) -> int:
     from tuned.bench import runner
 
     try:
+        caps = _int_list("--caps", args.caps)
+        budgets = _int_list("--budgets", args.budgets) or runner.sweep_budgets(
+            "cpu" if args.engine == "vllm" else "gpu", engine["max_num_batched_tokens"],
+            quick=args.quick)
         field = runner.contenders(
             base, default_seqs=engine["max_num_seqs"],
             default_tokens=engine["max_num_batched_tokens"],
             quick=args.quick or args.engine == "vllm",
-            caps=([int(c) for c in args.caps.split(",")] if args.caps
-                  else ([4, 8, 16] if args.quick else [2, 4, 8, 16, 32])
-                  if args.engine == "vllm" else None),
-            # a real engine run costs minutes: --quick keeps the static sweep and tuned
+            caps=caps or (([4, 8, 16] if args.quick else [2, 4, 8, 16, 32])
+                          if args.engine == "vllm" else None),
+            budgets=budgets,
+            # a real engine run costs minutes: --quick keeps the pair sweep and tuned
             peers=not (args.engine == "vllm" and args.quick),
+            ablate=not (args.engine == "vllm" and args.quick),
             only=args.contenders.split(",") if args.contenders else None)
     except ValueError as e:
         return _fail(str(e))
+    if args.repeats > 1 and args.engine == "sim":
+        try:
+            wls = [wl] + [parse_workload(args.workload, args.seed + k,
+                                         max_model_len=base.max_model_len)
+                          for k in range(1, args.repeats)]
+        except (WorkloadError, ValueError) as e:
+            return _fail(clip_text(str(e), 4 * CLIP_CHARS))
+    else:
+        wls = [wl] * args.repeats
     capacity = args.capacity == "on" or (args.capacity == "auto" and args.engine == "sim")
     t0 = time.monotonic()
+    print(f"tuned bench: {len(field)} contenders x {args.repeats} repeat(s): "
+          + ", ".join(c.name for c in field), file=sys.stderr, flush=True)
     if args.engine == "sim":
-        runs, timelines, cap, probes = _bench_sim(hw, field, wl, slo, capacity, args)
+        runs, timelines, cap, probes = _bench_sim(hw, field, wls, slo, capacity, args)
     else:
-        runs, timelines, cap, probes = _bench_live(field, wl, slo, args)
-    report = _report(args, hardware_name, wl, slo, runs, cap, field)
+        runs, timelines, cap, probes = _bench_live(field, wls, slo, args)
+    report = _report(args, hardware_name, wl, slo, runs, cap, engine["max_num_batched_tokens"])
     from tuned.bench import report as report_mod
 
     out = Path(args.out)
@@ -194,44 +226,66 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _int_list(flag: str, text: str | None) -> list[int] | None:
+    """``--caps`` / ``--budgets``: comma-separated whole numbers, or None when absent."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated whole numbers, got "
+                         f"{clip_text(text)!r}") from None
+
+
 def command_argv(args) -> list[str]:
     """The options this run was given, as the arguments that repeat it (``--jobs`` is
     left out: it changes how fast a run goes, not what it reports)."""
     argv = ["bench"]
     for key, value in vars(args).items():
-        if key in ("func", "command", "jobs") or value is None or value is False:
+        if key in ("func", "command", "jobs") or value is None or value is False \
+                or (key == "repeats" and value == 1):
             continue
         flag = "--" + key.replace("_", "-")
         argv += [flag] if value is True else [flag, str(value)]
     return argv
 
 
-def _report(args, hardware, wl, slo, runs, capacity, field) -> dict[str, Any]:
+def _report(args, hardware, wl, slo, runs, capacity, default_budget: int) -> dict[str, Any]:
     from tuned.bench import report as report_mod
 
     best = report_mod.best_static(runs, capacity)
+    best_cap = report_mod.best_static(runs, capacity, budget=default_budget)
     rep = {"engine": args.engine, "hardware": hardware, "workload": wl.spec,
            "workload_info": wl.describe(), "slo": str(slo),
            "slo_parsed": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2el_s": slo.e2el_s},
-           "seed": args.seed, "runs": runs, "best_static": best}
+           "seed": args.seed, "repeats": args.repeats, "default_budget": default_budget,
+           "runs": runs, "best_static": best, "best_cap": best_cap}
     rep.update(report_mod.provenance(command_argv(args)))
     if capacity:
         rep["capacity"] = capacity
-    rep["ratios"] = report_mod.ratios(runs, best, capacity)
+    rep["ratios"] = report_mod.ratios(runs, best, capacity, best_cap=best_cap)
+    rep["attribution"] = report_mod.attribution(runs)
+    rep["findings"] = report_mod.findings(rep)
     return rep
 
 
 # ---------------------------------------------------------------- simulator
 
-def _sim_one(i: int) -> tuple[dict, dict]:
-    from tuned.bench.metrics import summarize, write_requests_csv
+def _requests_csv(name: str, k: int) -> str:
+    """The per-request log of repeat ``k`` (the first keeps the plain name)."""
+    return f"{name}.requests.csv" if k == 0 else f"{name}.r{k}.requests.csv"
 
+
+def _sim_one(j: int) -> tuple[dict, dict]:
+    from tuned.bench.metrics import summarize, write_requests_csv
+    from tuned.bench.report import cap_figures
+
+    i, k = divmod(j, len(_JOB["wls"]))
     c = _JOB["field"][i]
-    out = _JOB["bench"].run(c, _JOB["wl"].requests)
+    out = _JOB["bench"].run(c, _JOB["wls"][k].requests)
     s = summarize(out.results, _JOB["slo"])
-    write_requests_csv(_JOB["log_dir"] / f"{c.name}.requests.csv", out.results, _JOB["slo"])
-    caps = [cap for _, cap in out.cap_timeline]
-    s["mean_cap"] = sum(caps) / len(caps) if caps else None
+    write_requests_csv(_JOB["log_dir"] / _requests_csv(c.name, k), out.results, _JOB["slo"])
+    s.update(cap_figures(out.cap_timeline))
     return s, {"cap": out.cap_timeline, "tbt": out.tbt_timeline}
 
 
@@ -271,9 +325,9 @@ class _Progress:
         self.bar.close()
 
 
-def _pool_map(fn, items, jobs: int, desc: str):
+def _pool_map(fn, items, jobs: int, desc: str, names: list[str] | None = None):
     prog = _Progress(len(items), desc)
-    names = [c.name for c in _JOB["field"]]
+    names = names or [c.name for c in _JOB["field"]]
     out: dict[int, Any] = {}
     if jobs <= 1:
         for i in items:
@@ -298,25 +352,30 @@ class _indexed:
         return i, self.fn(i)
 
 
-def _bench_sim(hw, field, wl, slo, capacity: bool, args):
+def _bench_sim(hw, field, wls, slo, capacity: bool, args):
     from tuned.bench import report as report_mod
+    from tuned.bench.metrics import mean_summary
     from tuned.bench.runner import SimBench
 
     jobs = args.jobs or os.cpu_count() or 1
     log_dir = Path(args.out) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    _JOB.update(field=field, bench=SimBench(hw), wl=wl, slo=slo, quick=args.quick,
+    wl = wls[0]
+    _JOB.update(field=field, bench=SimBench(hw), wls=wls, slo=slo, quick=args.quick,
                 log_dir=log_dir)
-    idx = list(range(len(field)))
-    outs = _pool_map(_sim_one, idx, jobs, "runs")
-    runs = [report_mod.run_row(c, s) for c, (s, _) in zip(field, outs)]
-    timelines = {c.name: t for c, (_, t) in zip(field, outs)}
+    reps = len(wls)
+    names = [c.name if reps == 1 else f"{c.name} #{k + 1}" for c in field for k in range(reps)]
+    outs = _pool_map(_sim_one, list(range(len(field) * reps)), jobs, "runs", names)
+    runs = [report_mod.run_row(c, mean_summary([s for s, _ in outs[i * reps:(i + 1) * reps]]))
+            for i, c in enumerate(field)]
+    timelines = {c.name: outs[i * reps][1] for i, c in enumerate(field)}
     cap: dict[str, float] = {}
     probes: dict[str, list] = {}
     if capacity:
         head = wl.head(CAPACITY_HEAD_S) if (wl.describe().get("duration_s") or 0) > CAPACITY_HEAD_S else wl
         base_rate = head.describe().get("rate_rps") or 1.0
         _JOB.update(cap_wl=head, base_rate=base_rate)
+        idx = list(range(len(field)))
         res = _pool_map(_sim_capacity, idx, jobs, "capacity")
         for c, r in zip(field, res):
             cap[c.name] = r["capacity_rps"]
@@ -326,10 +385,10 @@ def _bench_sim(hw, field, wl, slo, capacity: bool, args):
 
 # ---------------------------------------------------------------- real engine
 
-def _bench_live(field, wl, slo, args):
+def _bench_live(field, wls, slo, args):
     from tuned.bench import report as report_mod
     from tuned.bench.live import run_live
-    from tuned.bench.metrics import summarize, write_requests_csv
+    from tuned.bench.metrics import mean_summary, summarize, write_requests_csv
     from tuned.bench.runner import itl_timeline
     from tuned.demo_model import resolve_model
     from tuned.serve import DEFAULT_MODEL_CACHE
@@ -339,16 +398,22 @@ def _bench_live(field, wl, slo, args):
     log_dir.mkdir(parents=True, exist_ok=True)
     runs, timelines = [], {}
     _JOB["field"] = field
-    prog = _Progress(len(field), "runs")
-    for c in field:
-        live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed)
-        s = summarize(live.results, slo)
-        caps = [cap for _, cap in live.cap_timeline]
-        s["mean_cap"] = sum(caps) / len(caps) if caps else None
-        runs.append(report_mod.run_row(c, s))
-        timelines[c.name] = {"cap": live.cap_timeline, "tbt": itl_timeline(live.results)}
-        (log_dir / f"{c.name}.decisions.json").write_text(json.dumps(live.decisions))
-        write_requests_csv(log_dir / f"{c.name}.requests.csv", live.results, slo)
-        prog.update(c.name)
+    prog = _Progress(len(field) * len(wls), "runs")
+    # repeat by repeat, so that a host's drift over the bench reaches every contender
+    per: dict[str, list[dict]] = {c.name: [] for c in field}
+    for k, wl in enumerate(wls):
+        for c in field:
+            live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed)
+            s = summarize(live.results, slo)
+            s.update(report_mod.cap_figures(live.cap_timeline))
+            per[c.name].append(s)
+            if k == 0:
+                timelines[c.name] = {"cap": live.cap_timeline,
+                                     "tbt": itl_timeline(live.results)}
+            stem = c.name if k == 0 else f"{c.name}.r{k}"
+            (log_dir / f"{stem}.decisions.json").write_text(json.dumps(live.decisions))
+            write_requests_csv(log_dir / _requests_csv(c.name, k), live.results, slo)
+            prog.update(c.name if len(wls) == 1 else f"{c.name} #{k + 1}")
     prog.close()
+    runs = [report_mod.run_row(c, mean_summary(per[c.name])) for c in field]
     return runs, timelines, {}, {}

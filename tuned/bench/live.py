@@ -43,8 +43,10 @@ How each request is timed (all times in seconds since the run start, on
   and the client closes the stream after ``output_tokens`` tokens, which aborts the
   request in vLLM -- as an EOS would end it; the engine may have computed a token
   or two more by the time the abort lands.
-- A request that raises, or ends with a different number of tokens than asked
-  for, is ``failed`` with its error; the run goes on.
+- A request answered HTTP 429 or 503 is *refused* (``refused_s``: when the answer
+  came back), not failed: the clean refusal of an overloaded server. Any other
+  request that raises, or ends with a different number of tokens than asked for,
+  is ``failed`` with its error; the run goes on.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ from tuned.workloads import RequestSpec, Workload
 __all__ = ["Contender", "LiveRun", "LiveServer", "LiveStartError", "run_live", "config_to_toml",
            "drive_open_loop", "KINDS"]
 
-KINDS = ("static", "peer", "tuned")
+KINDS = ("static", "peer", "tuned", "ablation")
+#: HTTP statuses that mean "refused, retry elsewhere": too many requests, unavailable
+REFUSAL_STATUSES = (429, 503)
 POLL_INTERVAL_S = 0.5
 REQUEST_TIMEOUT_S = 3600.0
 # `tuned serve` gives vLLM 60 s to stop before it kills it; give the supervisor
@@ -345,8 +349,14 @@ class _Client:
                                   f"asked for {spec.output_tokens}")
             res.first_token_s, res.finish_s = times[0], times[-1]
         except Exception as e:  # any failure: record it, the run goes on
-            res.failed = True
-            res.error = f"{type(e).__name__}: {e}"
+            status = getattr(e, "status_code", None)
+            if status in REFUSAL_STATUSES:
+                # an overloaded server's clean answer: refused, not failed
+                res.refused_s = self.now()
+                res.error = f"refused: HTTP {status}"
+            else:
+                res.failed = True
+                res.error = f"{type(e).__name__}: {e}"
             res.output_tokens = res.output_tokens or seen
             res.first_token_s = res.finish_s = None
         return res

@@ -6,7 +6,10 @@ Per request (times in seconds, all on one clock, latencies from ``arrival_s``):
 
 - TTFT = first_token_s − arrival_s; E2EL = finish_s − arrival_s;
 - TPOT = (E2EL − TTFT) / (output_tokens − 1), undefined for one output token;
-- ITL = differences of successive token times.
+- ITL = differences of successive token times;
+- first response = the first token or the refusal (``refused_s``: the server
+  answered HTTP 429/503, or the simulator refused it) − arrival_s. A refused
+  request is neither completed nor good.
 
 Over a run of ``duration_s`` seconds: request goodput = good requests / duration,
 where a request is good when it completed and every given SLO holds (value ≤ SLO);
@@ -48,8 +51,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["RequestResult", "Slo", "summarize", "capacity_search", "CapacityResult",
-           "PERCENTILES"]
+__all__ = ["RequestResult", "Slo", "summarize", "mean_summary", "capacity_search",
+           "CapacityResult", "PERCENTILES"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -71,10 +74,21 @@ class RequestResult:
     recomputed_tokens: int = 0
     failed: bool = False
     error: str | None = None
+    refused_s: float | None = None     # when the server refused it (HTTP 429/503)
+
+    @property
+    def refused(self) -> bool:
+        return self.refused_s is not None
 
     @property
     def completed(self) -> bool:
-        return not self.failed and self.finish_s is not None
+        return not self.failed and not self.refused and self.finish_s is not None
+
+    @property
+    def first_response_s(self) -> float | None:
+        """Time to first response: the first token or the refusal, from arrival."""
+        t = self.refused_s if self.refused else self.first_token_s
+        return None if t is None else t - self.arrival_s
 
     @property
     def ttft_s(self) -> float | None:
@@ -177,19 +191,24 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
               duration_s: float | None = None) -> dict:
     """A flat, JSON-serialisable summary of a run.
 
-    Keys: submitted, completed, failed, unfinished, good, duration_s, goodput_rps,
-    attainment, request_throughput_rps, output_tok_s, total_tok_s, total_input_tokens,
-    total_output_tokens, ``{ttft,tpot,itl,e2el}_{mean,std,p50,p90,p99}_s``,
-    preemptions, recomputed_tokens, slo. Rates are None when the duration is 0.
-    ``duration_s`` defaults to last finish − first arrival.
+    Keys: submitted, completed, failed, refused, unfinished, good, duration_s,
+    goodput_rps, attainment, request_throughput_rps, output_tok_s, total_tok_s,
+    total_input_tokens, total_output_tokens,
+    ``{ttft,tpot,itl,e2el,first_response}_{mean,std,p50,p90,p99}_s``, max_wait_s (the
+    longest TTFT of a completed request), waits_over_10x_ttft (completed requests
+    whose TTFT exceeds 10x the TTFT SLO; None without one), preemptions,
+    recomputed_tokens, slo. Rates are None when the duration is 0. ``duration_s``
+    defaults to the last finish or refusal − first arrival.
     """
     if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be a number > 0, got {duration_s!r}")
     done = [r for r in results if r.completed]
     failed = sum(1 for r in results if r.failed)
+    refused = sum(1 for r in results if r.refused and not r.failed)
     good = sum(1 for r in results if slo.is_good(r))
     if duration_s is None:
-        finishes = [r.finish_s for r in results if r.finish_s is not None]
+        finishes = [r.refused_s if r.refused else r.finish_s for r in results
+                    if r.finish_s is not None or r.refused]
         duration_s = (max(finishes) - min(r.arrival_s for r in results)) if finishes else 0.0
 
     def per_s(x: float) -> float | None:
@@ -199,7 +218,8 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
     tout = sum(r.output_tokens for r in done)
     out: dict = {
         "submitted": len(results), "completed": len(done), "failed": failed,
-        "unfinished": len(results) - len(done) - failed, "good": good,
+        "refused": refused, "unfinished": len(results) - len(done) - failed - refused,
+        "good": good,
         "duration_s": duration_s, "goodput_rps": per_s(good),
         "attainment": good / len(results) if results else None,
         "request_throughput_rps": per_s(len(done)),
@@ -210,19 +230,51 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
     out.update(_stats("tpot", [r.tpot_s for r in done if r.tpot_s is not None]))
     out.update(_stats("itl", [x for r in done for x in r.itls_s]))
     out.update(_stats("e2el", [r.e2e_s for r in done]))
+    out.update(_stats("first_response", [x for r in results if not r.failed
+                                         for x in [r.first_response_s] if x is not None]))
+    waits = [r.ttft_s for r in done if r.ttft_s is not None]
+    out["max_wait_s"] = max(waits) if waits else None
+    out["waits_over_10x_ttft"] = (sum(1 for w in waits if w > 10 * slo.ttft_s)
+                                  if slo.ttft_s is not None else None)
     out["preemptions"] = sum(r.preemptions for r in results)
     out["recomputed_tokens"] = sum(r.recomputed_tokens for r in results)
     out["slo"] = str(slo)
     return out
 
 
+def mean_summary(summaries: Sequence[dict]) -> dict:
+    """Repeats of one contender as one summary: every number is the mean over the
+    repeats (counts and percentiles too; a key None in any repeat stays None), with
+    ``repeats`` and ``goodput_rps_runs`` (each repeat's goodput). One summary is
+    returned as it is."""
+    if len(summaries) == 1:
+        return summaries[0]
+    if not summaries:
+        raise ValueError("mean_summary: no summaries")
+    out: dict = {}
+    for k, v in summaries[0].items():
+        vals = [s.get(k) for s in summaries]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and \
+                all(isinstance(x, (int, float)) for x in vals):
+            out[k] = float(np.mean(vals))
+        elif isinstance(v, (int, float)) or v is None:
+            out[k] = None if any(x is None for x in vals) else v
+        else:
+            out[k] = v
+    out["repeats"] = len(summaries)
+    out["goodput_rps_runs"] = [s.get("goodput_rps") for s in summaries]
+    return out
+
+
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s",
-                   "tpot_s", "e2el_s", "preemptions", "met_ttft", "met_tpot", "good", "error")
+                   "tpot_s", "e2el_s", "preemptions", "met_ttft", "met_tpot", "good",
+                   "refused", "first_response_s", "error")
 
 
 def request_rows(results: Sequence[RequestResult], slo: Slo) -> list[dict]:
-    """One row per request (``REQUEST_COLUMNS``): its latencies and which SLO it met,
-    arrival relative to the first arrival; what ``requests.csv`` holds, to see which
+    """One row per request (``REQUEST_COLUMNS``): its latencies, which SLO it met,
+    whether it was refused and its time to first response, arrival relative to the
+    first arrival; what ``requests.csv`` holds, to see which
     requests a run missed and by what. ``met_*`` is empty where that SLO is not set,
     or the value does not exist (unfinished; TPOT of a one-token request)."""
     t0 = min((r.arrival_s for r in results), default=0.0)
@@ -243,7 +295,8 @@ def request_rows(results: Sequence[RequestResult], slo: Slo) -> list[dict]:
                      "ttft_s": num(r.ttft_s), "tpot_s": num(tpot), "e2el_s": num(r.e2e_s),
                      "preemptions": r.preemptions, "met_ttft": met(slo.ttft_s, r.ttft_s),
                      "met_tpot": met(slo.tpot_s, tpot), "good": int(slo.is_good(r)),
-                     "error": r.error or ""})
+                     "refused": "1" if r.refused else "0",
+                     "first_response_s": num(r.first_response_s), "error": r.error or ""})
     return rows
 
 

@@ -3,14 +3,23 @@
 Every figure is computed here from the runs' per-request results; nothing is
 pasted in. ``report.json`` follows the schema of the benchmark issue::
 
-    {"engine", "hardware", "workload", "slo", "seed", "command", "date",
-     "host": {"cpu_model", "cpu_cores"}, "tuned_version",
-     "runs": [{"name", "kind", "cap" (static only), "submitted", "completed", "failed",
-               "goodput_rps", "attainment", "output_tok_s", "ttft_p50_s", "ttft_p99_s",
-               "tpot_p50_s", "tpot_p99_s", "preemptions", ...more summary keys}],
-     "best_static": {"by_goodput": name, "by_attainment": name, "by_output_tok_s": name,
-                     "by_capacity": name},
-     "capacity": {name: rps}, "ratios": {...}}
+    {"engine", "hardware", "workload", "slo", "seed", "repeats", "command", "date",
+     "host": {"cpu_model", "cpu_cores"}, "tuned_version", "default_budget",
+     "runs": [{"name", "kind", "cap", "budget" (static and ablation runs), "submitted",
+               "completed", "failed", "refused", "goodput_rps", "attainment",
+               "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+               "first_response_p50_s", "first_response_p99_s", "max_wait_s",
+               "preemptions", ...more summary keys}],
+     "best_static": {"by_goodput": name, "by_attainment": name, "by_throughput": name,
+                     "by_capacity": name},          # the best (cap, budget) pair
+     "best_cap": {...the same keys...},              # the best cap at the default budget
+     "capacity": {name: rps}, "ratios": {...},
+     "attribution": {"baseline", "gain_rps", "shares": {ablation: share}, "closest"},
+     "findings": [sentence, ...]}
+
+``findings`` are the sentences of ``report.md``'s "What produced the gain": which
+ablation the gain came from, any tail regression against the best pair, and
+whether the batch cap moved.
 """
 
 from __future__ import annotations
@@ -24,15 +33,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-RUN_KEYS = ("name", "kind", "cap", "submitted", "completed", "failed", "goodput_rps",
-            "attainment", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
-            "tpot_p99_s", "preemptions")
+RUN_KEYS = ("name", "kind", "cap", "budget", "submitted", "completed", "failed", "refused",
+            "goodput_rps", "attainment", "output_tok_s", "ttft_p50_s", "ttft_p99_s",
+            "tpot_p50_s", "tpot_p99_s", "first_response_p50_s", "first_response_p99_s",
+            "max_wait_s", "preemptions")
 EXTRA_KEYS = ("request_throughput_rps", "total_tok_s", "ttft_mean_s", "ttft_p90_s",
               "tpot_mean_s", "tpot_p90_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
-              "e2el_p50_s", "e2el_p90_s", "e2el_p99_s", "recomputed_tokens", "duration_s",
-              "mean_cap")
+              "e2el_p50_s", "e2el_p90_s", "e2el_p99_s", "first_response_mean_s",
+              "first_response_p90_s", "waits_over_10x_ttft", "recomputed_tokens",
+              "duration_s", "mean_cap", "cap_moves", "cap_min", "cap_max", "repeats",
+              "goodput_rps_runs")
 #: metrics where more is better: label -> summary key
 BEST_BY = {"goodput": "goodput_rps", "attainment": "attainment", "throughput": "output_tok_s"}
+#: tail metrics checked against the best pair: label -> (key, more is better)
+TAIL = {"TTFT p99": ("ttft_p99_s", False), "TPOT p99": ("tpot_p99_s", False),
+        "throughput": ("output_tok_s", True)}
+#: a tail figure within this fraction of the best pair's is level, not a regression
+TAIL_TOLERANCE = 0.05
 
 
 def provenance(argv: Sequence[str], *, cpuinfo: str | Path = "/proc/cpuinfo",
@@ -52,28 +69,53 @@ def provenance(argv: Sequence[str], *, cpuinfo: str | Path = "/proc/cpuinfo",
 
 def run_row(contender, summary: dict[str, Any]) -> dict[str, Any]:
     row = {"name": contender.name, "kind": contender.kind}
-    if contender.kind == "static":
+    if contender.cap is not None:
         row["cap"] = contender.cap
-    for k in RUN_KEYS[3:] + EXTRA_KEYS:
+    if getattr(contender, "budget", None) is not None:
+        row["budget"] = contender.budget
+    for k in RUN_KEYS[4:] + EXTRA_KEYS:
         if k in summary:
             row[k] = summary[k]
     return row
+
+
+def cap_figures(timeline: Sequence[tuple[float, int]]) -> dict[str, Any]:
+    """How a run's applied cap moved: ``mean_cap`` (over the timeline's entries),
+    ``cap_moves`` (changes of value), ``cap_min``, ``cap_max``; empty without a
+    timeline."""
+    caps = [c for _, c in timeline]
+    if not caps:
+        return {"mean_cap": None}
+    return {"mean_cap": sum(caps) / len(caps),
+            "cap_moves": sum(1 for a, b in zip(caps, caps[1:]) if a != b),
+            "cap_min": min(caps), "cap_max": max(caps)}
 
 
 def _num(x) -> float:
     return x if isinstance(x, (int, float)) and x is not None and math.isfinite(x) else -math.inf
 
 
-def best_static(runs: list[dict], capacity: dict[str, float] | None) -> dict[str, str]:
-    # vLLM's default is a static cap too: an operator could keep it
-    statics = [r for r in runs if r["kind"] == "static"]
+def _low(x) -> float:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else math.inf
+
+
+def best_static(runs: list[dict], capacity: dict[str, float] | None,
+                budget: int | None = None) -> dict[str, str]:
+    """The best static pair in hindsight per metric (:data:`BEST_BY`; with
+    ``capacity``, by capacity too); ``budget``: among the static caps at that token
+    budget only (the best cap at vLLM's default budget). Ties go to the lower TTFT
+    p99, then to the run listed first (the smaller cap, then the smaller budget)."""
+    # vLLM's default is a static pair too: an operator could keep it
+    statics = [(i, r) for i, r in enumerate(runs) if r["kind"] == "static"
+               and (budget is None or r.get("budget") == budget)]
     out = {}
     for label, key in BEST_BY.items():
         if statics:
-            # max() keeps the first of equals: ties go to the smaller cap
-            out[f"by_{label}"] = max(statics, key=lambda r: _num(r.get(key)))["name"]
+            out[f"by_{label}"] = min(statics, key=lambda ir: (-_num(ir[1].get(key)),
+                                                              _low(ir[1].get("ttft_p99_s")),
+                                                              ir[0]))[1]["name"]
     if capacity and statics:
-        named = [r["name"] for r in statics if r["name"] in capacity]
+        named = [r["name"] for _, r in statics if r["name"] in capacity]
         if named:
             out["by_capacity"] = max(named, key=lambda n: capacity[n])
     return out
@@ -88,36 +130,171 @@ def _ratio(a, b) -> float | None:
 
 
 def ratios(runs: list[dict], best: dict[str, str], capacity: dict[str, float] | None,
-           subject: str = "tuned") -> dict[str, Any]:
-    """``subject``'s ratio to the best static (per metric), to vLLM's default and to
-    each peer, for goodput, attainment, throughput and capacity."""
+           subject: str = "tuned", best_cap: dict[str, str] | None = None) -> dict[str, Any]:
+    """``subject``'s ratio to the best static pair (``best_static``), to the best cap
+    at vLLM's default budget (``best_cap``), to vLLM's default and to each peer, per
+    metric, for goodput, attainment, throughput and capacity."""
     by = {r["name"]: r for r in runs}
     me = by.get(subject)
     if me is None:
         return {}
     out: dict[str, Any] = {}
-    metrics = BEST_BY
-    others = {"best_static": None, "vllm-default": "vllm-default"}
+    picks = {"best_static": best, "best_cap": best_cap or {}}
+    others = {"best_static": None, "best_cap": None, "vllm-default": "vllm-default"}
     others.update({r["name"]: r["name"] for r in runs if r["kind"] == "peer"})
-    for label, key in metrics.items():
+    for label, key in BEST_BY.items():
         for other, name in others.items():
-            if other == "best_static":
-                name = best.get(f"by_{label}")
+            if other in picks:
+                name = picks[other].get(f"by_{label}")
             if name is None or name not in by:
                 continue
             out[f"{label}_vs_{other}"] = _ratio(me.get(key), by[name].get(key))
     if capacity and subject in capacity:
         for other, name in others.items():
-            if other == "best_static":
-                name = best.get("by_capacity")
+            if other in picks:
+                name = picks[other].get("by_capacity")
             if name is not None and name in capacity:
                 out[f"capacity_vs_{other}"] = _ratio(capacity[subject], capacity[name])
     return out
 
 
+def attribution(runs: list[dict], subject: str = "tuned") -> dict[str, Any]:
+    """Which ablation produced ``subject``'s goodput gain: the gain over the static
+    pair the ablations hold fixed (the static run with their cap and budget, else
+    ``vllm-default``), each ablation's share of it (its own gain over that pair /
+    ``subject``'s), and the ablation closest to ``subject``'s goodput. Empty
+    without ablations."""
+    by = {r["name"]: r for r in runs}
+    abl = [r for r in runs if r["kind"] == "ablation"]
+    me = by.get(subject)
+    if not abl or me is None:
+        return {}
+    pair = (abl[0].get("cap"), abl[0].get("budget"))
+    base = next((r for r in runs if r["kind"] == "static"
+                 and (r.get("cap"), r.get("budget")) == pair), by.get("vllm-default"))
+    if base is None:
+        return {}
+    g0 = _num(base.get("goodput_rps"))
+    gain = _num(me.get("goodput_rps")) - g0
+    out: dict[str, Any] = {"baseline": base["name"], "gain_rps": gain}
+    if gain > 0:
+        out["shares"] = {r["name"]: (_num(r.get("goodput_rps")) - g0) / gain for r in abl}
+    out["closest"] = min(abl, key=lambda r: abs(_num(me.get("goodput_rps"))
+                                                - _num(r.get("goodput_rps"))))["name"]
+    return out
+
+
+def tail(runs: list[dict], best: str | None, subject: str = "tuned") -> dict[str, float]:
+    """``subject``'s tail figures (:data:`TAIL`) over the best pair's: label -> ratio."""
+    by = {r["name"]: r for r in runs}
+    if best not in by or subject not in by:
+        return {}
+    out = {}
+    for label, (key, _) in TAIL.items():
+        r = _ratio(by[subject].get(key), by[best].get(key))
+        if r is not None:
+            out[label] = r
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
+    """The report's sentences: which ablation produced the gain (and each one's
+    share), any tail regression against the best pair (TTFT p99, TPOT p99,
+    throughput worse by more than :data:`TAIL_TOLERANCE`), the longest wait and how
+    many completed requests waited past 10x the TTFT target (and how many were
+    refused), and whether the batch cap moved at all."""
+    from tuned.bench.runner import LEVERS
+
+    runs = report["runs"]
+    by = {r["name"]: r for r in runs}
+    me = by.get(subject)
+    if me is None:
+        return []
+    words = []
+    att = attribution(runs, subject)
+    if att:
+        base = by[att["baseline"]]
+        if att.get("shares"):
+            shares = att["shares"]
+            close = att["closest"]
+            rest = sorted((n for n in shares if n != close), key=lambda n: -shares[n])
+            words.append(f"{subject}'s goodput gain over {att['baseline']} "
+                         f"(+{att['gain_rps']:.3g} req/s) is best matched by {close} "
+                         f"({LEVERS.get(close, close)}), {_pct(shares[close])} of it"
+                         + "".join(f"; {n} {_pct(shares[n])}" if i == 0 else
+                                   f", {n} {_pct(shares[n])}" for i, n in enumerate(rest))
+                         + _together(sum(shares.values())) + ".")
+        else:
+            words.append(f"{subject}'s goodput is not above {att['baseline']}'s "
+                         f"({_fmt(me.get('goodput_rps'))} vs "
+                         f"{_fmt(base.get('goodput_rps'))} req/s): there is no gain to "
+                         "attribute.")
+    best = (report.get("best_static") or {}).get("by_goodput")
+    tl = tail(runs, best, subject)
+    if tl:
+        bad = []
+        for label, (_, more_better) in TAIL.items():
+            r = tl.get(label)
+            if r is None:
+                continue
+            if (r < 1 - TAIL_TOLERANCE) if more_better else (r > 1 + TAIL_TOLERANCE):
+                bad.append(f"{subject}'s {label} is {_fmt_ratio(r)} the best pair's")
+        if bad:
+            words.append(f"Tail regression against the best pair ({best}): "
+                         + "; ".join(bad) + ".")
+        else:
+            words.append(f"No tail regression against the best pair ({best}): {subject}'s "
+                         f"TTFT p99, TPOT p99 and throughput are within "
+                         f"{_pct(TAIL_TOLERANCE)} of it or better.")
+    if me.get("waits_over_10x_ttft") is not None:
+        ttft = (report.get("slo_parsed") or {}).get("ttft_s")
+        bound = f" ({_fmt(10 * ttft, '_s')})" if ttft else ""
+        pair = by.get(best) if best else None
+        vs = f" (the best pair's {_fmt(pair.get('max_wait_s'), '_s')})" if pair else ""
+        words.append(f"{subject}'s longest wait for a first token was "
+                     f"{_fmt(me.get('max_wait_s'), '_s')}{vs}; "
+                     f"{_fmt(me['waits_over_10x_ttft'])} completed requests waited more than "
+                     f"10x the TTFT target{bound}; {_fmt(me.get('refused'))} were refused.")
+    if me.get("cap_moves") == 0:
+        why = ""
+        if att.get("shares"):
+            levers = [n for n in att["shares"] if n != "tuned-cap-only"]
+            if levers:
+                top = min(levers, key=lambda n: abs(_num(me.get("goodput_rps"))
+                                                   - _num(by[n].get("goodput_rps"))))
+                why = f"; the gain came from {LEVERS.get(top, top)} ({top})"
+        words.append(f"The batch cap never moved (it stayed at {_fmt(me.get('cap_max'))})"
+                     f"{why}.")
+    elif me.get("cap_moves"):
+        per_run = " per run on average" if (me.get("repeats") or 1) > 1 else ""
+        words.append(f"The batch cap moved {_fmt(me['cap_moves'])} times{per_run}, between "
+                     f"{_fmt(me.get('cap_min'))} and {_fmt(me.get('cap_max'))}.")
+    return words
+
+
+def _together(total: float) -> str:
+    """What the ablations' shares add up to, where that is not about all of it."""
+    if abs(total - 1) <= TAIL_TOLERANCE:
+        return ""
+    if total < 1:
+        return (f" (alone they add up to {_pct(total)}: the rest comes from the levers "
+                "together)")
+    return f" (alone they add up to {_pct(total)}: the levers overlap)"
+
+
+def _fmt_ratio(x: float) -> str:
+    return f"{x:.2f}x" if math.isfinite(x) else "inf x"
+
+
 def _fmt(v: Any, key: str = "") -> str:
     if v is None:
         return "-"
+    if isinstance(v, float) and v.is_integer() and not key and abs(v) < 1000:
+        return str(int(v))               # a count (a mean of equal counts over repeats)
     if isinstance(v, float):
         if not math.isfinite(v):
             return "inf" if v > 0 else "-"
@@ -130,13 +307,26 @@ def _fmt(v: Any, key: str = "") -> str:
 def markdown(report: dict[str, Any]) -> str:
     runs = report["runs"]
     cap = report.get("capacity") or {}
+
+    def picks(key: str) -> str:
+        return ", ".join(f"{k.removeprefix('by_')} {v}"
+                         for k, v in (report.get(key) or {}).items()) or "-"
+
     lines = [f"# tuned bench: {report['engine']} / {report['hardware']}", "",
              f"- workload: `{report['workload']}` (seed {report['seed']})",
              f"- SLO: {report['slo']}",
-             f"- best static in hindsight: " + ", ".join(
-                 f"{k.removeprefix('by_')} {v}" for k, v in report["best_static"].items()), ""]
+             f"- best static pair (cap, token budget) in hindsight: {picks('best_static')}"]
+    if report.get("best_cap"):
+        lines.append(f"- best cap at vLLM's default token budget: {picks('best_cap')}")
+    if (report.get("repeats") or 1) > 1:
+        lines.append(f"- every figure is the mean of {report['repeats']} repeats")
+    lines.append("")
+    words = findings(report)
+    if words:
+        lines += ["## What produced the gain", ""] + [f"- {w}" for w in words] + [""]
     head = ["run", "kind", "goodput req/s", "attainment", "out tok/s", "TTFT p50", "TTFT p99",
-            "TPOT p50", "TPOT p99", "preempt", "done/sent"]
+            "TPOT p50", "TPOT p99", "1st resp p99", "max wait", "refused", "preempt",
+            "done/sent"]
     if cap:
         head.append("capacity req/s")
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -144,8 +334,10 @@ def markdown(report: dict[str, Any]) -> str:
         cells = [r["name"], r["kind"], _fmt(r.get("goodput_rps")), _fmt(r.get("attainment")),
                  _fmt(r.get("output_tok_s")), _fmt(r.get("ttft_p50_s"), "_s"),
                  _fmt(r.get("ttft_p99_s"), "_s"), _fmt(r.get("tpot_p50_s"), "_s"),
-                 _fmt(r.get("tpot_p99_s"), "_s"), str(r.get("preemptions", "-")),
-                 f"{r.get('completed')}/{r.get('submitted')}"]
+                 _fmt(r.get("tpot_p99_s"), "_s"), _fmt(r.get("first_response_p99_s"), "_s"),
+                 _fmt(r.get("max_wait_s"), "_s"), _fmt(r.get("refused")),
+                 _fmt(r.get("preemptions")), f"{_fmt(r.get('completed'))}/"
+                 f"{_fmt(r.get('submitted'))}"]
         if cap:
             cells.append(_fmt(cap.get(r["name"])))
         lines.append("| " + " | ".join(cells) + " |")

@@ -1,22 +1,27 @@
 """Running contenders: one workload, one seed, many configurations, side by side.
 
-A :class:`Contender` is a name, a kind (``static``, ``peer``, ``tuned``) and the
-:class:`~tuned.config.Config` its engine runs. :func:`contenders` builds the
-standard field from a base config:
+A :class:`Contender` is a name, a kind (``static``, ``peer``, ``tuned``,
+``ablation``) and the :class:`~tuned.config.Config` its engine runs.
+:func:`contenders` builds the standard field from a base config:
 
 * ``vllm-default``: vLLM's own ``max_num_seqs`` / ``max_num_batched_tokens`` for the
   engine kind (:data:`tuned.sim.hardware.VLLM_DEFAULTS`);
-* ``static-<cap>``: the sweep, powers of two and their midpoints up to the ceiling
-  (``--quick``: powers of two), each with vLLM's default token budget; the best of
-  them in hindsight is picked per metric by the report;
+* static (cap, token budget) pairs, what an operator tuning by hand (or vLLM's
+  ``auto_tune``) sets: caps from :func:`sweep_caps` (powers of two and their
+  midpoints up to the ceiling; ``--quick``: powers of two) times token budgets
+  from :func:`sweep_budgets`, named ``static-<cap>`` at vLLM's default budget and
+  ``static-<cap>@<budget>`` at another; the best pair in hindsight is picked per
+  metric by the report, and so is the best cap at the default budget;
 * ``trtllm``: TensorRT-LLM's dynamic batch-size tuner as the batch policy;
 * ``sglang``: SGLang's new_token_ratio admission as the queue policy, cap at the ceiling;
 * ``tuned`` (memory and SLA bounds, token budget against the SLA, and with a TTFT
-  SLO the fcfs queue serving requests that can still make it before late ones),
-  ``tuned-fifo`` (the same without that demotion: plain FCFS order),
-  ``tuned-memory``, ``tuned-sla``, ``tuned-paper`` (Algorithm 2 as published),
-  ``tuned-noguard`` (without the per-request TPOT admission guard) and
-  ``tuned-<queue policy>`` for mcsf, multibin, bucket, saber.
+  SLO the fcfs queue serving requests that can still make it before late ones);
+* the ablations (:data:`ABLATIONS`, kind ``ablation``), each one of tuned's levers
+  alone against the static pair it holds fixed: ``tuned-cap-only``,
+  ``tuned-budget-only``, ``tuned-queue-only``, ``tuned-guard-only``
+  (:func:`ablations`), so that the report can say which lever produced a gain;
+* without ``--quick``: ``tuned-memory``, ``tuned-sla``, ``tuned-paper`` (Algorithm 2
+  as published) and ``tuned-<queue policy>`` for mcsf, multibin, bucket, saber.
 
 Engines: :class:`SimBench` runs a contender on the simulator; the real-engine one is
 :mod:`tuned.bench.live`. Both return a :class:`RunOutput`.
@@ -35,10 +40,11 @@ from tuned.config import Config
 
 @dataclass(frozen=True)
 class Contender:
-    name: str               # "vllm-default", "static-8", "trtllm", "sglang", "tuned", ...
-    kind: str               # "static" | "peer" | "tuned"
+    name: str               # "vllm-default", "static-8", "static-8@512", "tuned", ...
+    kind: str               # "static" | "peer" | "tuned" | "ablation"
     config: Config          # what the engine runs
-    cap: int | None = None  # static only
+    cap: int | None = None  # static: its cap; ablation: the cap it holds fixed
+    budget: int | None = None  # static: its token budget; ablation: the fixed one
 
 
 @dataclass
@@ -61,7 +67,9 @@ def results_from_sim(res) -> list[RequestResult]:
                           r.preemptions, r.recomputed_tokens,
                           failed=r.request_id in failed,
                           error="needs more KV blocks than the cache holds"
-                          if r.request_id in failed else None)
+                          if r.request_id in failed else None,
+                          # set by a simulator whose queue refuses requests
+                          refused_s=getattr(r, "refused_s", None))
             for r in res.requests]
 
 
@@ -79,6 +87,26 @@ def sweep_caps(ceiling: int, quick: bool = False) -> list[int]:
     return sorted(caps)
 
 
+#: token budgets swept per engine kind (vLLM's default budget is always added):
+#: ``gpu`` for the simulator's GPUs, ``cpu`` for vLLM's CPU engine
+BUDGETS = {"gpu": (512, 1024, 2048, 4096, 8192), "cpu": (128, 256, 512, 2048)}
+QUICK_BUDGETS = {"gpu": (512, 2048, 8192), "cpu": (256, 2048)}
+
+#: the ablations, in the order reports list them: each runs one of tuned's levers
+#: alone against the static pair (ceiling, base budget) in vLLM's FCFS order
+ABLATIONS = ("tuned-cap-only", "tuned-budget-only", "tuned-queue-only", "tuned-guard-only")
+#: what each ablation moves, in the report's words
+LEVERS = {"tuned-cap-only": "the batch cap", "tuned-budget-only": "the token budget",
+          "tuned-queue-only": "the queue order", "tuned-guard-only": "the admission guard"}
+
+
+def sweep_budgets(kind: str, default_tokens: int, quick: bool = False) -> list[int]:
+    """The token budgets of the pair sweep for an engine ``kind`` (``gpu`` or
+    ``cpu``), vLLM's ``default_tokens`` included; ``quick``: three (two on a CPU)."""
+    grid = (QUICK_BUDGETS if quick else BUDGETS)[kind]
+    return sorted(set(grid) | {default_tokens})
+
+
 def _with(cfg: Config, **changes: Any) -> Config:
     d = cfg.to_dict()
     src = d.pop("source_path", "")
@@ -86,33 +114,58 @@ def _with(cfg: Config, **changes: Any) -> Config:
     return config_mod.validate(d, source=src)
 
 
+def static_name(cap: int, budget: int, default_tokens: int) -> str:
+    """``static-C`` at vLLM's default token budget, ``static-C@B`` at another."""
+    return f"static-{cap}" if budget == default_tokens else f"static-{cap}@{budget}"
+
+
 def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: bool = False,
-               caps: Sequence[int] | None = None, peers: bool = True,
+               caps: Sequence[int] | None = None, budgets: Sequence[int] | None = None,
+               peers: bool = True, ablate: bool = True,
                only: Sequence[str] | None = None) -> list[Contender]:
     """The standard field (see the module docstring) around ``base``, whose
     ``max_num_seqs`` is the ceiling and whose ``tbt_sla_s`` is the TPOT SLO. ``caps``
-    replaces the sweep; a sweep cap equal to vLLM's default is not run twice (the
-    ``vllm-default`` run is that static cap)."""
+    replaces the cap sweep; each cap runs at every token budget of ``budgets`` and at
+    vLLM's default budget.
+    A budget below what vLLM accepts for a cap (cap + ``min_chunk_tokens``) is
+    raised to it, and a pair reached twice runs once; vLLM's default pair runs as
+    ``vllm-default`` only. ``peers`` / ``ablate`` False leave out the peers / the
+    ablations (a real engine's ``--quick``)."""
     ceiling = base.max_num_seqs
+    hi_cap = max(ceiling, default_seqs)
     # static caps and peers run vLLM's own FCFS queue: no TTFT demotion
     static = dict(batch_policy="static", token_budget_policy="max", queue_policy="fcfs",
-                  queue_options={}, ttft_sla_s=0.0, admission_guard="off")
+                  queue_options={}, ttft_sla_s=0.0, admission_guard="off", on_max_wait="off")
+    lo_tok, hi_tok = (config_mod.FIELDS["max_num_batched_tokens"].metadata[k]
+                      for k in ("lo", "hi"))
+    for b in budgets or ():
+        if not lo_tok <= b <= hi_tok:
+            raise ValueError(f"--budgets: {b} is outside [{lo_tok}, {hi_tok}]")
     out: list[Contender] = []
 
     def static_run(name: str, cap: int, tokens: int) -> Contender:
         cfg = _with(base, max_num_seqs=cap, b_max=0, b_min=1, fallback_cap=min(base.fallback_cap, cap),
-                    max_num_batched_tokens=max(tokens, cap + base.min_chunk_tokens), **static)
-        return Contender(name, "static", cfg, cap)
+                    max_num_batched_tokens=tokens, **static)
+        return Contender(name, "static", cfg, cap, tokens)
 
-    out.append(static_run("vllm-default", default_seqs, default_tokens))
+    def vllm_budget(cap: int, tokens: int) -> int:
+        return max(tokens, cap + base.min_chunk_tokens)
+
+    out.append(static_run("vllm-default", default_seqs,
+                          vllm_budget(default_seqs, default_tokens)))
+    seen = {(default_seqs, out[0].budget)}
     for cap in (sorted(set(caps)) if caps else sweep_caps(ceiling, quick)):
-        if cap == default_seqs:
-            continue
-        if not 1 <= cap <= max(ceiling, default_seqs):
-            raise ValueError(f"--caps: {cap} is outside [1, {max(ceiling, default_seqs)}]")
-        out.append(static_run(f"static-{cap}", cap, default_tokens))
+        if not 1 <= cap <= hi_cap:
+            raise ValueError(f"--caps: {cap} is outside [1, {hi_cap}]")
+        for b in sorted(set(budgets or ()) | {default_tokens}):
+            tokens = vllm_budget(cap, b)
+            if (cap, tokens) in seen:
+                continue
+            seen.add((cap, tokens))
+            out.append(static_run(static_name(cap, tokens, default_tokens), cap, tokens))
     peer_tokens = dict(max_num_batched_tokens=max(default_tokens, ceiling + base.min_chunk_tokens),
-                       token_budget_policy="max", ttft_sla_s=0.0, admission_guard="off")
+                       token_budget_policy="max", ttft_sla_s=0.0, admission_guard="off",
+                       on_max_wait="off")
     if peers:
         out.append(Contender("trtllm", "peer", _with(base, batch_policy="trtllm",
                                                        queue_policy="fcfs", queue_options={},
@@ -121,15 +174,12 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
                                                        queue_policy="sglang",
                                                        queue_options={}, **peer_tokens)))
     out.append(Contender("tuned", "tuned", base))
-    if base.ttft_sla_s and peers:
-        # the batch-size and token-budget control alone, in vLLM's plain FCFS order
-        out.append(Contender("tuned-fifo", "tuned", _with(base, ttft_sla_s=0.0)))
+    if ablate:
+        out += ablations(base)
     if not quick:
         out.append(Contender("tuned-memory", "tuned", _with(base, batch_policy="memory")))
         out.append(Contender("tuned-sla", "tuned", _with(base, batch_policy="sla")))
         out.append(Contender("tuned-paper", "tuned", _with(base, sla_mode="paper")))
-        if base.guards_admission:
-            out.append(Contender("tuned-noguard", "tuned", _with(base, admission_guard="off")))
         for q in ("mcsf", "multibin", "bucket", "saber"):
             if q != base.queue_policy:
                 out.append(Contender(f"tuned-{q}", "tuned",
@@ -141,6 +191,33 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
             raise ValueError(f"--contenders: unknown {', '.join(missing)} "
                              f"(known: {', '.join(c.name for c in out)})")
         out = [c for c in out if c.name in only]
+    return out
+
+
+def ablations(base: Config) -> list[Contender]:
+    """tuned's levers one at a time (:data:`ABLATIONS`), each against the static pair
+    (``base.max_num_seqs``, ``base.max_num_batched_tokens``) in FCFS order without
+    the guard: the cap control alone (full budget), the token budget alone (a static
+    cap at the ceiling with tuned's token budget wrapped around it), the queue alone
+    (TTFT demotion, needs a TTFT SLO), the admission guard alone (needs a TPOT SLO;
+    its TTFT half too when a TTFT SLO is set, with the queue kept in arrival order).
+    """
+    plain = dict(queue_policy="fcfs", queue_options={}, ttft_sla_s=0.0, admission_guard="off")
+    fixed = dict(plain, batch_policy="static", token_budget_policy="max")
+    pair = (base.max_num_seqs, base.max_num_batched_tokens)
+    out = [Contender("tuned-cap-only", "ablation",
+                     _with(base, **dict(plain, token_budget_policy="max")), *pair),
+           Contender("tuned-budget-only", "ablation",
+                     _with(base, **dict(plain, batch_policy="static",
+                                        token_budget_policy="sla")), *pair)]
+    if base.ttft_sla_s:
+        out.append(Contender("tuned-queue-only", "ablation",
+                             _with(base, **dict(fixed, ttft_sla_s=base.ttft_sla_s)), *pair))
+    if base.sla_enabled or base.tbt_sla_auto:
+        out.append(Contender("tuned-guard-only", "ablation",
+                             _with(base, **dict(fixed, ttft_sla_s=base.ttft_sla_s,
+                                                queue_options={"late_after_s": 0.0},
+                                                admission_guard="tpot")), *pair))
     return out
 
 

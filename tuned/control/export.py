@@ -17,6 +17,7 @@ class MetricsExport:
     def __init__(self, metrics: Any) -> None:
         self.m = metrics
         self._queue_last: dict = {}
+        self._bound_last: dict = {}      # the wait bound's counts: the queue's, not a policy's
         self._gpu_seen = False
 
     def steps(self, new_steps: Sequence) -> None:
@@ -67,6 +68,11 @@ class MetricsExport:
             delta = snap[key] - last.get(key, 0)
             if delta > 0:
                 counter.labels(pol).inc(delta)
+        for key, counter in (("aged", m.q_aged), ("refused", m.refused.labels("max_wait"))):
+            delta = snap.get(key, 0) - self._bound_last.get(key, 0)
+            if delta > 0:
+                counter.inc(delta)
+            self._bound_last[key] = snap.get(key, 0)
         m.q_bins.set(snap["bins_in_use"])
         m.q_buckets.set(snap["buckets_in_use"])
         m.pred_mae.set(snap["prediction_mae_tokens"])

@@ -56,6 +56,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from tuned.core.admission import AdmissionGuard, prompt_tokens_left
 from tuned.core.predictor import OutputLengthPredictor, parse_request_hints
 from tuned.core.queue_policy import AdmitContext, PolicyStats, QueuePolicy, ReqInfo, Verdict
+from tuned.core.wait_bound import WaitBound
 
 _PRUNE_EVERY_STEPS = 4096
 _UNLIMITED = 1 << 62
@@ -119,8 +120,11 @@ class QueueCore(Generic[R]):
                  class_deadlines_s: Mapping[str, float] | None = None,
                  on_warning: Callable[[str, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 arrival_offset_s: float | Callable[[], float] = 0.0) -> None:
+                 arrival_offset_s: float | Callable[[], float] = 0.0,
+                 wait_bound: WaitBound | None = None) -> None:
         self.policy = policy
+        self.wait_bound = wait_bound                 # around whatever the policy orders
+        self._refused: list[R] = []                  # refused at the bound, for the engine
         self.arrival_offset_s = (arrival_offset_s if callable(arrival_offset_s)
                                  else float(arrival_offset_s))
         self.predictor = predictor if predictor is not None else OutputLengthPredictor()
@@ -170,10 +174,41 @@ class QueueCore(Generic[R]):
         self._deferred_ids.clear()
         self._head_valid = False
         self._step += 1
+        if self.wait_bound is not None:
+            self._refuse_due(ctx.now_s)
         if self.policy.refresh(self._unpinned.values(), ctx):
             self._invalidate_order()
         if self._step % _PRUNE_EVERY_STEPS == 0:
             self._prune()
+
+    def _refuse_due(self, now_s: float) -> None:
+        for rid in self.wait_bound.due(now_s):
+            req = self._waiting.get(rid)
+            if req is not None:
+                self._remove_ids({rid})
+                self._refused.append(req)
+
+    def set_wait_bound(self, spec: tuple | None) -> None:
+        """Bound every wait: ``(bound_s, refuse[, age_after_s])`` (see
+        :mod:`tuned.core.wait_bound`), or None for no bound. The waiting requests are bounded from their arrival;
+        the same spec again keeps the counts."""
+        wb = self.wait_bound
+        if spec is None:
+            self.wait_bound = None
+        elif wb is None or (wb.bound_s, wb.refuse, wb.age_after_s) != (
+                (new := WaitBound(*spec)).bound_s, new.refuse, new.age_after_s):
+            self.wait_bound = WaitBound(*spec)
+            if wb is not None:      # the counts are the queue's, monotonic
+                self.wait_bound.aged, self.wait_bound.refused = wb.aged, wb.refused
+            for rid, info in self._unpinned.items():
+                self.wait_bound.add(rid, info.arrival_s)
+        self._head_valid = False
+
+    def take_refused(self) -> list[R]:
+        """The requests refused at the wait bound since the last call, oldest first:
+        the engine finishes each at once (a clean refusal its client hears now)."""
+        out, self._refused = self._refused, []
+        return out
 
     def step_done(self, num_decode: int, preempted: int) -> None:
         """After each engine step: policies that follow the engine step by step
@@ -245,6 +280,8 @@ class QueueCore(Generic[R]):
         d = self.policy.stats.as_dict()
         d.update(policy=self.policy.name, waiting=len(self._waiting), pinned=len(self._pinned),
                  hint_warnings=self.hint_warnings, guard_holds=self.guard.holds,
+                 aged=self.wait_bound.aged if self.wait_bound is not None else 0,
+                 refused=self.wait_bound.refused if self.wait_bound is not None else 0,
                  prediction_count=errs.count,
                  prediction_mae_tokens=errs.mean_abs_error_tokens,
                  prediction_mean_error_tokens=errs.mean_error_tokens)
@@ -429,11 +466,15 @@ class QueueCore(Generic[R]):
         self._unpinned[rid] = info
         if self._live is not None:
             self._live.add(info)
+        if self.wait_bound is not None:
+            self.wait_bound.add(rid, info.arrival_s)
 
     def _drop_unpinned(self, rid: str) -> ReqInfo | None:
         info = self._unpinned.pop(rid, None)
         if info is not None and self._live is not None:
             self._live.discard(rid)
+        if self.wait_bound is not None:
+            self.wait_bound.discard(rid)
         return info
 
     def _view(self, req: R, progress: bool) -> ReqInfo:
@@ -472,6 +513,10 @@ class QueueCore(Generic[R]):
             self.last_verdict = Verdict(True, "preempted request resumes first")
             return self._head
         ctx = self._context()
+        aged = self.wait_bound.aged_head(ctx.now_s) if self.wait_bound is not None else None
+        if aged is not None:
+            return self._guarded_head(self._unpinned[aged], ctx, Verdict(
+                True, f"waited {self.wait_bound.age_after_s:g} s or more: its turn by age"))
         ordered = self._ordered(ctx)
         running, admitted = self._running_views()
         sel = self.policy.select(ordered, running, admitted, ctx)
@@ -481,13 +526,19 @@ class QueueCore(Generic[R]):
                 self.policy.on_deferred(info, sel.verdict)
         self.last_verdict = sel.verdict
         if sel.chosen is not None:
-            held = self.guard.hold_reason(sel.chosen, ctx, self._running, self._infos)
-            if held:
-                self.policy.stats.deferred += 1
-                self.policy.stats.last_reason = held
-                self.last_verdict = Verdict(False, held)
-                return None
-            self._head = self._waiting[sel.chosen.request_id]
+            return self._guarded_head(sel.chosen, ctx, sel.verdict)
+        return self._head
+
+    def _guarded_head(self, chosen: ReqInfo, ctx: AdmitContext, verdict: Verdict) -> R | None:
+        """``chosen`` as the head, unless the admission guard holds it."""
+        self.last_verdict = verdict
+        held = self.guard.hold_reason(chosen, ctx, self._running, self._infos)
+        if held:
+            self.policy.stats.deferred += 1
+            self.policy.stats.last_reason = held
+            self.last_verdict = Verdict(False, held)
+            return None
+        self._head = self._waiting[chosen.request_id]
         return self._head
 
     def _head_or_first(self) -> R | None:

@@ -77,7 +77,7 @@ class SimRequest:
     __slots__ = ("request_id", "arrival_time", "num_prompt_tokens", "max_tokens",
                  "target_output", "num_output_tokens", "num_computed_tokens", "num_blocks",
                  "priority", "extra_args", "first_token_s", "finish_s", "token_times",
-                 "preemptions", "recomputed_tokens", "preempted")
+                 "preemptions", "recomputed_tokens", "preempted", "refused_s")
 
     def __init__(self, spec: RequestSpec, record_tokens: bool) -> None:
         self.request_id = spec.request_id
@@ -99,6 +99,7 @@ class SimRequest:
         self.preemptions = 0
         self.recomputed_tokens = 0
         self.preempted = False
+        self.refused_s: float | None = None     # when refused at the wait bound
 
     @property
     def num_tokens(self) -> int:
@@ -147,13 +148,15 @@ class SimResult:
     config: dict = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     truncated: bool = False      # stopped at the horizon with requests unfinished
+    refused: list[str] = field(default_factory=list)   # refused at the wait bound
     events: list[dict] = field(default_factory=list)  # the simulated NVML's events
 
     def request_rows(self) -> list[dict]:
         return [{"id": r.request_id, "arrival_s": r.arrival_time,
                  "prompt_tokens": r.num_prompt_tokens, "output_tokens": r.num_output_tokens,
                  "first_token_s": r.first_token_s, "finish_s": r.finish_s,
-                 "preemptions": r.preemptions} for r in self.requests]
+                 "preemptions": r.preemptions, "refused_s": r.refused_s}
+                for r in self.requests]
 
 
 class SimEngine:
@@ -243,6 +246,7 @@ class SimEngine:
         if isinstance(q, QueueCore):
             q.class_deadlines_s = dict(cfg.class_deadlines_s)
             q.switch_policy(policy)
+            q.set_wait_bound(cfg.wait_bound_spec())
         else:
             new: QueueCore = QueueCore(policy, class_deadlines_s=cfg.class_deadlines_s,
                                        clock=self._clock)
@@ -252,6 +256,7 @@ class SimEngine:
                     new.add_request(r)
             for r in reversed([r for r in old if r.preempted]):
                 new.prepend_request(r)
+            new.set_wait_bound(cfg.wait_bound_spec())
             self.waiting = new
         self.queue_policy = name
 
@@ -308,6 +313,13 @@ class SimEngine:
                                              ttft_sla_s=ttft, token_budget=budget,
                                              gpu_free_tokens=qi.gpu_free_tokens),
                                 self.running)
+        for r in self.waiting.take_refused():
+            # finished at once, as the vLLM adapter finishes a refused request
+            r.refused_s = self.now
+            self.refused.append(r.request_id)
+            self._finish_queue(r, learn=False)
+            if self.give_up is not None:
+                self.bad += 1
 
     def _schedule_running(self, budget: int,
                           scheduled: list[tuple[SimRequest, int]]) -> tuple[int, int]:
@@ -501,6 +513,7 @@ class SimEngine:
                                   f"is past the simulator's bound of {self.max_sim_s:g} s of "
                                   "virtual time")
         self.failed: list[str] = []
+        self.refused: list[str] = []
         self._step_log: list[StepSample] = []
         self._knob_log: list[tuple[int, int]] = []
         self._next_tick = 0.0
@@ -549,7 +562,7 @@ class SimEngine:
                                    "waiting: the workload does not drain")
         self._ticks_until(self.now + 1e-9)
         return SimResult(reqs, self._step_log, self.decisions, self._knob_log, self.now,
-                         failed=list(self.failed),
+                         failed=list(self.failed), refused=list(self.refused),
                          truncated=self.now > self.max_sim_s or (
                              self.give_up is not None and self.bad > self.give_up[1]))
 

@@ -2,7 +2,11 @@
 
 vLLM loads it in the EngineCore process (``--scheduler-cls
 tuned.engines.vllm.TunedScheduler``, or ``LLM(scheduler_cls=...)``) and calls it
-from its busy loop. It overrides as little as it can:
+from its busy loop. Its config comes from ``tuned serve`` (embedded in
+``--additional-config``) or, on your own vLLM command line, from the file named by
+``--additional-config '{"tuned": {"config_path": FILE}}'`` or ``TUNED_CONFIG=FILE``
+(:func:`tuned.config.engine_setup`); a bad config, or engine arguments that
+contradict it (:func:`tuned.config.engine_problems`), stop the engine at start. It overrides as little as it can:
 
 * ``schedule()``: first applies the controller's latest decision to the two live
   knobs, ``max_num_active_reqs`` (the admission gate; never ``max_num_running_reqs``,
@@ -29,6 +33,7 @@ serves both.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import urllib.request
 from collections import deque
@@ -62,6 +67,38 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def engine_settings(vllm_config) -> dict[str, Any]:
+    """What this engine runs with, under tuned's config keys
+    (:func:`tuned.config.engine_problems` compares them with the config)."""
+    sc, mc = vllm_config.scheduler_config, vllm_config.model_config
+    return {"max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "max_model_len": mc.max_model_len if mc is not None else None,
+            "num_gpu_blocks": vllm_config.cache_config.num_gpu_blocks_override,
+            "model": mc.model if mc is not None else None}
+
+
+def _engine_setup(vllm_config) -> config_mod.EngineSetup:
+    """The config from ``tuned serve``'s hand-off, or the file your own vLLM command
+    line names (``--additional-config '{"tuned": {"config_path": FILE}}'`` or
+    ``TUNED_CONFIG=FILE``), validated as ``tuned serve`` validates it, then checked
+    against the engine's own arguments. A problem stops the engine at start: one line
+    per problem on stderr, then :class:`tuned.config.ConfigError`."""
+    try:
+        setup = config_mod.engine_setup(vllm_config.additional_config, os.environ)
+        cfg = setup.cfg
+        problems = (config_mod.model_problems(cfg)
+                    + config_mod.engine_problems(cfg, engine_settings(vllm_config)))
+        if problems:
+            raise config_mod.ConfigError(problems, cfg.source_path)
+    except config_mod.ConfigError as e:
+        where = f"{e.source}: " if e.source else ""
+        for problem in e.problems:
+            print(f"tuned: config refused: {where}{problem}", file=sys.stderr, flush=True)
+        raise
+    return setup
+
+
 class _TunedMixin:
     """The parts shared by the sync and async variants: a mapping of vLLM's objects
     onto the control core's contract (:mod:`tuned.core.contract`)."""
@@ -71,8 +108,8 @@ class _TunedMixin:
         import vllm
 
         check_vllm_version(vllm.__version__)
-        # the config `tuned serve` validated and shipped; never a re-read of the file
-        cfg, serving_url = config_mod.from_engine_handoff(self.vllm_config.additional_config)
+        setup = _engine_setup(self.vllm_config)
+        cfg, serving_url = setup.cfg, setup.serving_url
         log_mod.configure(cfg.log_level)
         self.steps = Ring(STEP_RING)
         self.finished = Ring(FINISHED_RING)
@@ -91,6 +128,7 @@ class _TunedMixin:
         self._sched_times: deque[float] = deque()
         self._last_update_t = 0.0
         self._tuned_errors = 0
+        self._refused_out: list = []      # refused at the wait bound, output not yet sent
         # one clock for the whole control core: vLLM's arrival stamps are wall time
         # and are moved onto it as they come (tuned.engines.vllm_queue.wall_offset_s)
         self._clock = time.monotonic
@@ -101,8 +139,7 @@ class _TunedMixin:
         serving = (lambda: _http_ok(serving_url)) if serving_url else (lambda: True)
         self.tuned = production_runtime(
             cfg, self, environ=os.environ, serving=serving, steps_json=self.steps_json,
-            reload_token_sha256=config_mod.reload_token_digest(
-                self.vllm_config.additional_config))
+            reload_token_sha256=setup.reload_token_sha256)
         self.controller = self.tuned.controller
         self.metrics = self.tuned.metrics
         self.endpoint = self.tuned.endpoint
@@ -265,6 +302,7 @@ class _TunedMixin:
 
                 qi = self.controller.slot.queue_inputs
                 begin_step(self, qi.speed_fn, qi.guard, qi.gpu_free_tokens)
+                self._tuned_refuse(self.waiting.take_refused())
         except Exception as e:
             self._tuned_guard("apply", e)
         out = super().schedule(*args, **kwargs)
@@ -279,7 +317,43 @@ class _TunedMixin:
             self._tuned_record(scheduler_output, model_runner_output)
         except Exception as e:
             self._tuned_guard("record", e)
+        if self._refused_out:
+            try:
+                self._emit_refused(result)
+            except Exception as e:
+                self._tuned_guard("refuse", e)
         return result
+
+    def _tuned_refuse(self, requests) -> None:
+        """Finish the requests the queue refused at its wait bound (``max_wait_s``), as
+        vLLM finishes an aborted one; their clients hear back with the next outputs
+        (finish reason ``abort``, no tokens)."""
+        if not requests:
+            return
+        from vllm.v1.request import RequestStatus
+
+        done = self.finish_requests([r.request_id for r in requests],
+                                    RequestStatus.FINISHED_ABORTED)
+        self._refused_out.extend(done)
+        now = self._clock()
+        log.info("requests_refused", reason="max_wait", n=len(done),
+                 longest_wait_s=round(max(now - (r.arrival_time - self._wall_offset_s())
+                                          for r in done), 3) if done else None)
+
+    def _emit_refused(self, result: dict) -> None:
+        """One final output per refused request to its client (vLLM's own shape for
+        a request it ends without tokens, as for a failed KV load)."""
+        from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+
+        for req in self._refused_out:
+            eco = result.get(req.client_index)
+            if eco is None:
+                eco = result[req.client_index] = EngineCoreOutputs()
+            eco.outputs.append(EngineCoreOutput(
+                request_id=req.request_id, new_token_ids=[],
+                finish_reason=req.get_finished_reason(), events=req.take_events(),
+                trace_headers=req.trace_headers))
+        self._refused_out.clear()
 
     def _free_request(self, request, *args, **kwargs):
         try:
@@ -342,8 +416,8 @@ def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) 
     """Keyword arguments for ``vllm.LLM`` / ``EngineArgs`` that embed tuned."""
     kw: dict[str, Any] = dict(
         model=model_path, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
-        scheduler_cls="tuned.engines.vllm.TunedScheduler",
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.effective_max_model_len, scheduler_cls="tuned.engines.vllm.TunedScheduler",
         additional_config=config_mod.engine_handoff(cfg, serving_url))
     if cfg.num_gpu_blocks:
         kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks

@@ -359,9 +359,11 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
     classes = getattr(cfg, "class_deadlines_s", None) or {}
     seed = int(getattr(cfg, "queue_seed", 0) or 0)
     q = scheduler.waiting
+    bound = cfg.wait_bound_spec() if hasattr(cfg, "wait_bound_spec") else None
     if isinstance(q, PolicyQueue):
         q.class_deadlines_s = dict(classes)
         q.switch_policy(make_policy(name, options, seed))
+        q.set_wait_bound(bound)
         q.restore()
         return q
     new = make_policy_queue(name, options, predictor, seed, class_deadlines_s=classes,
@@ -374,5 +376,6 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
             new.add_request(r)
     for r in reversed(preempted):
         new.prepend_request(r)
+    new.set_wait_bound(bound)
     scheduler.waiting = new
     return new

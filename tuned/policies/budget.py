@@ -77,6 +77,11 @@ class TokenBudget:
                                              # D_SLA - 2 eps_D (integral of the excess)
 
     @property
+    def wants_step_fit(self) -> bool:
+        """Sizing chunks for an SLA reads the controller's online step model."""
+        return self.control and self.sla_s > 0
+
+    @property
     def wants_active(self) -> bool:
         return getattr(self.inner, "wants_active", False)
 

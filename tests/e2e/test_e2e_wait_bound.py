@@ -1,0 +1,84 @@
+"""The wait bound end to end (issue 21): on the real vLLM CPU engine behind the real
+OpenAI server, a backlog that cannot all start within ``max_wait_s`` gets a prompt
+answer for every request -- served, or refused with finish reason ``abort`` and no
+tokens, never before the bound -- and tuned counts each refusal.
+
+One request runs at a time (cap 1: ``b_min = b_max = fallback_cap = 1``). The backlog
+is sized from a request timed in the test: enough requests that those at its back
+would wait four bounds, whatever this host's speed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from serve_harness import metric_values, mval, tuned_serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+BOUND_S = 3.0
+MAX_TOKENS = 48
+
+
+def config(model) -> str:
+    return (f'model = "{model}"\nmax_num_seqs = 4\nmax_num_batched_tokens = 512\n'
+            f"max_model_len = 512\nnum_gpu_blocks = 64\ninterval_s = 0.25\n"
+            f"b_min = 1\nb_max = 1\nfallback_cap = 1\nbatch_policy = \"static\"\n"
+            f"token_budget_policy = \"max\"\nadmission_guard = \"off\"\n"
+            f"ttft_sla_s = 1.0\nmax_wait_s = {BOUND_S}\non_max_wait = \"refuse\"\n"
+            f'log_level = "warning"\n')
+
+
+def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_model):
+    from openai import OpenAI
+
+    import httpx2
+
+    with tuned_serve(tmp_path, config(small_model)) as srv:
+        client = OpenAI(base_url=srv.api, api_key="none", max_retries=0, timeout=600,
+                        http_client=httpx2.Client(timeout=600, limits=httpx2.Limits(
+                            max_keepalive_connections=0)))
+        model = srv.model_id()
+
+        def complete(i: int):
+            t0 = time.monotonic()
+            r = client.completions.create(model=model, prompt=[10 + i] * 24,
+                                          max_tokens=MAX_TOKENS,
+                                          extra_body={"ignore_eos": True})
+            return time.monotonic() - t0, r.choices[0].finish_reason, r.usage.completion_tokens
+
+        # one request alone: how long one takes on this host now (the second, warm)
+        complete(0)
+        one_s, reason, tokens = complete(1)
+        assert (reason, tokens) == ("length", MAX_TOKENS)
+        n = min(max(math.ceil(4 * BOUND_S / one_s) + 2, 6), 200)
+        print(f"\none request {one_s:.2f} s alone: a backlog of {n}")
+        results: list = [None] * n
+
+        def run(i: int) -> None:
+            results[i] = complete(100 + i)
+
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        values = metric_values(srv)
+
+    assert all(r is not None for r in results), "a request got no answer"
+    served = [r for r in results if r[1] == "length"]
+    refused = [r for r in results if r[1] == "abort"]
+    print(f"served {len(served)}, refused {len(refused)}; refused after "
+          f"{min(r[0] for r in refused):.2f}-{max(r[0] for r in refused):.2f} s" if refused
+          else f"served {len(served)}, none refused")
+    assert len(served) + len(refused) == n, sorted({r[1] for r in results})
+    assert all(tokens == MAX_TOKENS for _, _, tokens in served)
+    assert refused, "a backlog four bounds deep must refuse"
+    assert all(tokens == 0 for _, _, tokens in refused)
+    # never refused before the bound (the client's clock starts before the server's)
+    assert min(r[0] for r in refused) >= BOUND_S
+    assert mval(values, "tuned_requests_refused_total", reason="max_wait") == len(refused)

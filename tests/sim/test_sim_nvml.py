@@ -117,3 +117,25 @@ def test_simulate_cli_events(tmp_path, capsys):
                "--events", "gpu_pressure=1-2", "--out", str(out)])
     assert rc == 2
     assert capsys.readouterr().err.startswith("tuned simulate: --events: 'gpu_pressure=1-2'")
+
+
+def test_bucketserve_n_max_reads_the_simulated_nvml():
+    """BucketServe's M_remain is NVML's free memory in KV tokens where NVML answers:
+    with the GPU 99.5 % used for the whole run, N_max stays within 0.9 x the free
+    device memory in tokens; without NVML it reads the (far larger) free KV."""
+    from tuned.engines.sim import SimEngine
+
+    hw = gpu_hardware("a100-llama2-7b")
+    cfg = config.validate({**hw.engine_defaults(), "queue_policy": "bucket"})
+    wl = parse_workload(SPEC, 0, max_model_len=cfg.max_model_len)
+    n_max = {}
+    for name, events in (("nvml", "gpu_pressure=0-100000@0.995"), ("none", "")):
+        kw = {"nvml": hw.nvml(parse_events(events))} if events else {}
+        eng = SimEngine(cfg, hw.step_model, block_size=hw.block_size,
+                        num_gpu_blocks=hw.num_gpu_blocks,
+                        kv_bytes_per_token=hw.kv_bytes_per_token, **kw)
+        eng.run(wl.requests)
+        n_max[name] = eng.waiting.policy.n_max
+    free_bytes = hw.gpu_memory_bytes - round(0.995 * hw.gpu_memory_bytes)
+    free_tokens = int(free_bytes // hw.kv_bytes_per_token)
+    assert 0 < n_max["nvml"] <= int(0.9 * free_tokens) < n_max["none"]

@@ -78,12 +78,14 @@ def test_ready_only_after_first_decision_and_watchdog_rate(tmp_path):
         time.sleep(1.75)
     finally:
         ctrl.stop()
+    elapsed = time.monotonic() - t0
     sock.close()
     assert sock.count("READY=1") == 1
     assert ready_at_decision == [True]
-    # WATCHDOG_USEC = 0.4 s -> ping every 0.2 s over ~2 s of ticks: about 10
+    # WATCHDOG_USEC = 0.4 s -> a ping at most every 0.2 s (half of it), and pings go
+    # on while ticks succeed (how many ticks a loaded host runs is its business)
     n = sock.count("WATCHDOG=1", since=t0)
-    assert 7 <= n <= 11, n
+    assert 3 <= n <= elapsed / 0.2 + 1, (n, elapsed)
 
 
 def test_watchdog_pings_stop_while_loop_is_stalled(tmp_path):

@@ -51,7 +51,9 @@ def test_scheduler_command_embeds_tuned_with_its_config():
                        "--max-num-batched-tokens", "512", "--max-model-len", "256",
                        "--num-gpu-blocks-override", "40",
                        "--scheduler-cls", "tuned.engines.vllm.TunedScheduler"]
-    assert cmd[i + 2:] == ["--enforce-eager", "--seed", "2"]
+    # the 429 gateway rides in the API server (tuned.engines.gateway)
+    assert cmd[i + 2:] == ["--middleware", "tuned.engines.gateway.RefuseWhenOverloaded",
+                           "--enforce-eager", "--seed", "2"]
     assert handoff == launch.engine_handoff(cfg, "http://127.0.0.1:8100/health")
 
 

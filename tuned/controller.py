@@ -99,6 +99,8 @@ class Controller:
         self._step_seq = 0
         self._fin_seq = 0
         self._fit_t = -math.inf
+        self._refused_seen = 0               # the queue's refusals at the wait bound
+        self._last_refusal_t = -math.inf
         self._failing: tuple | None = None  # ((cause, error), logged at, repeats since)
         self._step_fit = None
         self._scheduler = None
@@ -316,7 +318,9 @@ class Controller:
         final = self.slot.take_queue_switch()
         if final is not NO_SWITCH:   # the engine installed another queue policy
             self.export.queue_switched(final)
-        self.export.queue(eng.queue_snapshot())
+        snap = eng.queue_snapshot()
+        self.export.queue(snap)
+        self._note_refusals(snap, now)
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
             self.export.gpu(self.gpu)
@@ -399,6 +403,25 @@ class Controller:
 
     def decisions_json(self, limit: int = 50) -> dict:
         return decisions_view(self, limit)
+
+    def _note_refusals(self, snap: dict | None, now: float) -> None:
+        refused = (snap or {}).get("refused", 0)
+        if refused > self._refused_seen:
+            self._last_refusal_t = now
+        self._refused_seen = refused
+
+    def admission_json(self) -> dict:
+        """What ``GET /admission`` answers (:mod:`tuned.engines.gateway` reads it):
+        ``refusing`` while the queue refused a request at its wait bound within the
+        last bound (a sustained overload: a new request would wait past it too), and
+        when to retry (the aging point: by then the oldest waiting have turned over)."""
+        spec = self.cfg.wait_bound_spec()
+        if spec is None:
+            return {"refusing": False, "max_wait_s": None, "retry_after_s": None}
+        bound, refuse, age = spec
+        return {"refusing": bool(refuse and self.clock() - self._last_refusal_t < bound),
+                "max_wait_s": bound, "retry_after_s": max(1, math.ceil(age)),
+                "refused": self._refused_seen}
 
     def start(self):
         """Run ``run_once`` every ``interval_s`` on apscheduler's thread, first tick now."""

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tuned.config import Config, engine_handoff
+from tuned.netutil import connect_host
 
 #: The CPU build sizes its KV cache in GiB from this variable (a legacy override of
 #: ``--kv-cache-memory-bytes``); without it vLLM sizes the cache from the host's
@@ -64,11 +65,6 @@ Opener = Callable[..., Any]
 class EngineError(RuntimeError):
     """The engine could not be started or answered wrongly; when it comes from a
     start, the message ends with the last lines of the engine's log."""
-
-
-def connect_host(host: str) -> str:
-    """Where a client on this host reaches a server bound to ``host``."""
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 # --- command lines ---------------------------------------------------------------------------
@@ -111,13 +107,18 @@ def static_command(cfg: Config, model_path: str, *, port: int, max_num_seqs: int
                         args=_with_dtype(cfg, [*cfg.vllm_args, *extra]), python=python)
 
 
+#: the ASGI middleware that answers 429 while the queue refuses (tuned.engines.gateway)
+GATEWAY_MIDDLEWARE = "tuned.engines.gateway.RefuseWhenOverloaded"
+
+
 def _serving_url(cfg: Config) -> str:
     return f"http://{connect_host(cfg.host)}:{cfg.port}/health"
 
 
 def _with_scheduler(cfg: Config, model_path: str, additional: dict, extra: Sequence[str],
                     python: str) -> list[str]:
-    tuned_args = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional)]
+    tuned_args = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional),
+                  "--middleware", GATEWAY_MIDDLEWARE]
     return vllm_command(model_path, host=cfg.host, port=cfg.port,
                         max_num_seqs=cfg.max_num_seqs,
                         max_num_batched_tokens=cfg.max_num_batched_tokens,

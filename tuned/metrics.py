@@ -277,11 +277,12 @@ class Endpoint:
                  reload: Callable[[], dict], healthy: Callable[[], bool],
                  reload_token: str = "", reload_token_sha256: str = "", *,
                  max_handler_threads: int = MAX_HANDLER_THREADS,
-                 conn_timeout_s: float = CONN_TIMEOUT_S):
+                 conn_timeout_s: float = CONN_TIMEOUT_S,
+                 admission: Callable[[], dict] | None = None):
         self.metrics = metrics
         # Only the digest is kept: the engine receives nothing else (tuned.config).
         digest = reload_token_sha256 or (token_sha256(reload_token) if reload_token else "")
-        handler = _make_handler(metrics, decisions, steps, reload, healthy, digest)
+        handler = _make_handler(metrics, decisions, steps, reload, healthy, digest, admission)
         handler.timeout = conn_timeout_s
         self.server = _BoundedHTTPServer(
             (host, port), handler, max_threads=max_handler_threads, timeout_s=conn_timeout_s,
@@ -343,7 +344,8 @@ def reload_refusal(client_address, authorization: str | None, token: str = "", *
     return None
 
 
-def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_digest=""):
+def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_digest="",
+                  admission=None):
     class Handler(BaseHTTPRequestHandler):
         server_version = "tuned"
 
@@ -377,6 +379,9 @@ def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_diges
                     self._json(200, decisions(int(q.get("limit", ["50"])[0])))
                 elif url.path == "/steps":
                     self._json(200, steps(int(q.get("since", ["0"])[0])))
+                elif url.path == "/admission":
+                    self._json(200, admission() if admission is not None
+                               else {"refusing": False})
                 elif url.path == "/healthz":
                     ok = healthy()
                     self._json(200 if ok else 503, {"healthy": ok})
@@ -385,7 +390,7 @@ def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_diges
                 else:
                     self._json(404, {"error": f"no such path: {url.path}",
                                      "paths": ["/metrics", "/decisions", "/steps",
-                                               "/healthz", "POST /reload"]})
+                                               "/admission", "/healthz", "POST /reload"]})
             except ValueError as e:
                 self._json(400, {"error": str(e)})
 

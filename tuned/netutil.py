@@ -50,3 +50,8 @@ def free_port(host: str = "127.0.0.1", rng: random.Random | None = None,
             port = s.getsockname()[1]
         if port not in avoid:
             return port
+
+
+def connect_host(host: str) -> str:
+    """Where a client on this host reaches a server bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host

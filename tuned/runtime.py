@@ -73,6 +73,7 @@ def build_runtime(cfg: Config, engine: EngineView, *,
                                    decisions=ctrl.decisions_json,
                                    steps=steps_json or (lambda since: {"samples": []}),
                                    reload=ctrl.reload, healthy=ctrl.healthy,
+                                   admission=ctrl.admission_json,
                                    **({"reload_token_sha256": reload_token_sha256}
                                       if reload_token_sha256 else {})).start()
         except OSError as e:
@@ -82,7 +83,8 @@ def build_runtime(cfg: Config, engine: EngineView, *,
                                "/steps and POST /reload (SIGHUP, systemctl reload) are off; "
                                "the engine keeps serving under the controller. Free the port "
                                "(or set metrics_port) and restart to get them back"),
-                      off=["/metrics", "/decisions", "/steps", "/healthz", "POST /reload"])
+                      off=["/metrics", "/decisions", "/steps", "/admission", "/healthz",
+                           "POST /reload"])
     return rt
 
 

@@ -78,7 +78,7 @@ server_command = launch.scheduler_command
 additional_config = config_mod.engine_handoff
 
 
-_connect_host = launch.connect_host
+_connect_host = launch.connect_host  # one definition: tuned.netutil
 
 
 def endpoint_url(cfg: Config, rank: int = 0) -> str:

@@ -1,7 +1,9 @@
 """The wait bound end to end (issue 21): on the real vLLM CPU engine behind the real
 OpenAI server, a backlog that cannot all start within ``max_wait_s`` gets a prompt
 answer for every request -- served, or refused with finish reason ``abort`` and no
-tokens, never before the bound -- and tuned counts each refusal.
+tokens, never before the bound -- and tuned counts each refusal. While the queue is
+refusing (tuned's ``/admission``), a new request is answered 429 with
+``Retry-After`` by the gateway middleware `tuned serve` puts in the API server.
 
 One request runs at a time (cap 1: ``b_min = b_max = fallback_cap = 1``). The backlog
 is sized from a request timed in the test: enough requests that those at its back
@@ -16,7 +18,7 @@ import time
 
 import pytest
 
-from serve_harness import metric_values, mval, tuned_serve
+from serve_harness import get_json, metric_values, mval, tuned_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -45,11 +47,31 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
         model = srv.model_id()
 
         def complete(i: int):
+            import openai
+
             t0 = time.monotonic()
-            r = client.completions.create(model=model, prompt=[10 + i] * 24,
-                                          max_tokens=MAX_TOKENS,
-                                          extra_body={"ignore_eos": True})
+            try:
+                r = client.completions.create(model=model, prompt=[10 + i] * 24,
+                                              max_tokens=MAX_TOKENS,
+                                              extra_body={"ignore_eos": True})
+            except openai.RateLimitError as e:     # the gateway's 429
+                return (time.monotonic() - t0, "429",
+                        e.response.headers.get("retry-after"))
             return time.monotonic() - t0, r.choices[0].finish_reason, r.usage.completion_tokens
+
+        probes: list = []
+        stop = threading.Event()
+
+        def probe() -> None:
+            """While /admission says the queue is refusing, send a request now and then."""
+            while not stop.is_set() and len(probes) < 5:
+                try:
+                    state = get_json(f"{srv.endpoint}/admission")
+                except OSError:
+                    state = {}
+                if state.get("refusing"):
+                    probes.append(complete(1000 + len(probes)))
+                time.sleep(0.2)
 
         # one request alone: how long one takes on this host now (the second, warm)
         complete(0)
@@ -63,19 +85,29 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
             results[i] = complete(100 + i)
 
         threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+        prober = threading.Thread(target=probe, daemon=True)
         for t in threads:
             t.start()
+        prober.start()
         for t in threads:
             t.join(600)
+        stop.set()
+        prober.join(120)
         values = metric_values(srv)
 
     assert all(r is not None for r in results), "a request got no answer"
     served = [r for r in results if r[1] == "length"]
     refused = [r for r in results if r[1] == "abort"]
+    shed = [r for r in results if r[1] == "429"]       # reached the gateway while refusing
+    print(f"probes while refusing: {[(round(p[0], 2), p[1], p[2]) for p in probes]}")
+    assert probes, "the queue refused, so /admission said so"
+    assert any(p[1] == "429" for p in probes)
+    # a 429 comes with Retry-After: the aging point, 2 x ttft_sla_s
+    assert all(p[2] == "2" for p in probes + shed if p[1] == "429")
     print(f"served {len(served)}, refused {len(refused)}; refused after "
           f"{min(r[0] for r in refused):.2f}-{max(r[0] for r in refused):.2f} s" if refused
           else f"served {len(served)}, none refused")
-    assert len(served) + len(refused) == n, sorted({r[1] for r in results})
+    assert len(served) + len(refused) + len(shed) == n, sorted({r[1] for r in results})
     assert all(tokens == MAX_TOKENS for _, _, tokens in served)
     assert refused, "a backlog four bounds deep must refuse"
     assert all(tokens == 0 for _, _, tokens in refused)

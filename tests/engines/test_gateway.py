@@ -1,0 +1,114 @@
+"""The 429 gateway (tuned.engines.gateway) against a real HTTP endpoint, and the
+controller's /admission state it reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from tuned import config as config_mod
+from tuned.engines import gateway
+
+
+class _Admission(BaseHTTPRequestHandler):
+    state: dict = {}
+
+    def do_GET(self):
+        body = json.dumps(type(self).state).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    srv = HTTPServer(("127.0.0.1", 0), _Admission)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/admission"
+    srv.shutdown()
+    srv.server_close()
+
+
+def call(mw, method="POST", path="/v1/completions") -> tuple[int, dict, bytes]:
+    """One request through the middleware; the app behind it answers 200."""
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"served"})
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(msg):
+        sent.append(msg)
+
+    mw.app = app
+    asyncio.run(mw({"type": "http", "method": method, "path": path}, receive, send))
+    headers = {k.decode(): v.decode() for k, v in sent[0].get("headers", [])}
+    return sent[0]["status"], headers, sent[1]["body"]
+
+
+def test_refusing_answers_429_with_retry_after(endpoint):
+    _Admission.state = {"refusing": True, "retry_after_s": 4, "max_wait_s": 30.0}
+    mw = gateway.RefuseWhenOverloaded(None, url=endpoint)
+    status, headers, body = call(mw)
+    assert (status, headers["retry-after"]) == (429, "4")
+    assert json.loads(body)["error"]["code"] == 429
+    # chat too; a GET (models, health) and other paths always pass
+    assert call(mw, path="/v1/chat/completions")[0] == 429
+    assert call(mw, method="GET", path="/v1/models")[0] == 200
+    assert call(mw, path="/tokenize")[0] == 200
+    assert mw.refused == 2
+
+
+def test_not_refusing_or_no_endpoint_lets_requests_through(endpoint):
+    _Admission.state = {"refusing": False}
+    assert call(gateway.RefuseWhenOverloaded(None, url=endpoint))[:1] == (200,)
+    # an endpoint that does not answer: never refuse on a guess
+    dead = gateway.RefuseWhenOverloaded(None, url="http://127.0.0.1:9/admission")
+    assert call(dead)[0] == 200
+
+
+def test_admission_url_from_the_command_line_or_the_environment(tmp_path):
+    cfg = config_mod.validate({"metrics_port": 9555, "metrics_host": "0.0.0.0"})
+    argv = ["api_server", "--additional-config",
+            json.dumps(config_mod.engine_handoff(cfg, None))]
+    assert gateway.admission_url(argv, {}) == "http://127.0.0.1:9555/admission"
+    assert gateway.admission_url([], {"TUNED_ADMISSION_URL": "http://h:1/admission"}) == \
+        "http://h:1/admission"
+    f = tmp_path / "tuned.toml"
+    f.write_text("metrics_port = 9600\n")
+    assert gateway.admission_url([], {"TUNED_CONFIG": str(f)}) == \
+        "http://127.0.0.1:9600/admission"
+    assert gateway.admission_url([], {}) is None
+
+
+def test_controller_says_refusing_for_one_bound_after_a_refusal():
+    from fakes import FakeEngine
+    from tuned.controller import Controller
+    from tuned.metrics import Metrics
+
+    t = [100.0]
+    cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1})
+    ctrl = Controller(cfg, FakeEngine(), Metrics(), clock=lambda: t[0])
+    assert ctrl.admission_json() == {"refusing": False, "max_wait_s": 10.0,
+                                     "retry_after_s": 2, "refused": 0}
+    ctrl._note_refusals({"refused": 3}, t[0])
+    t[0] += 9.9
+    assert ctrl.admission_json()["refusing"] is True
+    t[0] += 0.2
+    assert ctrl.admission_json()["refusing"] is False
+    off = Controller(config_mod.validate({"ttft_sla_s": 1.0, "on_max_wait": "serve"}),
+                     FakeEngine(), Metrics(), clock=lambda: t[0])
+    off._note_refusals({"refused": 3}, t[0])
+    assert off.admission_json()["refusing"] is False

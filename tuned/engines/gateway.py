@@ -1,0 +1,107 @@
+"""Load shedding at vLLM's OpenAI server: HTTP 429 with ``Retry-After`` while tuned's
+queue is refusing at its wait bound.
+
+tuned's waiting queue refuses a request still waiting at ``max_wait_s``
+(:mod:`tuned.core.wait_bound`); vLLM then finishes it as aborted, and its client reads
+finish reason ``abort``. Under a sustained overload that is late: the request has
+waited the whole bound first. This ASGI middleware, loaded into vLLM's API server
+with ``--middleware tuned.engines.gateway.RefuseWhenOverloaded`` (`tuned serve` adds
+it), answers new completion and chat requests with 429 and ``Retry-After`` at once
+while the queue has refused one within the last bound, as an overloaded gateway does,
+so the client can retry elsewhere; the engine never sees them. It reads the state
+from tuned's endpoint (``GET /admission``), at most every :data:`POLL_S` seconds, and
+lets every request through when the endpoint does not answer (it never refuses on a
+guess).
+
+Where the endpoint is: ``TUNED_ADMISSION_URL``, else the config tuned's scheduler
+runs (vLLM's ``--additional-config`` on this process's command line, or
+``TUNED_CONFIG``: :func:`tuned.config.engine_setup`), its ``metrics_host`` and
+``metrics_port`` (rank 0's endpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import urllib.request
+from typing import Any
+
+#: how long one answer of the endpoint is used
+POLL_S = 0.5
+#: the requests it may refuse (POST only): the ones that queue in the engine
+PATHS = ("/v1/completions", "/v1/chat/completions")
+URL_ENV = "TUNED_ADMISSION_URL"
+
+
+def admission_url(argv: list[str] | None = None, environ: dict | None = None) -> str | None:
+    """tuned's ``/admission`` URL for this API server process, or None."""
+    from tuned import config as config_mod
+    from tuned.netutil import connect_host
+
+    environ = dict(os.environ if environ is None else environ)
+    if environ.get(URL_ENV):
+        return environ[URL_ENV]
+    argv = list(sys.argv if argv is None else argv)
+    additional = None
+    for i, a in enumerate(argv):
+        if a == "--additional-config" and i + 1 < len(argv):
+            additional = argv[i + 1]
+        elif a.startswith("--additional-config="):
+            additional = a.split("=", 1)[1]
+    try:
+        cfg = config_mod.engine_setup(json.loads(additional) if additional else None,
+                                      environ).cfg
+    except Exception:      # no config here: the middleware lets everything through
+        return None
+    if not cfg.metrics_port:
+        return None
+    return f"http://{connect_host(cfg.metrics_host)}:{cfg.metrics_port}/admission"
+
+
+def _fetch(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=0.25) as r:
+            return json.loads(r.read())
+    except Exception:
+        return None
+
+
+class RefuseWhenOverloaded:
+    """The ASGI middleware (see the module docstring). ``url``: tuned's
+    ``/admission`` (default: :func:`admission_url`)."""
+
+    def __init__(self, app: Any, url: str | None = None) -> None:
+        self.app = app
+        self.url = url if url is not None else admission_url()
+        self._state: dict | None = None
+        self._at = -1e18
+        self.refused = 0
+
+    async def _admission(self) -> dict | None:
+        now = time.monotonic()
+        if now - self._at >= POLL_S:
+            self._at = now
+            self._state = await asyncio.to_thread(_fetch, self.url)
+        return self._state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if (self.url and scope.get("type") == "http" and scope.get("method") == "POST"
+                and scope.get("path") in PATHS):
+            state = await self._admission()
+            if state and state.get("refusing"):
+                self.refused += 1
+                retry = max(int(state.get("retry_after_s") or 1), 1)
+                body = json.dumps({"error": {
+                    "message": f"overloaded: requests are waiting past max_wait_s "
+                               f"({state.get('max_wait_s')} s); retry in {retry} s",
+                    "type": "RateLimitError", "code": 429}}).encode()
+                await send({"type": "http.response.start", "status": 429,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"retry-after", str(retry).encode()),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

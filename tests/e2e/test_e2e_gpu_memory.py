@@ -13,7 +13,9 @@ inner policy's cap (``static``: the ceiling).
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +48,14 @@ def wait_for(what: str, fn, timeout_s: float = GIVE_UP_S):
         time.sleep(0.05)
 
 
+def set_used(state: Path, fraction: float) -> None:
+    """The device's used share, for the fake pynvml: written whole (a rename), so a
+    sample never reads a half-written file."""
+    tmp = state.with_name(state.name + ".tmp")
+    tmp.write_text(f"used={fraction}")
+    os.replace(tmp, state)
+
+
 def after(srv, t_wall: float) -> list[dict]:
     return [d for d in srv.decisions(200)["recent"] if d["t"] >= t_wall]
 
@@ -67,13 +77,19 @@ def test_cap_falls_under_gpu_memory_pressure_and_recovers(tmp_path, tiny_model):
             assert tele["gpu_free_fraction"] == pytest.approx(0.1, abs=1e-6)
 
             # another tenant: 99.5 % used
+            # the clock is read once the file is written: a test process descheduled
+            # between the two would otherwise charge its own delay to the engine; of
+            # the decisions after it, at most one tick was in flight at the write
+            set_used(state, 0.995)
             t_press = time.time()
-            state.write_text("used=0.995")
             first = wait_for("gpu_memory_pressure", lambda: [
                 d for d in after(srv, t_press) if d["reason"] == "gpu_memory_pressure"])
             seen = after(srv, t_press)
             ticks_to_fall = seen.index(first[0]) + 1
             assert ticks_to_fall <= 2, seen[:3]
+            # the fall is on the first tick that sampled the tenant's memory
+            assert all(d["inputs"].get("gpu_free_fraction") is None
+                       for d in seen[:ticks_to_fall - 1])
             fell = first[0]
             assert fell["cap"] < CEILING
             assert fell["inputs"]["gpu_free_fraction"] == pytest.approx(0.005, abs=1e-6)
@@ -90,19 +106,29 @@ def test_cap_falls_under_gpu_memory_pressure_and_recovers(tmp_path, tiny_model):
                         reason="gpu_memory_pressure") >= 1
 
             # the tenant leaves: 90 % used again
+            # read before the write: every decision of the recovery is after it; those
+            # that sampled NVML before the write are told apart by their own inputs
             t_clear = time.time()
-            state.write_text("used=0.9")
+            set_used(state, 0.9)
             wait_for("the ceiling again", lambda: [
                 d for d in after(srv, t_clear) if d["reason"] == "static"])
-            back = after(srv, t_clear)
-            # at most one tick may have sampled NVML before the write
-            if back[0]["reason"] == "gpu_memory_pressure":
-                back = back[1:]
+            seen_clear = after(srv, t_clear)
+            # ticks in flight at the write sampled NVML before it: their own inputs say
+            # so (free 0.5 %), and each of them is still a pressure decision
+            stale = [d for d in seen_clear
+                     if d["inputs"].get("gpu_free_fraction") == pytest.approx(0.005, abs=1e-6)]
+            assert all(d["reason"] == "gpu_memory_pressure" and d["cap"] == 1 for d in stale)
+            back = seen_clear[len(stale):]
+            assert seen_clear[:len(stale)] == stale, seen_clear[:6]
             end = next(i for i, d in enumerate(back) if d["reason"] == "static")
             rise = [(d["cap"], d["reason"]) for d in back[:end + 1]]
             assert rise == ([(1, "gpu_memory_hold")] * (RECOVER_TICKS - 1)
                             + [(2, "gpu_memory_hold"), (4, "gpu_memory_hold"),
-                               (CEILING, "static")])
+                               (CEILING, "static")]), [
+                (d["cap"], d["reason"], d["inputs"].get("gpu_free_fraction"))
+                for d in seen_clear[:8]]
+            assert all(d["inputs"]["gpu_free_fraction"] == pytest.approx(0.1, abs=1e-6)
+                       for d in back[:end])
             wait_for("the ceiling applied", lambda: srv.decisions(0)["applied"]["cap"] == CEILING)
         finally:
             load.stop()
@@ -110,6 +136,7 @@ def test_cap_falls_under_gpu_memory_pressure_and_recovers(tmp_path, tiny_model):
         figures = {"ticks_to_fall": ticks_to_fall, "interval_s": INTERVAL_S,
                    "caps_under_pressure": [d["cap"] for d in pressure],
                    "fall_s": round(fell["t"] - t_press, 3),
+                   "ticks_in_flight_at_clear": len(stale),
                    "caps_after_clear": [c for c, _ in rise],
                    "rise_s": round(back[end]["t"] - t_clear, 3),
                    "requests_completed": load.completed}

@@ -2,8 +2,9 @@
 
 vLLM's OpenAI server is started as docs/kubernetes.md writes it (the documented
 arguments, with the demo model's folder and this test's config file in place of the
-documented ones; then ``--host``/``--port`` and this host's ``--dtype`` and
-``--enforce-eager``, as every slow test starts its engines), not through `tuned serve`:
+documented ones, and this test's interpreter for ``python``; then ``--host``/``--port``
+and this host's ``--dtype`` and ``--enforce-eager``, as every slow test starts its
+engines), not through `tuned serve`:
 
 - with ``--additional-config '{"tuned": {"config_path": FILE}}'`` it serves requests
   while tuned steers it (tuned's ``/decisions`` answers with the file's config, the
@@ -18,6 +19,7 @@ Run under ``flock /tmp/engine.lock``: it starts two engines, one after the other
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import urllib.request
@@ -47,7 +49,10 @@ def _config(model, metrics_port: int, max_num_seqs: int = CEILING, b_max: int = 
 
 
 def _local(cmd: list[str], port: int) -> list[str]:
-    return cmd + ["--host", "127.0.0.1", "--port", str(port), *dtype_args(), "--enforce-eager"]
+    # the documented `python` is the one vLLM and tuned are installed in
+    assert cmd[0] == "python"
+    return [sys.executable, *cmd[1:], "--host", "127.0.0.1", "--port", str(port),
+            *dtype_args(), "--enforce-eager"]
 
 
 def _complete(base: str, model: str, i: int, out: list) -> None:
@@ -96,8 +101,8 @@ def test_documented_command_line_serves_with_tuned_steering(tmp_path, tiny_model
         assert [r["usage"]["completion_tokens"] for r in results] == [MAX_TOKENS] * REQUESTS, \
             launch.log_tail(log_path)
         steps = get_json(f"{endpoint}/steps?since={seq0}")["samples"]
-        assert max(s["running"] for s in steps) == B_MAX
-        assert max(s["waiting"] for s in steps) > 0
+        assert max(s["num_running"] for s in steps) == B_MAX
+        assert max(s["num_waiting"] for s in steps) > 0
         d = get_json(f"{endpoint}/decisions?limit=200")
         assert d["recent"] and all(r["cap"] <= B_MAX for r in d["recent"])
         assert d["applied"]["cap"] <= B_MAX

@@ -2,22 +2,27 @@
 
 vLLM's OpenAI server is started as docs/kubernetes.md writes it (the documented
 arguments, with the demo model's folder and this test's config file in place of the
-documented ones; then ``--host``/``--port`` and this host's ``--dtype`` and
-``--enforce-eager``, as every slow test starts its engines), not through `tuned serve`:
+documented ones, and this test's interpreter for ``python``; then ``--host``/``--port``
+and this host's ``--dtype`` and ``--enforce-eager``, as every slow test starts its
+engines), not through `tuned serve`:
 
 - with ``--additional-config '{"tuned": {"config_path": FILE}}'`` it serves requests
   while tuned steers it (tuned's ``/decisions`` answers with the file's config, the
   running count stays at the config's ``b_max`` while more wait), and ``POST /reload``
   re-reads the file;
 - with ``TUNED_CONFIG=FILE`` and a config that contradicts the engine's
-  ``--max-num-seqs``, the engine stops at start with tuned's one-line error.
+  ``--max-num-seqs``, the engine stops at start with tuned's one-line error;
+- the line ``tuned serve --print-command`` prints, run as printed, serves.
 
-Run under ``flock /tmp/engine.lock``: it starts two engines, one after the other.
+Run under ``flock /tmp/engine.lock``: it starts three engines, one after the other.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -47,7 +52,10 @@ def _config(model, metrics_port: int, max_num_seqs: int = CEILING, b_max: int = 
 
 
 def _local(cmd: list[str], port: int) -> list[str]:
-    return cmd + ["--host", "127.0.0.1", "--port", str(port), *dtype_args(), "--enforce-eager"]
+    # the documented `python` is the one vLLM and tuned are installed in
+    assert cmd[0] == "python"
+    return [sys.executable, *cmd[1:], "--host", "127.0.0.1", "--port", str(port),
+            *dtype_args(), "--enforce-eager"]
 
 
 def _complete(base: str, model: str, i: int, out: list) -> None:
@@ -96,8 +104,8 @@ def test_documented_command_line_serves_with_tuned_steering(tmp_path, tiny_model
         assert [r["usage"]["completion_tokens"] for r in results] == [MAX_TOKENS] * REQUESTS, \
             launch.log_tail(log_path)
         steps = get_json(f"{endpoint}/steps?since={seq0}")["samples"]
-        assert max(s["running"] for s in steps) == B_MAX
-        assert max(s["waiting"] for s in steps) > 0
+        assert max(s["num_running"] for s in steps) == B_MAX
+        assert max(s["num_waiting"] for s in steps) > 0
         d = get_json(f"{endpoint}/decisions?limit=200")
         assert d["recent"] and all(r["cap"] <= B_MAX for r in d["recent"])
         assert d["applied"]["cap"] <= B_MAX
@@ -131,3 +139,38 @@ def test_contradicting_config_stops_the_engine_at_start(tmp_path, tiny_model):
             f"the engine runs --max-num-seqs {CEILING}; pass --max-num-seqs 32 to vLLM or "
             f"set max_num_seqs = {CEILING} in the config")
     assert line in log.splitlines(), log[-3000:]
+
+
+def test_printed_command_runs_as_printed(tmp_path, tiny_model):
+    """`tuned serve --print-command` for a demo model: the printed line, run as is,
+    serves the demo model at its 1024-token length with tuned deciding."""
+    port = free_port()
+    mport = free_port(avoid=(port,))
+    cfg_path = tmp_path / "tuned.toml"
+    cfg_path.write_text(f'model = "demo:tiny"\nmax_num_seqs = 8\nmax_num_batched_tokens = 512\n'
+                        f"port = {port}\nmetrics_port = {mport}\n"
+                        f'vllm_args = ["--enforce-eager", "--dtype", "{dtype_args()[1]}"]\n')
+    # the demo model is built where the tests keep theirs (the fixture built it)
+    printed = subprocess.run([sys.executable, "-m", "tuned", "serve", "--print-command",
+                              str(cfg_path), "--model-cache", str(tiny_model.parent)],
+                             capture_output=True, text=True, timeout=300, check=True).stdout
+    cmd = shlex.split(printed)
+    assert cmd[0] == "env" and cmd[cmd.index("--model") + 1] == str(tiny_model)
+    log_path = tmp_path / "vllm.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    base, endpoint = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
+    try:
+        launch.wait_ready(base, proc, GIVE_UP_S, log_path)
+        launch.wait_decided(endpoint, proc, time.monotonic() + GIVE_UP_S, log_path)
+        assert launch.server_info(base)["max_model_len"] == 1024
+        d = get_json(f"{endpoint}/decisions?limit=0")
+        assert (d["config"]["source_path"], d["engine"]["ceiling"]) == (
+            str(cfg_path.resolve()), 8)
+        model = get_json(f"{base}/v1/models")["data"][0]["id"]
+        results: list = []
+        _complete(base, model, 0, results)
+        assert results[0]["usage"]["completion_tokens"] == MAX_TOKENS
+    finally:
+        launch.stop_process(proc)

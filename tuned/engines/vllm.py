@@ -6,7 +6,8 @@ from its busy loop. Its config comes from ``tuned serve`` (embedded in
 ``--additional-config``) or, on your own vLLM command line, from the file named by
 ``--additional-config '{"tuned": {"config_path": FILE}}'`` or ``TUNED_CONFIG=FILE``
 (:func:`tuned.config.engine_setup`); a bad config, or engine arguments that
-contradict it (:func:`tuned.config.engine_problems`), stop the engine at start. It overrides as little as it can:
+contradict it (:func:`tuned.config.engine_problems`), stop the engine at start.
+It overrides as little as it can:
 
 * ``schedule()``: first applies the controller's latest decision to the two live
   knobs, ``max_num_active_reqs`` (the admission gate; never ``max_num_running_reqs``,
@@ -431,7 +432,8 @@ def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) 
     kw: dict[str, Any] = dict(
         model=model_path, max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_model_len=cfg.effective_max_model_len, scheduler_cls="tuned.engines.vllm.TunedScheduler",
+        max_model_len=cfg.effective_max_model_len,
+        scheduler_cls="tuned.engines.vllm.TunedScheduler",
         additional_config=config_mod.engine_handoff(cfg, serving_url))
     if cfg.num_gpu_blocks:
         kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks

@@ -332,7 +332,7 @@ def tick_quantile(v0: dict, v1: dict, q: float = 0.99) -> dict:
         for (name, labels), val in v.items():
             lb = dict(labels)
             if name == "tuned_controller_tick_seconds_bucket":
-                out[float(lb["le"])] = val
+                out[float(lb["le"])] = out.get(float(lb["le"]), 0.0) + val   # every rank
         return out
     b0, b1 = buckets(v0), buckets(v1)
     les = sorted(b1)

@@ -149,7 +149,7 @@ def test_reload_under_load(tmp_path, tiny_model):
                        for e in after[first:]), after
             assert max(e["b_sla"] for e in after[first:]) < CEILING
             assert reloads(srv, "ok") == 1 and reloads(srv, "refused") == 0
-            assert metric_values(srv)[("tuned_tbt_sla_seconds", ())] == sla_s
+            assert mval(metric_values(srv), "tuned_tbt_sla_seconds") == sla_s
             kept_config = srv.decisions(0)["config"]
 
             # ---- 2. invalid (cross-field): refused with config.py's message, old kept

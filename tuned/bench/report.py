@@ -274,7 +274,8 @@ def findings(report: dict[str, Any], subject: str = "tuned") -> list[str]:
                      f"{why}.")
     elif me.get("cap_moves"):
         per_run = " per run on average" if (me.get("repeats") or 1) > 1 else ""
-        words.append(f"The batch cap moved {_fmt(me['cap_moves'])} times{per_run}, between "
+        times = "once" if me["cap_moves"] == 1 else f"{_fmt(me['cap_moves'])} times"
+        words.append(f"The batch cap moved {times}{per_run}, between "
                      f"{_fmt(me.get('cap_min'))} and {_fmt(me.get('cap_max'))}.")
     return words
 

@@ -124,7 +124,7 @@ def test_under_sustained_overload_every_wait_ends_by_the_bound():
     admitted, refused = run(q, arrivals, until_s=40.0)
     assert len(admitted) + len(refused) + len(q) == len(arrivals)
     assert refused, "an overload this size must refuse"
-    assert all(BOUND_S <= w < BOUND_S + STEP_S for w in refused.values())
+    assert all(BOUND_S - 1e-9 <= w < BOUND_S + STEP_S for w in refused.values())
     assert max(admitted.values()) < BOUND_S
     assert q.snapshot()["refused"] == len(refused)
 
@@ -153,3 +153,22 @@ def test_fcfs_policy_alone_is_unchanged_by_an_unset_bound():
     assert q.wait_bound is None
     admitted, refused = run(q, starving_load(), until_s=60.0)
     assert admitted["big"] > 30.0 and refused == {}
+
+
+def test_a_long_prompt_is_refused_its_prefill_early():
+    """With the step model, a request is refused once its wait plus its prefill at the
+    engine's pace (1 ms per prompt token here) reaches the bound: a 3000-token prompt
+    3 s early, so its first token would not come past the bound."""
+    q = bounded("refuse")
+    arrivals = [Req("long", 0.0, 3000)] + stream(200, per_step=2)
+    # nothing is admitted: the queue only waits
+    refused = {}
+    for k in range(120):
+        now = round(k * STEP_S, 9)
+        for r in arrivals:
+            if r.arrival_time == now:
+                q.add_request(r)
+        q.begin_step(ctx(now), [])
+        for r in q.take_refused():
+            refused.setdefault(r.request_id, now - r.arrival_time)
+    assert refused["long"] == pytest.approx(BOUND_S - 3.0)

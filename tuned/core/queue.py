@@ -175,14 +175,24 @@ class QueueCore(Generic[R]):
         self._head_valid = False
         self._step += 1
         if self.wait_bound is not None:
-            self._refuse_due(ctx.now_s)
+            self._refuse_due(ctx)
         if self.policy.refresh(self._unpinned.values(), ctx):
             self._invalidate_order()
         if self._step % _PRUNE_EVERY_STEPS == 0:
             self._prune()
 
-    def _refuse_due(self, now_s: float) -> None:
-        for rid in self.wait_bound.due(now_s):
+    def _refuse_due(self, ctx: AdmitContext) -> None:
+        """Refuse the requests whose first token cannot come within the bound: waited
+        the bound less their prefill at the engine's pace (T(b, c, kv) / c per prompt
+        token, with the step model the controller publishes; none without one)."""
+        lead = None
+        b = max(int(ctx.num_running), 0)
+        if ctx.step_model is not None and ctx.token_budget > b:
+            c = ctx.token_budget - b
+            per_token = ctx.step_model.predict_step_s(b, c, ctx.kv_resident_tokens) / c
+            infos = self._unpinned
+            lead = lambda rid: per_token * max(infos[rid].prompt_tokens, 0)  # noqa: E731
+        for rid in self.wait_bound.due(ctx.now_s, lead):
             req = self._waiting.get(rid)
             if req is not None:
                 self._remove_ids({rid})

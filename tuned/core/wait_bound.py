@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
 
 class WaitBound:
@@ -66,13 +67,17 @@ class WaitBound:
             heapq.heappop(heap)
         return None
 
-    def due(self, now_s: float) -> list[str]:
+    def due(self, now_s: float, lead_s: Callable[[str], float] | None = None) -> list[str]:
         """With ``refuse``: the waiting requests that reached the bound, oldest first;
-        they leave the set here. Without: none."""
+        they leave the set here. Without: none. ``lead_s(id)``: how long the request
+        would take to its first token if admitted now (its prefill at the engine's
+        pace): it is refused that much earlier, so that no first token comes past
+        the bound. Checked at the oldest request."""
         out: list[str] = []
         if not self.refuse:
             return out
-        while (top := self._top()) is not None and now_s - top[0] >= self.bound_s:
+        while (top := self._top()) is not None and now_s - top[0] + (
+                lead_s(top[1]) if lead_s is not None else 0.0) >= self.bound_s:
             rid = top[1]
             heapq.heappop(self._heap)
             self.discard(rid)

@@ -4,6 +4,8 @@ vLLM's own config objects (vLLM is imported only by the builders that need it)."
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import time
 from pathlib import Path
 
@@ -193,3 +195,17 @@ def req(rid, prompt=10, max_tokens=100, t=0.0, xargs=None, out=0):
     if out:
         r.append_output_token_ids([5] * out)
     return r
+
+
+@dataclass
+class QueuedReq:
+    """A waiting request as tuned's queue core reads one (the attributes of vLLM's
+    ``Request`` it uses), for queue tests that need no vLLM."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int = 16
+    num_output_tokens: int = 0
+    priority: int = 0
+    extra_args: dict = field(default_factory=dict)

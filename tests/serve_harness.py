@@ -255,3 +255,15 @@ def msum(values: dict, name: str, **labels) -> float:
     """The sum of ``name`` over every sample with ``labels`` (whatever its others)."""
     return sum(v for (n, lb), v in values.items()
                if n == name and labels.items() <= dict(lb).items())
+
+
+def wait_for(what: str, fn, timeout_s: float = 120.0, every_s: float = 0.05):
+    """Poll ``fn`` until it returns something true (returned); an assertion naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(every_s)

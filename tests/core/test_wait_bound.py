@@ -5,11 +5,11 @@ of on-time requests stops."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import pytest
 
 from tuned import config as config_mod
+from fakes import QueuedReq
 from tuned.core.queue import QueueCore
 from tuned.core.queue_policy import AdmitContext
 from tuned.core.wait_bound import WaitBound
@@ -25,15 +25,7 @@ AGE_S = 2 * TTFT_S      # the default aging point: 2 x the target
 MODEL = LinearStepModel(a=0.0, beta=0.0, gamma=0.001)
 
 
-@dataclass
-class Req:
-    request_id: str
-    arrival_time: float
-    num_prompt_tokens: int
-    max_tokens: int = 16
-    num_output_tokens: int = 0
-    priority: int = 0
-    extra_args: dict = field(default_factory=dict)
+Req = QueuedReq
 
 
 def ctx(now_s: float) -> AdmitContext:

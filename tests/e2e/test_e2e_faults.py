@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 import faults
-from serve_harness import (ROOT, Load, event_wall_s, get_json, log_events, metric_values,
+from serve_harness import (wait_for, ROOT, Load, event_wall_s, get_json, log_events, metric_values,
                            mval, start_server, stop, tuned_serve)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -56,7 +56,6 @@ NORMAL_CAP = faults.NORMAL_CAP
 assert FALLBACK_CAP != NORMAL_CAP
 #: how long a test waits for something that must happen before calling it missing
 #: (a guard against hanging, not a threshold: every bound asserted is derived below)
-GIVE_UP_S = 120.0
 
 
 def base_config(model) -> str:
@@ -103,14 +102,6 @@ def ctx(tmp_path_factory, tiny_model):
 
 
 # ------------------------------------------------------------------ helpers
-def wait_for(what: str, fn, timeout_s: float = GIVE_UP_S, every_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(every_s)
 
 
 def events_after(srv, event: str, t_wall: float, **match) -> list[dict]:

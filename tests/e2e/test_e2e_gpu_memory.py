@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import faults
-from serve_harness import Load, metric_values, mval, tuned_serve
+from serve_harness import wait_for, Load, metric_values, mval, tuned_serve
 from tuned.policies.gpu_memory import RECOVER_TICKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 INTERVAL_S = 0.25
 CEILING = 8
 #: a guard against hanging, not a threshold: every bound asserted is counted in ticks
-GIVE_UP_S = 120.0
 
 
 def config(model) -> str:
@@ -38,14 +37,6 @@ def config(model) -> str:
             'vllm_args = ["--enforce-eager"]\n')
 
 
-def wait_for(what: str, fn, timeout_s: float = GIVE_UP_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def set_used(state: Path, fraction: float) -> None:

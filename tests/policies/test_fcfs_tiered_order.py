@@ -6,12 +6,12 @@ same pops. Arrival times are drawn from a coarse grid so that ties are common.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tuned.core import queue as queue_mod
+from fakes import QueuedReq
 from tuned.core.queue import QueueCore
 from tuned.curves.online import LinearStepModel
 from tuned.policies.fcfs import FCFSPolicy, TieredOrder
@@ -86,15 +86,7 @@ def test_tiered_order_equals_the_full_sort(script):
     assert len(live) == len(members)
 
 
-@dataclass
-class Req:
-    request_id: str
-    arrival_time: float
-    num_prompt_tokens: int
-    max_tokens: int = 16
-    num_output_tokens: int = 0
-    priority: int = 0
-    extra_args: dict = field(default_factory=dict)
+Req = QueuedReq
 
 
 queue_ops = st.lists(st.one_of(

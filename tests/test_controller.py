@@ -140,6 +140,8 @@ def test_valid_reload_changes_sla_and_decisions(tmp_path):
     write(tmp_path, BASE + "tbt_sla_s = 0.020\neps_d_s = 0.002\n")
     res = ctrl.reload()
     assert res["outcome"] == "ok" and res["changed"] == ["tbt_sla_s"]
+    for _ in range(5):   # steps within the TBT window however long the reload took
+        eng.add_step(0.040, 8)
     d = ctrl.run_once()
     # TBT 40 ms > 22 ms: high = max(8, 1 + 2) = 8, low = 1 -> b_SLA = 4 (= running)
     assert (d.b_sla, d.cap, d.reason) == (4, 4, "sla_over")

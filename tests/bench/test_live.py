@@ -384,15 +384,27 @@ def test_a_429_or_503_is_a_refusal_timed_when_it_came_back(status):
     assert r.first_token_s is None and r.finish_s is None
 
 
-def test_a_stream_aborted_before_any_token_is_a_refusal():
-    """tuned's wait bound refuses a request in vLLM by finishing it as aborted: the
-    stream's one chunk has finish reason ``abort`` and no token."""
-    srv = FakeServer(FakeClock(100.0), [_chunk(0, finish="abort"), _chunk(0, choices=False),
-                                        "[DONE]"], [10.5, 0.0, 0.0])
+@pytest.mark.parametrize("events", [
+    # vLLM 0.32 skips the choice of an output without tokens: usage and [DONE] alone
+    [_chunk(0, choices=False), "[DONE]"],
+    [_chunk(0, finish="abort"), _chunk(0, choices=False), "[DONE]"],
+])
+def test_a_stream_aborted_before_any_token_is_a_refusal(events):
+    """tuned's wait bound refuses a request in vLLM by finishing it as aborted
+    before its first token."""
+    srv = FakeServer(FakeClock(100.0), events, [10.5] + [0.0] * (len(events) - 1))
     r, _ = srv.send(RequestSpec("r1", 0.5, 8, 4, 4), [1] * 8)
     assert not r.failed and r.refused, r.error
-    assert (r.refused_s, r.first_response_s, r.error) == (10.5, 10.0,
-                                                           "refused: finish reason abort")
+    assert (r.refused_s, r.first_response_s, r.error) == (
+        10.5, 10.0, "refused: aborted before any token")
+
+
+
+def test_a_stream_cut_before_any_token_and_before_done_is_a_failure():
+    srv = FakeServer(FakeClock(100.0), [_chunk(0, choices=False)], [0.1])
+    r, _ = srv.send(RequestSpec("r1", 0.0, 8, 4, 4), [1] * 8)
+    assert r.failed and not r.refused
+    assert r.error == "EngineError: the stream ended without a finish reason"
     # an abort after tokens came is a failure, not a refusal
     srv = FakeServer(FakeClock(100.0), [_chunk(1), _chunk(1, finish="abort"), "[DONE]"],
                      [0.1, 0.1, 0.0])

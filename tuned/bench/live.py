@@ -43,10 +43,11 @@ How each request is timed (all times in seconds since the run start, on
   and the client closes the stream after ``output_tokens`` tokens, which aborts the
   request in vLLM -- as an EOS would end it; the engine may have computed a token
   or two more by the time the abort lands.
-- A request answered HTTP 429 or 503, or whose stream ends with finish reason
-  ``abort`` and no token (how tuned's wait bound refuses a request in vLLM), is
-  *refused* (``refused_s``: when the answer came back), not failed: the clean
-  refusal of an overloaded server. Any other
+- A request answered HTTP 429 or 503, or whose stream ends before any token with
+  finish reason ``abort`` or with only the usage chunk and ``[DONE]`` (how tuned's
+  wait bound refuses a request in vLLM: aborted before its first token, whose
+  stream vLLM sends without a choice), is *refused* (``refused_s``: when the answer
+  came back), not failed: the clean refusal of an overloaded server. Any other
   request that raises, or ends with a different number of tokens than asked for,
   is ``failed`` with its error; the run goes on.
 """
@@ -296,6 +297,7 @@ class _Client:
         seen = 0            # tokens counted so far
         finish = None
         finish_t = None     # when the finish reason came
+        done_t = None       # when [DONE] came
         res = RequestResult(spec.request_id, spec.arrival_s, spec.prompt_tokens, 0, None, None,
                             token_times_s=times)
         cut = spec.max_tokens > spec.output_tokens
@@ -313,9 +315,10 @@ class _Client:
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
                     t = self.now()
+                    if data == "[DONE]":
+                        done_t = t
+                        break
                     event = json.loads(data)
                     if "error" in event:
                         err = event["error"]
@@ -340,9 +343,12 @@ class _Client:
                             break  # closing the response aborts the request in vLLM
                     elif u:
                         usage_total = u["completion_tokens"]
-            if finish == "abort" and not times:
-                # tuned's wait bound refused it: vLLM finishes it as aborted, no tokens
-                res.refused_s, res.error = finish_t, "refused: finish reason abort"
+            if not times and (finish == "abort" or (finish is None and done_t is not None)):
+                # tuned's wait bound refused it: vLLM finishes it as aborted before any
+                # token, and its stream skips a choice without tokens, so the stream is
+                # the usage chunk and [DONE] alone (or a finish reason abort)
+                res.refused_s = finish_t if finish_t is not None else done_t
+                res.error = "refused: aborted before any token"
                 return res
             if usage_total is not None and usage_total > len(times) and times:
                 times.extend([times[-1]] * (usage_total - len(times)))  # no per-chunk usage

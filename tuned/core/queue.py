@@ -197,6 +197,7 @@ class QueueCore(Generic[R]):
             if req is not None:
                 self._remove_ids({rid})
                 self._refused.append(req)
+                self.wait_bound.refused += 1
 
     def set_wait_bound(self, spec: tuple | None) -> None:
         """Bound every wait: ``(bound_s, refuse[, age_after_s])`` (see

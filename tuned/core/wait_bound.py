@@ -45,7 +45,7 @@ class WaitBound:
         self._seq = 0
         self._aged_ids: set[str] = set()
         self.aged = 0        # requests that regained their turn by age (counter)
-        self.refused = 0     # requests refused at the bound (counter)
+        self.refused = 0     # requests refused at the bound (counter, kept by the queue)
 
     def add(self, request_id: str, arrival_s: float) -> None:
         seq = self._seq
@@ -82,7 +82,6 @@ class WaitBound:
             heapq.heappop(self._heap)
             self.discard(rid)
             out.append(rid)
-        self.refused += len(out)
         return out
 
     def aged_head(self, now_s: float) -> str | None:

@@ -51,10 +51,23 @@ def test_scheduler_command_embeds_tuned_with_its_config():
                        "--max-num-batched-tokens", "512", "--max-model-len", "256",
                        "--num-gpu-blocks-override", "40",
                        "--scheduler-cls", "tuned.engines.vllm.TunedScheduler"]
-    # the 429 gateway rides in the API server (tuned.engines.gateway)
-    assert cmd[i + 2:] == ["--middleware", "tuned.engines.gateway.RefuseWhenOverloaded",
-                           "--enforce-eager", "--seed", "2"]
+    assert cmd[i + 2:] == ["--enforce-eager", "--seed", "2"]
     assert handoff == launch.engine_handoff(cfg, "http://127.0.0.1:8100/health")
+
+
+def test_the_429_gateway_rides_along_where_the_wait_bound_refuses():
+    """tuned.engines.gateway is loaded into the API server only where the queue may
+    refuse: a TTFT target (so a wait bound) with on_max_wait = "refuse"."""
+    mw = ["--middleware", "tuned.engines.gateway.RefuseWhenOverloaded"]
+
+    def has_gateway(**kw):
+        cmd = launch.scheduler_command(validate({"model": "/m", **kw}), "/m", python="py")
+        return any(cmd[i:i + 2] == mw for i in range(len(cmd)))
+
+    assert has_gateway(ttft_sla_s=2.0)
+    assert has_gateway(max_wait_s=30.0)
+    assert not has_gateway(ttft_sla_s=2.0, on_max_wait="serve")
+    assert not has_gateway()
 
 
 def test_serve_command_for_a_tuned_run():

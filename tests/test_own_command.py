@@ -201,10 +201,8 @@ def test_print_command(tmp_path, capsys, monkeypatch):
                    "--host", "127.0.0.1", "--port", "8100", "--max-num-seqs", "8",
                    "--max-num-batched-tokens", "256", "--max-model-len", "256",
                    "--scheduler-cls", "tuned.engines.vllm.TunedScheduler",
-                   "--additional-config", cmd[-6],
-                   "--middleware", "tuned.engines.gateway.RefuseWhenOverloaded",
-                   "--dtype", "float32", "--enforce-eager"]
-    assert json.loads(cmd[-6]) == {"tuned": {"config_path": str(path.resolve()),
+                   "--additional-config", cmd[-4], "--dtype", "float32", "--enforce-eager"]
+    assert json.loads(cmd[-4]) == {"tuned": {"config_path": str(path.resolve()),
                                              "serving_url": "http://127.0.0.1:8100/health"}}
     # the same with --config
     assert _printed(capsys, ["serve", "--config", str(path), "--print-command", "--",

@@ -107,7 +107,8 @@ def static_command(cfg: Config, model_path: str, *, port: int, max_num_seqs: int
                         args=_with_dtype(cfg, [*cfg.vllm_args, *extra]), python=python)
 
 
-#: the ASGI middleware that answers 429 while the queue refuses (tuned.engines.gateway)
+#: the ASGI middleware that answers 429 while the queue refuses (tuned.engines.gateway);
+#: loaded where the config's wait bound refuses (``on_max_wait = "refuse"``)
 GATEWAY_MIDDLEWARE = "tuned.engines.gateway.RefuseWhenOverloaded"
 
 
@@ -117,8 +118,11 @@ def _serving_url(cfg: Config) -> str:
 
 def _with_scheduler(cfg: Config, model_path: str, additional: dict, extra: Sequence[str],
                     python: str) -> list[str]:
-    tuned_args = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional),
-                  "--middleware", GATEWAY_MIDDLEWARE]
+    tuned_args = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional)]
+    bound = cfg.wait_bound_spec()
+    if bound is not None and bound[1]:
+        # the queue may refuse: the API server answers 429 while it does
+        tuned_args += ["--middleware", GATEWAY_MIDDLEWARE]
     return vllm_command(model_path, host=cfg.host, port=cfg.port,
                         max_num_seqs=cfg.max_num_seqs,
                         max_num_batched_tokens=cfg.max_num_batched_tokens,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -38,6 +39,14 @@ def endpoint():
     srv.server_close()
 
 
+def warm(mw):
+    """The middleware after its first background refresh (a request never waits for
+    one: the first request after a change sees the old state)."""
+    asyncio.run(mw._refresh())
+    mw._at = time.monotonic()
+    return mw
+
+
 def call(mw, method="POST", path="/v1/completions") -> tuple[int, dict, bytes]:
     """One request through the middleware; the app behind it answers 200."""
     sent: list[dict] = []
@@ -61,7 +70,8 @@ def call(mw, method="POST", path="/v1/completions") -> tuple[int, dict, bytes]:
 def test_refusing_answers_429_with_retry_after(endpoint):
     _Admission.state = {"refusing": True, "retry_after_s": 4, "max_wait_s": 30.0}
     mw = gateway.RefuseWhenOverloaded(None, url=endpoint)
-    status, headers, body = call(mw)
+    assert call(mw)[0] == 200          # no answer yet: let through, refresh started
+    status, headers, body = call(warm(mw))
     assert (status, headers["retry-after"]) == (429, "4")
     assert json.loads(body)["error"]["code"] == 429
     # chat too; a GET (models, health) and other paths always pass
@@ -73,10 +83,10 @@ def test_refusing_answers_429_with_retry_after(endpoint):
 
 def test_not_refusing_or_no_endpoint_lets_requests_through(endpoint):
     _Admission.state = {"refusing": False}
-    assert call(gateway.RefuseWhenOverloaded(None, url=endpoint))[:1] == (200,)
+    assert call(warm(gateway.RefuseWhenOverloaded(None, url=endpoint)))[:1] == (200,)
     # an endpoint that does not answer: never refuse on a guess
     dead = gateway.RefuseWhenOverloaded(None, url="http://127.0.0.1:9/admission")
-    assert call(dead)[0] == 200
+    assert call(warm(dead))[0] == 200
 
 
 def test_admission_url_from_the_command_line_or_the_environment(tmp_path):

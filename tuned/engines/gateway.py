@@ -11,7 +11,8 @@ while the queue has refused one within the last bound, as an overloaded gateway 
 so the client can retry elsewhere; the engine never sees them. It reads the state
 from tuned's endpoint (``GET /admission``), at most every :data:`POLL_S` seconds, and
 lets every request through when the endpoint does not answer (it never refuses on a
-guess).
+guess). A request never waits for the endpoint: a stale answer is refreshed in the
+background, so the first request after a change still sees the old state.
 
 Where the endpoint is: ``TUNED_ADMISSION_URL``, else the config tuned's scheduler
 runs (vLLM's ``--additional-config`` on this process's command line, or
@@ -80,17 +81,22 @@ class RefuseWhenOverloaded:
         self._at = -1e18
         self.refused = 0
 
-    async def _admission(self) -> dict | None:
+    def _admission(self) -> dict | None:
+        """The last answer of the endpoint; a stale one starts a refresh in the
+        background (a request never waits for it)."""
         now = time.monotonic()
         if now - self._at >= POLL_S:
             self._at = now
-            self._state = await asyncio.to_thread(_fetch, self.url)
+            asyncio.get_running_loop().create_task(self._refresh())
         return self._state
+
+    async def _refresh(self) -> None:
+        self._state = await asyncio.to_thread(_fetch, self.url)
 
     async def __call__(self, scope, receive, send) -> None:
         if (self.url and scope.get("type") == "http" and scope.get("method") == "POST"
                 and scope.get("path") in PATHS):
-            state = await self._admission()
+            state = self._admission()
             if state and state.get("refusing"):
                 self.refused += 1
                 retry = max(int(state.get("retry_after_s") or 1), 1)

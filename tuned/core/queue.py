@@ -201,18 +201,18 @@ class QueueCore(Generic[R]):
 
     def set_wait_bound(self, spec: tuple | None) -> None:
         """Bound every wait: ``(bound_s, refuse[, age_after_s])`` (see
-        :mod:`tuned.core.wait_bound`), or None for no bound. The waiting requests are bounded from their arrival;
-        the same spec again keeps the counts."""
-        wb = self.wait_bound
-        if spec is None:
-            self.wait_bound = None
-        elif wb is None or (wb.bound_s, wb.refuse, wb.age_after_s) != (
-                (new := WaitBound(*spec)).bound_s, new.refuse, new.age_after_s):
-            self.wait_bound = WaitBound(*spec)
-            if wb is not None:      # the counts are the queue's, monotonic
-                self.wait_bound.aged, self.wait_bound.refused = wb.aged, wb.refused
-            for rid, info in self._unpinned.items():
-                self.wait_bound.add(rid, info.arrival_s)
+        :mod:`tuned.core.wait_bound`), or None for no bound. The waiting requests are
+        bounded from their arrival; the same spec again keeps the bound as it is."""
+        old = self.wait_bound
+        new = WaitBound(*spec) if spec is not None else None
+        if new is None or old is None or (old.bound_s, old.refuse, old.age_after_s) != (
+                new.bound_s, new.refuse, new.age_after_s):
+            if new is not None:
+                if old is not None:      # the counts are the queue's, monotonic
+                    new.aged, new.refused = old.aged, old.refused
+                for rid, info in self._unpinned.items():
+                    new.add(rid, info.arrival_s)
+            self.wait_bound = new
         self._head_valid = False
 
     def take_refused(self) -> list[R]:

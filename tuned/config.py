@@ -99,6 +99,11 @@ class Config:
                                  hi_open=True)
     min_chunk_tokens: int = _f(32, "room kept in the token budget for a prefill chunk "
                                "above the cap", lo=1, hi=1 << 20)
+    token_budget_granule: int = _f(256, "round the SLA-sized token budget down to a "
+                                   "multiple of this many tokens: a GPU's step time "
+                                   "jumps just past a multiple of its GEMM tile; 0 = off "
+                                   "(a CPU host, whose step time grows smoothly)",
+                                   lo=0, hi=1 << 20)
 
     # --- memory bound: seed 000, Algorithm 1 ---
     eps_m: float = _f(0.05, "allowed probability that KV demand overflows the cache (eps_M)",
@@ -495,7 +500,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 # something to do.
 EMBEDDED_DEFAULT = {"model": "demo:small", "max_num_seqs": 32, "max_num_batched_tokens": 2048,
                     "max_model_len": 1024, "num_gpu_blocks": 48, "tbt_sla_auto": 2.5,
-                    "eps_d_s": 0.002, "ttft_sla_s": 3.0}
+                    "eps_d_s": 0.002, "ttft_sla_s": 3.0, "token_budget_granule": 0}
 
 
 def default() -> Config:

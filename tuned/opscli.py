@@ -49,6 +49,8 @@ REASONS = {
                       "memory bound and full token budget maximise throughput",
     "static": "batch_policy = static: the ceiling, never moved",
     "trtllm": "batch_policy = trtllm: TensorRT-LLM's dynamic batch-size tuner",
+    "budget_room": "the cap was above the SLA-sized token budget: it yields to the "
+                   "budget less one chunk (never below the running count)",
     "floor_running": "bound below the running count, batch raised to it (running "
                      "requests are never preempted)",
 }

@@ -196,6 +196,17 @@ def test_token_budget_from_step_model_by_hand():
     assert token_budget(10, 2048, 32, 0.050, None) == 2048          # no model
 
 
+def test_token_budget_rounds_down_to_its_granule():
+    # 310 at granule 256 -> 256 (it still holds 10 decodes + a 32-token chunk); at
+    # granule 128 -> 256; a granule whose multiple would not hold them keeps 310 (a
+    # floor of 42 > 0 * 512); the full budget is never rounded
+    assert token_budget(10, 2048, 32, 0.050, LinearStep(), granule=256) == 256
+    assert token_budget(10, 2048, 32, 0.050, LinearStep(), granule=128) == 256
+    assert token_budget(10, 2048, 32, 0.050, LinearStep(), granule=512) == 310
+    assert token_budget(10, 300, 32, 0.050, LinearStep(), granule=256) == 300
+    assert token_budget(10, 2048, 32, 0.050, LinearStep(), granule=0) == 310
+
+
 # ---------------------------------------------------------------- the token budget wrapper
 class LinearStepModelish(LinearStep):
     def predict_step_s(self, b, c, kv=0.0):
@@ -235,3 +246,29 @@ def test_policy_told_whether_the_budget_can_act():
     wrapped.sla_s = 0.050
     wrapped.decide(obs(running=2, waiting=4))
     assert inner.budget_acts is True
+
+
+def test_a_cap_that_does_not_bind_yields_to_the_budget():
+    """vLLM's budget must hold the cap's decodes plus a token. A cap above the
+    SLA-sized budget (static 512 with 4 running: the budget 4 + 340 = 344) yields to
+    the budget less one chunk (344 - 32 = 312) rather than holding the budget at
+    cap + 1 = 513; the decision says so and keeps the inner cap in its inputs. Never
+    below the requests running: with 100 running no chunk holds the SLA, the budget
+    is 100 + the 32-token floor and the cap the 100 running."""
+    from tuned.policies.budget import TokenBudget
+    from tuned.policies.registry import StaticPolicy
+
+    wrapped = TokenBudget(StaticPolicy(512, 2048), max_num_batched_tokens=2048,
+                          min_chunk_tokens=32, sla_s=0.050, step_model=LinearStepModelish(),
+                          margin_s=0.002)
+    d = wrapped.decide(obs(running=4, waiting=8))
+    assert (d.cap, d.token_budget, d.reason) == (312, 344, "budget_room")
+    assert d.inputs["cap_before_budget"] == 512
+    d = wrapped.decide(obs(running=100, waiting=8))
+    assert (d.cap, d.token_budget, d.batch) == (100, 132, 100)
+    # a cap already within the budget is the inner policy's, reason and all
+    small = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
+                        min_chunk_tokens=32, sla_s=0.050, step_model=LinearStepModelish(),
+                        margin_s=0.002)
+    d = small.decide(obs(running=4, waiting=8))
+    assert (d.cap, d.reason) == (16, "static")

@@ -27,7 +27,7 @@ from tuned.core.types import Decision, Observation, StepModel
 
 def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
                  sla_s: float = 0.0, step_model: StepModel | None = None,
-                 kv_tokens: float = 0.0) -> int:
+                 kv_tokens: float = 0.0, granule: int = 0) -> int:
     """Tokens the scheduler may put in one step (vLLM's ``max_num_scheduled_tokens``).
 
     Seed 000's PD-fusion variant picks the chunk size so a mixed step still meets
@@ -36,6 +36,14 @@ def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
     budget is b decode tokens plus that chunk. Always clamped to
     [b + min_chunk_tokens, max_num_batched_tokens] so running decodes plus at least
     one prefill chunk fit (less would starve them).
+
+    ``granule`` > 0 rounds an SLA-sized budget down to a multiple of that many
+    tokens (where the multiple still holds the decodes and a chunk). A GPU runs a
+    step's linear layers as GEMMs tiled along the tokens, so the step time is a
+    staircase in the token count, not the line the step model fits: a step just past
+    a multiple of the tile pays a whole tile more (Vidur's H100 tables for
+    Llama-2-70B: the linear layers take half as long again at 520 tokens as at 512).
+    Rounding down keeps each step on the cheap side of a stair the fit cannot see.
 
     :class:`TokenBudget` closes a loop around it: the window's mean step time (what a
     request's TPOT averages) above D_SLA - 2 eps_D shrinks the chunks' target by the
@@ -51,7 +59,10 @@ def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
         return hi
     chunk = step_model.largest_chunk_within(batch, sla_s, min_chunk_tokens, hi - batch,
                                             kv_tokens)
-    return min(max(batch + chunk, lo), hi)
+    budget = min(max(batch + chunk, lo), hi)
+    if granule and budget < hi and budget // granule * granule >= lo:
+        budget = budget // granule * granule
+    return budget
 
 
 @dataclass
@@ -73,6 +84,7 @@ class TokenBudget:
     control: bool = True                     # False: the full budget (policy "max")
     decode_budget: str = "running"
     margin_s: float = 0.0
+    granule: int = 0                         # round the SLA-sized budget down to this
     bias_s: float = 0.0                      # learnt: the window's mean step time over
                                              # D_SLA - 2 eps_D (integral of the excess)
 
@@ -109,13 +121,31 @@ class TokenBudget:
                               acts=acts)
         inputs = dict(d.inputs or {})
         inputs["budget_bias_s"] = round(self.bias_s, 6)
-        return dataclasses.replace(d, token_budget=budget, inputs=inputs)
+        # vLLM needs the budget to hold every admitted decode plus a token (DESIGN.md:
+        # keep it >= the active cap plus room for a chunk, or running requests starve).
+        # Where the SLA-sized budget is below the inner cap + 1 the cap yields, down to
+        # the budget less one chunk (never below the requests running: the budget holds
+        # them and a chunk by construction), instead of the budget being held at
+        # cap + 1. Without this, a cap that does not bind (the memory bound at 512 with
+        # 50 running) keeps the budget above its SLA size, where the step time can
+        # jump (a GPU's GEMM tiles: the linear layers of a step are one shape to 512
+        # tokens and a larger, slower one past it).
+        cap, batch, reason = d.cap, d.batch, d.reason
+        if self.control and budget < self.max_num_batched_tokens and budget <= cap:
+            cap = max(min(cap, budget - self.min_chunk_tokens), min(obs.num_running, cap), 1)
+            batch = min(max(cap, obs.num_running), batch)
+            if cap < d.cap:
+                inputs["cap_before_budget"] = d.cap
+                reason = "budget_room"
+        budget = min(max(budget, cap + 1), self.max_num_batched_tokens)
+        return dataclasses.replace(d, token_budget=budget, cap=cap, batch=batch,
+                                   reason=reason, inputs=inputs)
 
     def _budget(self, obs: Observation, model: StepModel | None, *, cap: int, batch: int,
                 feasible: bool, acts: bool) -> int:
         """The step's token budget for ``cap`` and ``batch``: the largest that keeps a
         step with the decodes beside it within the SLA (less the closed-loop bias),
-        in [cap + 1, max_num_batched_tokens]."""
+        at least the decodes it is sized for plus one chunk."""
         sla_s = self.sla_s - self.margin_s if (self.sla_s > 0 and feasible) else 0.0
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
         if not self.control:
@@ -141,7 +171,5 @@ class TokenBudget:
             err = obs.tbt_mean_s - (sla_s - self.margin_s)
             self.bias_s = min(max(self.bias_s + 0.5 * err, 0.0), sla_s / 2)
             sla_s -= self.bias_s
-        budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
-                              sla_s, model, obs.kv_tokens_resident)
-        # what the engine applies: room for every admitted decode plus a token
-        return min(max(budget, cap + 1), self.max_num_batched_tokens)
+        return token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
+                            sla_s, model, obs.kv_tokens_resident, granule=self.granule)

@@ -188,7 +188,8 @@ def _named_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                        min_chunk_tokens=cfg.min_chunk_tokens, sla_s=sla_s,
                        step_model=profile.step_model() if profile is not None else None,
                        decode_budget="batch" if paper else "running",
-                       margin_s=0.0 if paper else cfg.eps_d_s), first_reason
+                       margin_s=0.0 if paper else cfg.eps_d_s,
+                       granule=0 if paper else cfg.token_budget_granule), first_reason
 
 
 def _cap_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, block_size: int,

@@ -44,7 +44,10 @@ class SimHardware:
         """The engine as vLLM starts it on this hardware: see :func:`engine_defaults`."""
         return {"max_num_seqs": self.vllm_default_max_num_seqs,
                 "max_num_batched_tokens": self.vllm_default_max_num_batched_tokens,
-                "max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks}
+                "max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
+                # the step time of a GPU model is a staircase in the tokens, a
+                # profile's (this CPU host's) a line
+                "token_budget_granule": 256 if self.gpu_memory_bytes else 0}
 
     def nvml(self, events: Sequence[GpuPressure]) -> SimNvml:
         """A simulated NVML for ``events`` on this GPU: vLLM's reserved share used
@@ -103,7 +106,8 @@ def engine_defaults(hardware: SimHardware | None) -> dict[str, int]:
         return hardware.engine_defaults()
     seqs, toks = VLLM_DEFAULTS["cpu"]
     return {"max_num_seqs": seqs, "max_num_batched_tokens": toks,
-            "max_model_len": CPU_MAX_MODEL_LEN, "num_gpu_blocks": CPU_NUM_GPU_BLOCKS}
+            "max_model_len": CPU_MAX_MODEL_LEN, "num_gpu_blocks": CPU_NUM_GPU_BLOCKS,
+            "token_budget_granule": 0}
 
 
 def resolve_hardware(hardware: str | None = None, profile: str | None = None,

@@ -29,7 +29,8 @@ def test_unknown_policy_and_option_errors():
                                          r"multibin, bucket, saber, sglang\)"):
         make_policy("sjf")
     with pytest.raises(ValueError, match=r"saber: unknown option\(s\) size \(known: window, "
-                                         r"default_deadline_s, use_predicted, protect_running\)"):
+                                         r"default_deadline_s, use_predicted, protect_running, "
+                                         r"running_speed\)"):
         make_policy("saber", {"size": 3})
     with pytest.raises(ValueError, match="saber: need window >= 1 and default_deadline_s >= 0, "
                                          "got window=0"):

@@ -149,3 +149,36 @@ def test_unrecorded_running_request_uses_current_speed_and_expired_is_ignored():
     assert not v.admit and "would break running u (needs 60.0 tok/s)" in v.reason
     # u already missed its deadline: no SLA left to protect
     assert p.admit(c, [R("u", 600, -1.0)], [], ctx(0.0)).admit
+
+
+def test_running_speed_current_protects_what_a_running_request_needs_now():
+    # a: 100 tokens by t=2, admitted at t=0 -> recorded 50 tok/s; b has no deadline.
+    # At t=1 with 2 running the candidate would make it v(3) = 33.3 tok/s.
+    cand = R("c", 10, 10.0, t=1.0)                       # needs 10/9 tok/s
+    b = R("b", 50, None)
+    verdicts = {}
+    for out in (80, 60, 10):      # a ahead of pace, on pace but tight, behind pace
+        a = R("a", 100, 2.0, out=out)
+        for mode in ("recorded", "current"):
+            p = SaberPolicy(window=1, running_speed=mode)
+            p.on_admitted(R("a", 100, 2.0), 0.0)
+            p.on_admitted(b, 0.0)
+            verdicts[out, mode] = p.admit(cand, [a, b], [], ctx(1.0))
+    # as written: the 50 tok/s recorded at admission holds whatever a did since
+    for out in (80, 60, 10):
+        assert verdicts[out, "recorded"] == (
+            False, "saber: v(3) = 33.3 tok/s would break running a (needs 50.0 tok/s)")
+    # now: 20 tokens left in 1 s -> 20 tok/s <= 33.3: admitted
+    assert verdicts[80, "current"].admit is True
+    # 40 tok/s: on pace at v(2) = 50, broken at v(3) = 33.3
+    assert verdicts[60, "current"] == (
+        False, "saber: v(3) = 33.3 tok/s would break running a (needs 40.0 tok/s)")
+    # 90 tok/s > v(2) = 50: a misses with or without the candidate, nothing to protect
+    assert verdicts[10, "current"] == (True, "saber: v(3) = 33.3 tok/s >= required 1.1 tok/s")
+
+
+def test_running_speed_option_is_checked():
+    assert SaberPolicy.from_options({"running_speed": "current"}).running_speed == "current"
+    with pytest.raises(ValueError, match="running_speed must be one of recorded, current, "
+                                         "got 'now'"):
+        SaberPolicy.from_options({"running_speed": "now"})

@@ -32,6 +32,16 @@ Mapping onto vLLM:
 * A running request admitted before this policy was active (or this step) has no
   recorded speed; its current required speed is used instead, and ignored once
   its deadline passed.
+* ``running_speed``: the paper "records this request's required generation speed
+  to meet SLA with the current timestamp" (Section IV-C) and line 10 compares
+  v(L + 1) with that recorded value (``"recorded"``, the default, as written). In
+  a continuous batch a running request's need changes as it runs: ahead of pace
+  it relaxes, behind it grows. ``"current"`` protects what each running request
+  needs now, (planned tokens − generated) / (deadline − now), and only while it
+  is on pace at the present load (need ≤ v(L)): a request already behind would
+  miss whether or not the candidate joins, so the admission does not "cause" its
+  violation (the paper's wording of the condition). Best-effort requests (from
+  the LPQ) and requests without a deadline protect nothing in either mode.
 """
 
 from __future__ import annotations
@@ -48,19 +58,28 @@ class SaberPolicy(QueuePolicy):
     Options: ``window`` (head requests sampled per attempt), ``default_deadline_s``
     (relative deadline for requests without one; 0 = none), ``use_predicted``,
     ``protect_running`` (Algorithm 1's second condition, on by default: v(L + 1) at
-    least every running request's recorded required speed; off checks only the
-    candidate's own, a diagnostic of what that condition costs).
+    least every running request's required speed; off checks only the candidate's
+    own, a diagnostic of what that condition costs), ``running_speed`` (which
+    required speed of a running request that condition protects: ``"recorded"``,
+    the one recorded at its admission, as written; ``"current"``, the one it needs
+    now; see the module doc).
     """
 
     name = "saber"
+    uses_running_progress = True     # running_speed = "current" reads output_tokens
+    RUNNING_SPEEDS = ("recorded", "current")
 
     def __init__(self, *, window: int = 4, default_deadline_s: float = 0.0,
                  use_predicted: bool = False, protect_running: bool = True,
-                 rng=None) -> None:
+                 running_speed: str = "recorded", rng=None) -> None:
         super().__init__(rng=rng)
         if window < 1 or default_deadline_s < 0:
             raise ValueError(f"saber: need window >= 1 and default_deadline_s >= 0, "
                              f"got window={window!r}, default_deadline_s={default_deadline_s!r}")
+        if running_speed not in self.RUNNING_SPEEDS:
+            raise ValueError(f"saber: running_speed must be one of "
+                             f"{', '.join(self.RUNNING_SPEEDS)}, got {running_speed!r}")
+        self.running_speed = running_speed
         self.window = int(window)
         self.default_deadline_s = float(default_deadline_s)
         self.use_predicted = bool(use_predicted)
@@ -192,12 +211,16 @@ class SaberPolicy(QueuePolicy):
             return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s < required "
                                   f"{need:.1f} tok/s")
         worst_id, worst = None, 0.0
+        current = self.running_speed == "current"
+        # "current": a running request already behind pace at the present load would
+        # miss whether or not the candidate joins; the admission does not cause it
+        behind = ctx.speed_tok_s(max(load, 1)) if current else math.inf
         for r in (*running, *admitted_this_step) if self.protect_running else ():
             s = self._recorded.get(r.request_id)
-            if s is None:
+            if s is None or (current and s > 0.0):
                 s = self.required_speed(r, ctx.now_s)
             # a running request past its deadline has no SLA left to protect
-            if s > worst and math.isfinite(s):
+            if s > worst and math.isfinite(s) and s <= behind:
                 worst_id, worst = r.request_id, s
         if pred < worst:
             return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s would break running "

@@ -110,14 +110,16 @@ def test_aging_serves_it_within_the_bound():
 def test_under_sustained_overload_every_wait_ends_by_the_bound():
     """(b) two arrivals a step, one admission: no order serves everyone within the
     bound, so the requests still waiting at it are refused, each within one step of
-    it, and no admitted request waited longer."""
+    the bound less its lead (one step T(0, 1024) = 1.024 s and twice its 10-token
+    prefill, 0.02 s), and no admitted request waited longer."""
     q = bounded("refuse")
     arrivals = stream(200, per_step=2)
     admitted, refused = run(q, arrivals, until_s=40.0)
     assert len(admitted) + len(refused) + len(q) == len(arrivals)
     assert refused, "an overload this size must refuse"
-    assert all(BOUND_S - 1e-9 <= w < BOUND_S + STEP_S for w in refused.values())
-    assert max(admitted.values()) < BOUND_S
+    due = BOUND_S - (1.024 + 0.02)
+    assert all(due - 1e-9 <= w < due + STEP_S for w in refused.values())
+    assert max(admitted.values()) < due + STEP_S
     assert q.snapshot()["refused"] == len(refused)
 
 
@@ -148,9 +150,11 @@ def test_fcfs_policy_alone_is_unchanged_by_an_unset_bound():
 
 
 def test_a_long_prompt_is_refused_its_prefill_early():
-    """With the step model, a request is refused once its wait plus its prefill at the
-    engine's pace (1 ms per prompt token here) reaches the bound: a 3000-token prompt
-    3 s early, so its first token would not come past the bound."""
+    """With the step model, a request is refused once its wait plus its lead reaches
+    the bound: its prefill at the engine's pace (1 ms per prompt token here) counted
+    twice, plus one step (T(0, 1024) = 1.024 s): a 3000-token prompt at 10 - 7.024 =
+    2.976 s, the first step at or after it 3.0 s, so its first token would not come
+    past the bound."""
     q = bounded("refuse")
     arrivals = [Req("long", 0.0, 3000)] + stream(200, per_step=2)
     # nothing is admitted: the queue only waits
@@ -163,4 +167,40 @@ def test_a_long_prompt_is_refused_its_prefill_early():
         q.begin_step(ctx(now), [])
         for r in q.take_refused():
             refused.setdefault(r.request_id, now - r.arrival_time)
-    assert refused["long"] == pytest.approx(BOUND_S - 3.0)
+    assert refused["long"] == pytest.approx(3.0)
+
+
+def test_a_younger_longer_prompt_is_refused_before_the_oldest():
+    """Every request within reach of the bound is checked, not only the oldest: a
+    10-token prompt from t = 0 is refused at 10 - (1.024 + 0.02) s (the step at 9.0 s),
+    a 3000-token prompt from t = 1 s at 1 + 2.976 s (the step at 4.0 s), first."""
+    q = bounded("refuse")
+    arrivals = [Req("old", 0.0, 10), Req("long", 1.0, 3000)]
+    refused = {}
+    for k in range(100):
+        now = round(k * STEP_S, 9)
+        for r in arrivals:
+            if r.arrival_time == now:
+                q.add_request(r)
+        q.begin_step(ctx(now), [])
+        for r in q.take_refused():
+            refused.setdefault(r.request_id, now)
+    assert refused == {"long": pytest.approx(4.0), "old": pytest.approx(9.0)}
+
+
+def test_the_prefill_ahead_counts_in_the_lead():
+    """The prompt tokens the running requests still owe are prefilled first: with 2000
+    of them (one running request, none of its prompt computed; T(1, 1023) = 1.023 s),
+    a 10-token prompt's lead is 1.023 + 2 x 2.010 s, refused at the step at or after
+    10 - 5.043 = 4.957 s."""
+    q = bounded("refuse")
+    q.add_request(Req("r", 0.0, 10))
+    running = [Req("running", 0.0, 2000)]      # none of its prompt computed yet
+    refused = None
+    for k in range(100):
+        now = round(k * STEP_S, 9)
+        q.begin_step(ctx(now), running)
+        out = q.take_refused()
+        if out and refused is None:
+            refused = now
+    assert refused == pytest.approx(5.0)

@@ -124,6 +124,8 @@ class QueueCore(Generic[R]):
                  wait_bound: WaitBound | None = None) -> None:
         self.policy = policy
         self.wait_bound = wait_bound                 # around whatever the policy orders
+        self._max_prompt = 0                         # the largest prompt seen (bounds the
+                                                     # wait bound's leads)
         self._refused: list[R] = []                  # refused at the bound, for the engine
         self.arrival_offset_s = (arrival_offset_s if callable(arrival_offset_s)
                                  else float(arrival_offset_s))
@@ -183,16 +185,25 @@ class QueueCore(Generic[R]):
 
     def _refuse_due(self, ctx: AdmitContext) -> None:
         """Refuse the requests whose first token cannot come within the bound: waited
-        the bound less their prefill at the engine's pace (T(b, c, kv) / c per prompt
-        token, with the step model the controller publishes; none without one)."""
-        lead = None
+        the bound less the prefill ahead of them and their own at the engine's pace
+        (the prompt tokens the running requests still owe, then its own, at
+        T(b, c, kv) / c per prompt token, with the step model the controller
+        publishes; no lead without one), counted twice, because after the check the
+        budget may shrink and other requests may be admitted ahead of it, and one step
+        more, the time to the next check. The largest prompt seen bounds the leads."""
+        lead, lead_max = None, 0.0
         b = max(int(ctx.num_running), 0)
         if ctx.step_model is not None and ctx.token_budget > b:
             c = ctx.token_budget - b
-            per_token = ctx.step_model.predict_step_s(b, c, ctx.kv_resident_tokens) / c
-            infos = self._unpinned
-            lead = lambda rid: per_token * max(infos[rid].prompt_tokens, 0)  # noqa: E731
-        for rid in self.wait_bound.due(ctx.now_s, lead):
+            step_s = ctx.step_model.predict_step_s(b, c, ctx.kv_resident_tokens)
+            per_token = step_s / c
+            infos, ahead = self._unpinned, max(int(ctx.prefill_backlog_tokens), 0)
+            # one step more: the next check comes a step later; twice the prefill:
+            # after the check the budget may shrink and others may be admitted ahead
+            lead = lambda rid: step_s + 2.0 * per_token * (  # noqa: E731
+                ahead + max(infos[rid].prompt_tokens, 0))
+            lead_max = step_s + 2.0 * per_token * (ahead + self._max_prompt)
+        for rid in self.wait_bound.due(ctx.now_s, lead, lead_max):
             req = self._waiting.get(rid)
             if req is not None:
                 self._remove_ids({rid})
@@ -479,6 +490,7 @@ class QueueCore(Generic[R]):
             self._live.add(info)
         if self.wait_bound is not None:
             self.wait_bound.add(rid, info.arrival_s)
+            self._max_prompt = max(self._max_prompt, info.prompt_tokens)
 
     def _drop_unpinned(self, rid: str) -> ReqInfo | None:
         info = self._unpinned.pop(rid, None)

@@ -67,21 +67,30 @@ class WaitBound:
             heapq.heappop(heap)
         return None
 
-    def due(self, now_s: float, lead_s: Callable[[str], float] | None = None) -> list[str]:
+    def due(self, now_s: float, lead_s: Callable[[str], float] | None = None,
+            lead_max_s: float = 0.0) -> list[str]:
         """With ``refuse``: the waiting requests that reached the bound, oldest first;
         they leave the set here. Without: none. ``lead_s(id)``: how long the request
-        would take to its first token if admitted now (its prefill at the engine's
-        pace): it is refused that much earlier, so that no first token comes past
-        the bound. Checked at the oldest request."""
+        would take to its first token if admitted now (the prefill ahead of it and
+        its own, at the engine's pace): it is refused that much earlier, so that no
+        first token comes past the bound. ``lead_max_s`` bounds every lead: each
+        request that has waited ``bound_s - lead_max_s`` is checked, not only the
+        oldest (a younger request with a longer prompt may be due first)."""
         out: list[str] = []
         if not self.refuse:
             return out
-        while (top := self._top()) is not None and now_s - top[0] + (
-                lead_s(top[1]) if lead_s is not None else 0.0) >= self.bound_s:
-            rid = top[1]
-            heapq.heappop(self._heap)
-            self.discard(rid)
-            out.append(rid)
+        heap, keep = self._heap, []
+        lead_max_s = max(lead_max_s, 0.0) if lead_s is not None else 0.0
+        while (top := self._top()) is not None and now_s - top[0] + lead_max_s >= self.bound_s:
+            entry = heapq.heappop(heap)
+            rid = entry[2]
+            if now_s - entry[0] + (lead_s(rid) if lead_s is not None else 0.0) >= self.bound_s:
+                self.discard(rid)
+                out.append(rid)
+            else:
+                keep.append(entry)
+        for entry in keep:
+            heapq.heappush(heap, entry)
         return out
 
     def aged_head(self, now_s: float) -> str | None:

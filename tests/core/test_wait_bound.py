@@ -149,17 +149,12 @@ def test_fcfs_policy_alone_is_unchanged_by_an_unset_bound():
     assert admitted["big"] > 30.0 and refused == {}
 
 
-def test_a_long_prompt_is_refused_its_prefill_early():
-    """With the step model, a request is refused once its wait plus its lead reaches
-    the bound: its prefill at the engine's pace (1 ms per prompt token here) counted
-    twice, plus one step (T(0, 1024) = 1.024 s): a 3000-token prompt at 10 - 7.024 =
-    2.976 s, the first step at or after it 3.0 s, so its first token would not come
-    past the bound."""
+def refusal_times(arrivals: list[Req], n_steps: int) -> dict[str, float]:
+    """A refusing queue that only waits (nothing is admitted) for ``n_steps`` steps:
+    each refused request's wait when it was refused."""
     q = bounded("refuse")
-    arrivals = [Req("long", 0.0, 3000)] + stream(200, per_step=2)
-    # nothing is admitted: the queue only waits
     refused = {}
-    for k in range(120):
+    for k in range(n_steps):
         now = round(k * STEP_S, 9)
         for r in arrivals:
             if r.arrival_time == now:
@@ -167,25 +162,26 @@ def test_a_long_prompt_is_refused_its_prefill_early():
         q.begin_step(ctx(now), [])
         for r in q.take_refused():
             refused.setdefault(r.request_id, now - r.arrival_time)
+    return refused
+
+
+def test_a_long_prompt_is_refused_its_prefill_early():
+    """With the step model, a request is refused once its wait plus its lead reaches
+    the bound: its prefill at the engine's pace (1 ms per prompt token here) counted
+    twice, plus one step (T(0, 1024) = 1.024 s): a 3000-token prompt at 10 - 7.024 =
+    2.976 s, the first step at or after it 3.0 s, so its first token would not come
+    past the bound."""
+    refused = refusal_times([Req("long", 0.0, 3000)] + stream(200, per_step=2), 120)
     assert refused["long"] == pytest.approx(3.0)
 
 
 def test_a_younger_longer_prompt_is_refused_before_the_oldest():
     """Every request within reach of the bound is checked, not only the oldest: a
-    10-token prompt from t = 0 is refused at 10 - (1.024 + 0.02) s (the step at 9.0 s),
-    a 3000-token prompt from t = 1 s at 1 + 2.976 s (the step at 4.0 s), first."""
-    q = bounded("refuse")
-    arrivals = [Req("old", 0.0, 10), Req("long", 1.0, 3000)]
-    refused = {}
-    for k in range(100):
-        now = round(k * STEP_S, 9)
-        for r in arrivals:
-            if r.arrival_time == now:
-                q.add_request(r)
-        q.begin_step(ctx(now), [])
-        for r in q.take_refused():
-            refused.setdefault(r.request_id, now)
-    assert refused == {"long": pytest.approx(4.0), "old": pytest.approx(9.0)}
+    10-token prompt from t = 0 is refused after waiting 10 - (1.024 + 0.02) s (the
+    step at 9.0 s), a 3000-token prompt from t = 1 s after 2.976 s (the step at 4.0 s),
+    first."""
+    refused = refusal_times([Req("old", 0.0, 10), Req("long", 1.0, 3000)], 100)
+    assert refused == {"long": pytest.approx(3.0), "old": pytest.approx(9.0)}
 
 
 def test_the_prefill_ahead_counts_in_the_lead():

@@ -129,13 +129,14 @@ def testbed_hardware(hw, params: float = TESTBED_PARAMS,
     Only the step time changes. The model keeps Llama-2-7B's layer (same width, same
     per-layer operator times, same decode attention) but has as many layers as fit
     ``params`` (the embedding and lm_head, 2 × vocab × width, kept), so every cost
-    that grows with the batch scales by layers / 32. ``cpu_overhead_ms`` (fixed per
-    step) then takes up the time the dropped layers took at one request of
-    ``match_context`` tokens, so v(1) stays the hardware's, and the paper's
-    ~10 ms step becomes mostly fixed per-step cost, as a 2.5B model's step on vLLM
-    is. The KV cache is the hardware's block count, so memory does not change
-    either. The paper's speed curve is not published; this is one such testbed, not
-    the paper's."""
+    that grows with the batch scales by the share of layers kept. ``cpu_overhead_ms``
+    (fixed per step) then takes up the time the dropped layers took at one request
+    of ``match_context`` tokens, so v(1) stays the hardware's and its ~10 ms step
+    becomes mostly fixed per-step cost, which is what about 100 tok/s from a 2.5B
+    model on vLLM implies (CPU-side scheduling and kernel launches, not compute).
+    The KV cache is the hardware's block count, so memory does not change either.
+    The paper's speed curve is not published; this is one such testbed, not the
+    paper's."""
     m = hw.step_model
     p = m.profile
     embed = 2 * p.vocab_size * p.n_embd
@@ -343,6 +344,8 @@ def run(seed: int = 0, *, quick: bool = False, rates: Sequence[float] | None = N
 
 
 def _profile_summary(prof) -> dict:
+    """What the result keeps of a speed profile: the chosen fit, every fit's R² and
+    parameters, and v(L) at :data:`PROFILE_SPEEDS_AT`."""
     return {"best": prof.best_speed,
             "fits": {k: {"r2": f.r2, "params": f.params} for k, f in prof.speed.items()},
             "v_tok_s": {n: prof.speed_tok_s(n) for n in PROFILE_SPEEDS_AT}}

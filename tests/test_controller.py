@@ -159,8 +159,9 @@ def test_invalid_reload_is_refused_and_old_config_kept(tmp_path):
     res = ctrl.reload()
     assert res["problems"] == ["b_min: must be <= b_max (32), got 40"]
     assert ctrl.cfg.tbt_sla_s == 0.05 and ctrl.cfg.b_min == 1
-    # the GPU-memory guard around the token budget around seed 000's policy
-    sla = ctrl.policy.inner.inner.sla
+    # the GPU-memory guard around the damper around the token budget around seed 000's
+    # policy
+    sla = ctrl.policy.inner.inner.inner.sla
     assert sla is not None and sla.sla_s == 0.05
     assert ctrl.metrics.reloads.labels("refused")._value.get() == 2
     assert ctrl.decisions_json()["last_reload"]["outcome"] == "refused"

@@ -49,6 +49,8 @@ REASONS = {
                       "memory bound and full token budget maximise throughput",
     "static": "batch_policy = static: the ceiling, never moved",
     "trtllm": "batch_policy = trtllm: TensorRT-LLM's dynamic batch-size tuner",
+    "cap_raise_hold": "the policy wants a higher cap; held at the applied one until the "
+                      "raise has been wanted for cap_raise_hold_s (falls apply at once)",
     "floor_running": "bound below the running count, batch raised to it (running "
                      "requests are never preempted)",
 }

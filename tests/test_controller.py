@@ -129,6 +129,16 @@ def test_notifier_disabled_sends_nothing():
     assert ctrl.ready_sent is False
 
 
+def test_every_decision_says_whether_the_cap_binds(tmp_path):
+    eng = FakeEngine(running=4, waiting=0)
+    ctrl = Controller(config.load(write(tmp_path, BASE)), eng, Metrics())
+    d = ctrl.run_once()
+    assert d.cap == 32 and d.inputs["cap_binds"] is False
+    assert d.inputs["cap_note"].startswith("the cap does not bind: 4 running under cap 32, "
+                                           "nothing waiting")
+    assert ctrl.decisions_json()["current"]["inputs"]["cap_binds"] is False
+
+
 # ------------------------------------------------------------- reload
 def test_valid_reload_changes_sla_and_decisions(tmp_path):
     path = write(tmp_path, BASE)

@@ -388,6 +388,9 @@ def format_status(data: dict[str, Any], base: str, now: float,
                      + (f" ({bounds})" if bounds else ""))
         meaning = REASONS.get(reason)
         lines.append(f"reason:      {reason}" + (f": {meaning}" if meaning else ""))
+        note = (cur.get("inputs") or {}).get("cap_note")
+        if note:
+            lines.append(f"binding:     {note}")
         batch = cur.get("batch")
         if isinstance(batch, int) and batch > cur["cap"]:
             lines.append(f"draining:    batch {batch} running above cap {cur['cap']}: no "

@@ -1,0 +1,40 @@
+"""Whether the cap binds, in words: what a decision says beside its reason.
+
+A reason names the rule that set the cap (``sla_idle``, ``memory``, ``hold_no_queue``
+...), not whether the cap is what holds requests back. Under a light load the cap is
+far above the running count and moving it changes nothing; under prefill-heavy load
+requests can wait while the cap has room, held by the token budget, the TPOT admission
+guard, the queue policy or the KV cache. An operator reading ``/decisions`` or
+``tuned status`` should not have to work that out from the counts.
+
+:func:`cap_binding` reads the tick's counts against the cap the engine will apply
+(after every wrapper) and the window's ``binding`` share (steps that ended with
+requests waiting at a full cap), and returns two inputs for the decision:
+``cap_binds`` (bool: requests wait now at a full cap) and ``cap_note`` (a sentence).
+"""
+
+from __future__ import annotations
+
+from tuned.core.types import Observation
+
+
+def cap_binding(obs: Observation, cap: int) -> dict:
+    """``{"cap_binds": bool, "cap_note": str}`` for a decision applying ``cap``."""
+    r, w = obs.num_running, obs.num_waiting
+    share = f"full with requests waiting on {obs.binding:.0%} of the window's steps"
+    if r >= cap and w > 0:
+        return {"cap_binds": True,
+                "cap_note": f"the cap binds: {r} running at cap {cap}, {w} waiting "
+                            f"({share})"}
+    if r >= cap:
+        note = f"the cap does not bind: {r} running at cap {cap}, nothing waiting"
+    elif w > 0:
+        note = (f"the cap does not bind: {r} running under cap {cap} while {w} "
+                f"wait, held by the token budget, the admission guard, the queue "
+                f"policy or the KV cache, not by the cap")
+    else:
+        note = f"the cap does not bind: {r} running under cap {cap}, nothing waiting"
+    return {"cap_binds": False, "cap_note": f"{note} ({share})"}
+
+
+__all__ = ["cap_binding"]

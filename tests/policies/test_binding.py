@@ -36,3 +36,12 @@ def test_requests_waiting_under_the_cap_are_held_by_something_else():
         "the cap does not bind: 13 running under cap 20 while 22 wait, held by the token "
         "budget, the admission guard, the queue policy or the KV cache, not by the cap "
         "(full with requests waiting on 0% of the window's steps)")
+
+
+def test_a_request_that_just_finished_does_not_unbind_the_cap():
+    # between two steps one under a cap of 3 with 20 waiting; the window was full
+    got = cap_binding(obs(2, 20, 0.9), 3)
+    assert got == {"cap_binds": True,
+                   "cap_note": "the cap binds: 2 running under cap 3, 20 waiting (full with "
+                               "requests waiting on 90% of the window's steps)"}
+    assert cap_binding(obs(2, 20, 0.49), 3)["cap_binds"] is False

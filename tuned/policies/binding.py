@@ -10,7 +10,8 @@ guard, the queue policy or the KV cache. An operator reading ``/decisions`` or
 :func:`cap_binding` reads the tick's counts against the cap the engine will apply
 (after every wrapper) and the window's ``binding`` share (steps that ended with
 requests waiting at a full cap), and returns two inputs for the decision:
-``cap_binds`` (bool: requests wait now at a full cap) and ``cap_note`` (a sentence).
+``cap_binds`` (bool: requests wait, at a full cap now or over most of the window) and
+``cap_note`` (a sentence).
 """
 
 from __future__ import annotations
@@ -18,13 +19,25 @@ from __future__ import annotations
 from tuned.core.types import Observation
 
 
+#: the share of the window's steps at a full cap with requests waiting from which the
+#: cap counts as binding (:class:`tuned.policies.batch.EvidenceSlaBound`'s ``bind_share``)
+BIND_SHARE = 0.5
+
+
 def cap_binding(obs: Observation, cap: int) -> dict:
-    """``{"cap_binds": bool, "cap_note": str}`` for a decision applying ``cap``."""
+    """``{"cap_binds": bool, "cap_note": str}`` for a decision applying ``cap``.
+
+    The counts are a snapshot between two engine steps: a request that just finished
+    leaves the running count one under a small cap while many wait, and the next step
+    admits one. So requests waiting under the cap count as held by the cap when the
+    window says it was full with requests waiting on at least :data:`BIND_SHARE` of
+    its steps."""
     r, w = obs.num_running, obs.num_waiting
     share = f"full with requests waiting on {obs.binding:.0%} of the window's steps"
-    if r >= cap and w > 0:
+    if w > 0 and (r >= cap or obs.binding >= BIND_SHARE):
+        where = "at" if r >= cap else "under"
         return {"cap_binds": True,
-                "cap_note": f"the cap binds: {r} running at cap {cap}, {w} waiting "
+                "cap_note": f"the cap binds: {r} running {where} cap {cap}, {w} waiting "
                             f"({share})"}
     if r >= cap:
         note = f"the cap does not bind: {r} running at cap {cap}, nothing waiting"

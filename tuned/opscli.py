@@ -43,6 +43,8 @@ REASONS = {
     "sla_over_prefill": "TBT over the SLA but decode-only steps within it: prefill chunks "
                         "caused it, the token budget shrinks, the cap holds",
     "sla_idle": "the cap was not binding (nothing waited at the cap): SLA search kept",
+    "sla_over_settling": "TBT still over the SLA on a window that holds the steps of the "
+                         "last fall: the search waits for the window to turn over",
     "sla_expand": "TBT under the SLA at a collapsed search interval while the cap binds: "
                   "the upper end grows by a quarter",
     "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "

@@ -155,6 +155,13 @@ def feasibility_patience(cfg: Any) -> int:
     return max(3, math.ceil(cfg.tbt_window_s / cfg.interval_s) + 1)
 
 
+def settle_ticks(cfg: Any) -> int:
+    """Ticks after a fall of the SLA search before the next one: the TBT window's
+    length in ticks less the tick of the fall, so that the steps which caused a fall
+    have left the window before they can cause another."""
+    return max(0, math.ceil(round(cfg.tbt_window_s / cfg.interval_s, 9)) - 1)
+
+
 def build_batch_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                        block_size: int, profile: Any = None) -> tuple[Any, str | None]:
     """The batch policy named by ``cfg.batch_policy`` (with its token budget), its
@@ -216,7 +223,8 @@ def _cap_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, block_si
             sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min, b_max)
         else:
             sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
-                                   cfg.b_min, b_max, statistic=cfg.sla_statistic)
+                                   cfg.b_min, b_max, statistic=cfg.sla_statistic,
+                                   settle_ticks=settle_ticks(cfg))
         if profile is not None:
             # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
             sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))

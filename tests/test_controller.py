@@ -129,6 +129,16 @@ def test_notifier_disabled_sends_nothing():
     assert ctrl.ready_sent is False
 
 
+def test_every_decision_says_whether_the_cap_binds(tmp_path):
+    eng = FakeEngine(running=4, waiting=0)
+    ctrl = Controller(config.load(write(tmp_path, BASE)), eng, Metrics())
+    d = ctrl.run_once()
+    assert d.cap == 32 and d.inputs["cap_binds"] is False
+    assert d.inputs["cap_note"].startswith("the cap does not bind: 4 running under cap 32, "
+                                           "nothing waiting")
+    assert ctrl.decisions_json()["current"]["inputs"]["cap_binds"] is False
+
+
 # ------------------------------------------------------------- reload
 def test_valid_reload_changes_sla_and_decisions(tmp_path):
     path = write(tmp_path, BASE)
@@ -159,8 +169,9 @@ def test_invalid_reload_is_refused_and_old_config_kept(tmp_path):
     res = ctrl.reload()
     assert res["problems"] == ["b_min: must be <= b_max (32), got 40"]
     assert ctrl.cfg.tbt_sla_s == 0.05 and ctrl.cfg.b_min == 1
-    # the GPU-memory guard around the token budget around seed 000's policy
-    sla = ctrl.policy.inner.inner.sla
+    # the GPU-memory guard around the damper around the token budget around seed 000's
+    # policy
+    sla = ctrl.policy.inner.inner.inner.sla
     assert sla is not None and sla.sla_s == 0.05
     assert ctrl.metrics.reloads.labels("refused")._value.get() == 2
     assert ctrl.decisions_json()["last_reload"]["outcome"] == "refused"

@@ -278,6 +278,13 @@ def test_status_summary_lines():
     assert lines[11] == "recent:      3 decisions: sla_hold 2, sla_over 1; cap 12..14"
     assert len(lines) == 12
 
+def test_status_says_whether_the_cap_binds():
+    doc = copy.deepcopy(DOC)
+    doc["current"].setdefault("inputs", {})["cap_note"] = "the cap binds: 12 running at cap 12"
+    with FakeTuned(doc) as srv:
+        code, lines, _ = status_lines(srv.url)
+    assert code == 0 and lines[3] == "binding:     the cap binds: 12 running at cap 12"
+
 
 def test_status_without_decision_gpu_or_reload_and_in_fallback():
     doc = copy.deepcopy(DOC)

@@ -97,6 +97,11 @@ class Config:
                                  "the floor (at most halfway to 1) for 3 ticks (0 = "
                                  "off; no effect without NVML)", lo=0.0, hi=1.0,
                                  hi_open=True)
+    cap_raise_hold_s: float = _f(0.0, "damping: a higher cap applies only once a raise has "
+                                 "been wanted on every tick for this long, then to the "
+                                 "lowest cap wanted meanwhile (reason cap_raise_hold "
+                                 "while held); a lower cap applies at once (0 = off)",
+                                 lo=0.0, hi=600.0)
     min_chunk_tokens: int = _f(32, "room kept in the token budget for a prefill chunk "
                                "above the cap", lo=1, hi=1 << 20)
     token_budget_granule: int = _f(256, "round the SLA-sized token budget down to a "

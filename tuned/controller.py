@@ -40,6 +40,7 @@ from tuned.core.knobs import NO_SWITCH, Fallback, KnobSlot, QueueInputs, valid_c
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
+from tuned.policies.binding import cap_binding
 from tuned.policies.registry import build_batch_policy
 from tuned.telemetry.nvml import NvmlSampler, free_bytes, free_fraction
 
@@ -371,9 +372,12 @@ class Controller:
 
     def decide(self, obs: Observation) -> Decision:
         dec = self.policy.decide(obs)
+        if not isinstance(dec, Decision) or type(dec.cap) is not int:
+            return dec      # a fault: run_once hands the engine the fallback cap
         if self._first_reason and self.current is None and dec.reason == "initial":
             dec = _replace(dec, {"reason": self._first_reason})
-        return dec
+        # whether the cap the engine applies binds, in words (reasons name the rule)
+        return _replace(dec, {"inputs": {**(dec.inputs or {}), **cap_binding(obs, dec.cap)}})
 
     def act(self, dec: Decision) -> None:
         """Hand the decision to the engine's slot, export it, keep it in the history."""

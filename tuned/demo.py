@@ -75,7 +75,8 @@ class _DecisionPrinter:
         _say(f"  [{time.monotonic() - self.t0:6.1f}s] cap={d['cap']:3d} "
              f"budget={d['token_budget']:5d} reason={d['reason']:16s} "
              f"tbt={'%.1fms' % (tbt * 1e3) if tbt else '-':>8s} "
-             f"running={inp.get('running', '-')} waiting={inp.get('waiting', '-')}")
+             f"running={inp.get('running', '-')} waiting={inp.get('waiting', '-')} "
+             f"cap {'binds' if inp.get('cap_binds') else 'does not bind'}")
 
 
 def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | None,

@@ -43,6 +43,8 @@ REASONS = {
     "sla_over_prefill": "TBT over the SLA but decode-only steps within it: prefill chunks "
                         "caused it, the token budget shrinks, the cap holds",
     "sla_idle": "the cap was not binding (nothing waited at the cap): SLA search kept",
+    "sla_over_settling": "TBT still over the SLA on a window that holds the steps of the "
+                         "last fall: the search waits for the window to turn over",
     "sla_expand": "TBT under the SLA at a collapsed search interval while the cap binds: "
                   "the upper end grows by a quarter",
     "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
@@ -51,6 +53,8 @@ REASONS = {
     "trtllm": "batch_policy = trtllm: TensorRT-LLM's dynamic batch-size tuner",
     "budget_room": "the cap was above the SLA-sized token budget: it yields to the "
                    "budget less one chunk (never below the running count)",
+    "cap_raise_hold": "the policy wants a higher cap; held at the applied one until the "
+                      "raise has been wanted for cap_raise_hold_s (falls apply at once)",
     "floor_running": "bound below the running count, batch raised to it (running "
                      "requests are never preempted)",
 }
@@ -388,6 +392,9 @@ def format_status(data: dict[str, Any], base: str, now: float,
                      + (f" ({bounds})" if bounds else ""))
         meaning = REASONS.get(reason)
         lines.append(f"reason:      {reason}" + (f": {meaning}" if meaning else ""))
+        note = (cur.get("inputs") or {}).get("cap_note")
+        if note:
+            lines.append(f"binding:     {note}")
         batch = cur.get("batch")
         if isinstance(batch, int) and batch > cur["cap"]:
             lines.append(f"draining:    batch {batch} running above cap {cur['cap']}: no "

@@ -3,6 +3,7 @@ with pynvml faked at its functions (the hardware boundary)."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pynvml
@@ -191,8 +192,11 @@ def test_controller_without_nvml_decides_as_before():
     ctrl = Controller(cfg, FakeEngine(ceiling=16, running=16), Metrics())
     d = ctrl.run_once()
     assert ctrl.last_observation.gpu_free_fraction is None
-    # the guard hands back the policy's own decision object
-    assert d is ctrl.policy.last_inner
+    # the guard hands back the policy's own decision; the controller adds only whether
+    # the cap binds
+    inner = ctrl.policy.last_inner
+    assert d == dataclasses.replace(inner, inputs={**inner.inputs, "cap_binds": False,
+                                                   "cap_note": d.inputs["cap_note"]})
     assert (d.cap, d.reason) == (16, "static") and "gpu_free_fraction" not in d.inputs
 
 

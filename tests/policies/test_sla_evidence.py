@@ -83,6 +83,54 @@ def test_violation_from_prefill_leaves_the_cap_to_the_token_budget():
     assert why == "sla_over" and b < 32
 
 
+def test_a_fall_from_a_cap_that_did_not_bind_halves_it():
+    """Three decodes ran while a window of long prompts went over the SLA, nothing
+    waiting at the cap of 16 (no chunk size holds the SLA on this host, so the budget
+    cannot act): the paper's fall sets the high end to b-bar = 3 (cap 2); here b-bar
+    is the offered load, so the high end falls to half the cap. A binding cap still
+    falls to b-bar."""
+    paper = SlaBound(SLA, EPS, 2, 1, 1, 32)
+    paper.low, paper.high = 1, 32                               # cap 16
+    assert paper.update(obs(4, 0, 0.200, 3.0)) == (2, "sla_over")
+    assert (paper.low, paper.high) == (1, 3)
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False)
+    b.low, b.high = 1, 32
+    assert b.update(obs(4, 0, 0.200, 3.0, dec_only=0.030)) == (4, "sla_over")
+    assert (b.low, b.high) == (1, 8)
+    b.low, b.high = 1, 32
+    assert b.update(obs(16, 6, 0.200, 3.0, binding=1.0)) == (2, "sla_over")
+    assert (b.low, b.high) == (1, 3)
+
+
+def test_after_a_fall_the_window_turns_over_before_the_next():
+    """The window holds the steps that caused a fall for tbt_window_s; a tick every
+    interval_s would read them again and fall again. settle_ticks = 3 (a 2 s window,
+    0.5 s ticks): the next three ticks keep the interval, the fourth may fall."""
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, settle_ticks=3)
+    b.low, b.high = 1, 32
+    over = obs(16, 6, 0.200, 16.0, binding=1.0)
+    got = [b.update(over) for _ in range(6)]
+    assert got == [(8, "sla_over"), (8, "sla_over_settling"), (8, "sla_over_settling"),
+                   (8, "sla_over_settling"), (8, "sla_over"), (8, "sla_over_settling")]
+    # the count runs in time, not in violations: three ticks within the SLA settle it
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, settle_ticks=3)
+    b.low, b.high = 1, 32
+    assert b.update(over)[1] == "sla_over"
+    for _ in range(3):
+        b.update(obs(4, 0, SLA, 4.0))
+    assert b.update(over)[1] == "sla_over"
+    with pytest.raises(ValueError, match=r"settle_ticks: must be >= 0, got -1"):
+        EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, settle_ticks=-1)
+
+
+def test_registry_settles_for_one_window():
+    from tuned.policies.registry import settle_ticks
+
+    assert settle_ticks(config.validate({})) == 3          # 2 s window, 0.5 s ticks
+    assert settle_ticks(config.validate({"interval_s": 2.0})) == 0
+    assert settle_ticks(config.validate({"tbt_window_s": 1.2, "interval_s": 0.5})) == 2
+
+
 def test_p90_statistic():
     ev = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 64, statistic="p90")
     o = Observation(num_running=8, num_waiting=4, kv_capacity_blocks=100, demand_mean=1.0,

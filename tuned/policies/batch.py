@@ -237,6 +237,17 @@ class EvidenceSlaBound(SlaBound):
       off where no chunk size can hold the SLA (a CPU host), since the budget is the
       full one there and acts on nothing, so the cap falls: fewer prompts per step,
       fewer decodes exposed to each prefill;
+    * a fall from a cap that was not binding halves it (high <- max(b-bar, low +
+      alpha, cap / 2)) rather than dropping the high end to b-bar: with nothing
+      waiting at the cap b-bar is the offered load, not what the engine can run (the
+      argument of the next point), and a window that long prompts pushed over the SLA
+      at three decodes would set a cap of 16 to 2, where requests then queue past
+      their TTFT while the search climbs back;
+    * after a fall, ``settle_ticks`` ticks pass before the next one (reason
+      ``sla_over_settling``, interval kept): the window still holds the steps that
+      caused the fall, and a tick every ``interval_s`` over a ``tbt_window_s``
+      window would otherwise answer one slow window several times over (the
+      registry sets it to the window's length in ticks, less the tick of the fall);
     * under or within the SLA: the paper's update only on ticks where the cap was
       binding (requests waited while the cap was full for at least ``bind_share``
       of the window's steps); otherwise the interval is kept (``sla_idle``);
@@ -253,13 +264,17 @@ class EvidenceSlaBound(SlaBound):
 
     def __init__(self, sla_s: float, eps_s: float, alpha: int, delta: int, b_min: int,
                  b_max: int, *, statistic: str = "mean", bind_share: float = 0.5,
-                 budget_controlled: bool = True) -> None:
+                 budget_controlled: bool = True, settle_ticks: int = 0) -> None:
         super().__init__(sla_s, eps_s, alpha, delta, b_min, b_max)
         if statistic not in ("mean", "p90"):
             raise ValueError(f"statistic: must be mean or p90, got {statistic!r}")
+        if settle_ticks < 0:
+            raise ValueError(f"settle_ticks: must be >= 0, got {settle_ticks!r}")
         self.statistic = statistic
         self.bind_share = bind_share
         self.budget_controlled = budget_controlled
+        self.settle_ticks = settle_ticks
+        self.settling = 0       # ticks left before another fall may follow the last one
 
     def warm_start(self, b: int) -> None:
         b = min(max(b, self.b_min), self.b_max)
@@ -277,6 +292,7 @@ class EvidenceSlaBound(SlaBound):
             return (self.low + self.high) // 2, "initial"
         bb = int(math.floor(bbar + 0.5))
         binding = obs.binding >= self.bind_share
+        settling, self.settling = self.settling, max(self.settling - 1, 0)
         if t > self.sla_s + self.eps_s:
             dec = obs.decode_only_tbt_s
             if dec is None and obs.step_model is not None:
@@ -285,8 +301,15 @@ class EvidenceSlaBound(SlaBound):
             if (self.budget_controlled and dec is not None
                     and dec <= self.sla_s - self.eps_s):
                 reason = "sla_over_prefill"
+            elif settling:
+                reason = "sla_over_settling"
             else:
-                reason = self._fall(bb)
+                if binding:
+                    reason = self._fall(bb)
+                else:   # b-bar is the offered load: halve the cap instead
+                    cap = (self.low + self.high) // 2
+                    reason = self._fall(max(bb, cap // 2))
+                self.settling = self.settle_ticks
         elif not binding:
             reason = "sla_idle"
         elif t < self.sla_s - self.eps_s:

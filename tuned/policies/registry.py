@@ -18,9 +18,12 @@ Batch policies (``decide(observation) -> Decision``, built by
 Every built-in policy decides the cap; with ``token_budget_policy = "sla"``
 :func:`build_batch_policy` wraps it in :class:`~tuned.policies.budget.TokenBudget`,
 which sizes the per-step token budget for the SLA (a plugin returns its own budget).
-Every policy, plugins included, is then built inside
+Every policy, plugins included, is then wrapped in
+:class:`~tuned.policies.damping.CapDamper` (a raise of the cap applies once it has been
+wanted for ``cap_raise_hold_s``; a fall at once) and that inside
 :class:`~tuned.policies.gpu_memory.GpuMemoryGuard` (GPU memory from NVML lowers the
-cap under pressure; without NVML a pass-through).
+cap under pressure; without NVML a pass-through), outermost so that its recovery is
+not held a second time.
 Every policy returns a :class:`~tuned.core.types.Decision`; the controller checks it
 (an invalid cap becomes the fallback, see :mod:`tuned.controller`).
 
@@ -43,6 +46,7 @@ from tuned.core.types import Decision, Observation
 from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,
                                   SlaBound)
 from tuned.policies.budget import TokenBudget
+from tuned.policies.damping import CapDamper, hold_ticks
 from tuned.policies.gpu_memory import GpuMemoryGuard
 from tuned.policies.trtllm import TrtllmDynamicBatchTuner
 
@@ -151,17 +155,27 @@ def feasibility_patience(cfg: Any) -> int:
     return max(3, math.ceil(cfg.tbt_window_s / cfg.interval_s) + 1)
 
 
+def settle_ticks(cfg: Any) -> int:
+    """Ticks after a fall of the SLA search before the next one: the TBT window's
+    length in ticks less the tick of the fall, so that the steps which caused a fall
+    have left the window before they can cause another."""
+    return max(0, math.ceil(round(cfg.tbt_window_s / cfg.interval_s, 9)) - 1)
+
+
 def build_batch_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                        block_size: int, profile: Any = None) -> tuple[Any, str | None]:
-    """The batch policy named by ``cfg.batch_policy`` (with its token budget) inside
-    the GPU-memory guard (:class:`tuned.policies.gpu_memory.GpuMemoryGuard`, a
+    """The batch policy named by ``cfg.batch_policy`` (with its token budget), its
+    raises damped (:class:`tuned.policies.damping.CapDamper`, ``cap_raise_hold_s``),
+    inside the GPU-memory guard (:class:`tuned.policies.gpu_memory.GpuMemoryGuard`, a
     pass-through without NVML), and the reason of its first decision when the profile
     warm-starts it (else None). ``cfg`` is a validated :class:`tuned.config.Config`
     (with the SLA already derived)."""
     policy, first_reason = _named_policy(cfg, ceiling=ceiling,
                                          max_num_batched_tokens=max_num_batched_tokens,
                                          block_size=block_size, profile=profile)
-    guard = GpuMemoryGuard(policy, floor=cfg.gpu_memory_floor, b_min=cfg.b_min,
+    damped = CapDamper(policy, hold_ticks=hold_ticks(cfg.cap_raise_hold_s, cfg.interval_s),
+                       ceiling=ceiling)
+    guard = GpuMemoryGuard(damped, floor=cfg.gpu_memory_floor, b_min=cfg.b_min,
                            ceiling=ceiling)
     return guard, first_reason
 
@@ -210,7 +224,8 @@ def _cap_policy(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, block_si
             sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min, b_max)
         else:
             sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
-                                   cfg.b_min, b_max, statistic=cfg.sla_statistic)
+                                   cfg.b_min, b_max, statistic=cfg.sla_statistic,
+                                   settle_ticks=settle_ticks(cfg))
         if profile is not None:
             # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
             sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))

@@ -1,0 +1,47 @@
+"""Whether the cap binds, in words, on every decision the controller makes."""
+
+from __future__ import annotations
+
+from tuned.core.types import Observation
+from tuned.policies.binding import cap_binding
+
+
+def obs(running, waiting, binding=0.0):
+    return Observation(num_running=running, num_waiting=waiting, kv_capacity_blocks=1000,
+                       demand_mean=None, demand_std=None, demand_samples=0,
+                       tbt_mean_s=None, decode_batch_mean=None, binding=binding)
+
+
+def test_binds_when_requests_wait_at_a_full_cap():
+    assert cap_binding(obs(8, 5, 0.36), 8) == {
+        "cap_binds": True,
+        "cap_note": "the cap binds: 8 running at cap 8, 5 waiting (full with requests "
+                    "waiting on 36% of the window's steps)"}
+
+
+def test_does_not_bind_under_a_light_load():
+    assert cap_binding(obs(4, 0), 16) == {
+        "cap_binds": False,
+        "cap_note": "the cap does not bind: 4 running under cap 16, nothing waiting "
+                    "(full with requests waiting on 0% of the window's steps)"}
+    assert cap_binding(obs(16, 0, 0.1), 16)["cap_note"] == (
+        "the cap does not bind: 16 running at cap 16, nothing waiting (full with requests "
+        "waiting on 10% of the window's steps)")
+
+
+def test_requests_waiting_under_the_cap_are_held_by_something_else():
+    got = cap_binding(obs(13, 22), 20)
+    assert got["cap_binds"] is False
+    assert got["cap_note"] == (
+        "the cap does not bind: 13 running under cap 20 while 22 wait, held by the token "
+        "budget, the admission guard, the queue policy or the KV cache, not by the cap "
+        "(full with requests waiting on 0% of the window's steps)")
+
+
+def test_a_request_that_just_finished_does_not_unbind_the_cap():
+    # between two steps one under a cap of 3 with 20 waiting; the window was full
+    got = cap_binding(obs(2, 20, 0.9), 3)
+    assert got == {"cap_binds": True,
+                   "cap_note": "the cap binds: 2 running under cap 3, 20 waiting (full with "
+                               "requests waiting on 90% of the window's steps)"}
+    assert cap_binding(obs(2, 20, 0.49), 3)["cap_binds"] is False

@@ -1,0 +1,53 @@
+"""Whether the cap binds, in words: what a decision says beside its reason.
+
+A reason names the rule that set the cap (``sla_idle``, ``memory``, ``hold_no_queue``
+...), not whether the cap is what holds requests back. Under a light load the cap is
+far above the running count and moving it changes nothing; under prefill-heavy load
+requests can wait while the cap has room, held by the token budget, the TPOT admission
+guard, the queue policy or the KV cache. An operator reading ``/decisions`` or
+``tuned status`` should not have to work that out from the counts.
+
+:func:`cap_binding` reads the tick's counts against the cap the engine will apply
+(after every wrapper) and the window's ``binding`` share (steps that ended with
+requests waiting at a full cap), and returns two inputs for the decision:
+``cap_binds`` (bool: requests wait, at a full cap now or over most of the window) and
+``cap_note`` (a sentence).
+"""
+
+from __future__ import annotations
+
+from tuned.core.types import Observation
+
+
+#: the share of the window's steps at a full cap with requests waiting from which the
+#: cap counts as binding (:class:`tuned.policies.batch.EvidenceSlaBound`'s ``bind_share``)
+BIND_SHARE = 0.5
+
+
+def cap_binding(obs: Observation, cap: int) -> dict:
+    """``{"cap_binds": bool, "cap_note": str}`` for a decision applying ``cap``.
+
+    The counts are a snapshot between two engine steps: a request that just finished
+    leaves the running count one under a small cap while many wait, and the next step
+    admits one. So requests waiting under the cap count as held by the cap when the
+    window says it was full with requests waiting on at least :data:`BIND_SHARE` of
+    its steps."""
+    r, w = obs.num_running, obs.num_waiting
+    share = f"full with requests waiting on {obs.binding:.0%} of the window's steps"
+    if w > 0 and (r >= cap or obs.binding >= BIND_SHARE):
+        where = "at" if r >= cap else "under"
+        return {"cap_binds": True,
+                "cap_note": f"the cap binds: {r} running {where} cap {cap}, {w} waiting "
+                            f"({share})"}
+    if r >= cap:
+        note = f"the cap does not bind: {r} running at cap {cap}, nothing waiting"
+    elif w > 0:
+        note = (f"the cap does not bind: {r} running under cap {cap} while {w} "
+                f"wait, held by the token budget, the admission guard, the queue "
+                f"policy or the KV cache, not by the cap")
+    else:
+        note = f"the cap does not bind: {r} running under cap {cap}, nothing waiting"
+    return {"cap_binds": False, "cap_note": f"{note} ({share})"}
+
+
+__all__ = ["cap_binding"]

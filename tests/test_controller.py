@@ -233,6 +233,37 @@ def test_observation_window_and_demand_moments():
     assert ctrl.metrics.tbt._sum.get() == pytest.approx(0.540)
 
 
+def test_first_step_fit_comes_as_soon_as_there_are_steps_then_every_few_seconds():
+    """Without a fit the token budget is the full budget, so the first fit is tried at
+    every tick until it succeeds, not at the next 4 s refresh."""
+    from tuned.controller import STEP_FIT_EVERY_S
+    from tuned.core.ring import StepSample
+
+    clock = [100.0]
+    eng = FakeEngine(running=8, waiting=4)
+    ctrl = Controller(config.validate({"tbt_sla_s": 0.05}), eng, Metrics(),
+                      clock=lambda: clock[0])
+    assert ctrl.observe().step_model is None            # no steps yet
+
+    def add(n):
+        s = eng.steps
+        for i in range(n):
+            b, c = 1 + i % 8, 64 * (i % 5)
+            s.append(StepSample(s.next_seq, clock[0], 0.010 + 0.001 * b + 0.0001 * c, b,
+                                1 if c else 0, c, b + c, b, 0.1, 1, 100 * b, 8, 4, 0))
+
+    add(60)
+    clock[0] += 0.5                                     # one tick, not 4 s later
+    first = ctrl.observe().step_model
+    assert first is not None
+    assert first.gamma == pytest.approx(0.0001, rel=1e-6)
+    add(60)
+    clock[0] += 0.5
+    assert ctrl.observe().step_model is first           # refreshed every few s only
+    clock[0] += STEP_FIT_EVERY_S
+    assert ctrl.observe().step_model is not first
+
+
 def test_controller_error_hands_fallback():
     eng = FakeEngine()
     eng.fail_counts = 1

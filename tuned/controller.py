@@ -359,9 +359,13 @@ class Controller:
     def _refresh_step_fit(self, now: float) -> None:
         """The online step model: refreshed every few seconds from this engine's own
         recent steps (tuned.curves.online), where an SLA or the guard reads it (a
-        plugin policy that reads it says so with ``wants_step_fit``)."""
+        plugin policy that reads it says so with ``wants_step_fit``). Until the first
+        fit succeeds it is tried every tick: without one the token budget is the full
+        budget, and a long prompt's whole prefill in one step stalls the decodes
+        beside it."""
         cfg = self.cfg
-        if (now - self._fit_t >= STEP_FIT_EVERY_S and (cfg.sla_enabled or cfg.tbt_sla_auto)
+        due = self._step_fit is None or now - self._fit_t >= STEP_FIT_EVERY_S
+        if (due and (cfg.sla_enabled or cfg.tbt_sla_auto)
                 and (cfg.batch_policy in ("tuned", "sla") or cfg.guards_admission
                      or getattr(self.policy, "wants_step_fit", False))):
             self._fit_t = now

@@ -16,16 +16,7 @@ from tuned.bench.papers import multibin as mb
 from tuned.bench.papers import bucketserve, pang, saber
 from tuned.workloads import RequestSpec
 
-
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    """The simulator's controller logs each decision at info; keep stdout to the table."""
-    from tuned import log
-
-    old = structlog.get_config()
-    log.configure("warning")
-    yield
-    structlog.configure(**old)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 # ------------------------------------------------------------------ dispatcher

@@ -2,21 +2,12 @@
 compute and the same single-request step, measured beside the paper's check."""
 
 import pytest
-import structlog
 
 from tuned.bench.papers import saber
 from tuned.sim.hardware import gpu_hardware
 from tuned.sim.stepmodel import StepShape
 
-
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    from tuned import log
-
-    old = structlog.get_config()
-    log.configure("warning")
-    yield
-    structlog.configure(**old)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def test_testbed_is_the_hardware_with_fewer_layers_and_the_same_one_request_step():

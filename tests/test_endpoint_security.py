@@ -5,6 +5,7 @@ text."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -310,9 +311,17 @@ def test_controller_json_has_no_request_text(tmp_path):
     strings = {v for doc in (dec, steps) for _, k, v in walk(doc) if isinstance(v, str)}
     from tuned.opscli import REASONS
 
+    # whether the cap binds, in tuned's own words and counts (tuned.policies.binding)
+    note = re.compile(r"the cap (binds|does not bind): \d+ running (at|under) cap \d+"
+                      r"(, \d+ waiting|, nothing waiting| while \d+ wait, held by the token "
+                      r"budget, the admission guard, the queue policy or the KV cache, not "
+                      r"by the cap) \(full with requests waiting on \d+% of the window's "
+                      r"steps\)")
+    notes = {v for v in strings if note.fullmatch(v)}
+    assert notes, "every decision carries a cap_note"
     # reasons, and the config's own names (policy, statistic, SLA source)
     names = {"fcfs", "tuned", "mean", "config", "online", "", "none"}
-    assert strings <= set(REASONS) | names | {dec["current"]["reason"]}
+    assert strings - notes <= set(REASONS) | names | {dec["current"]["reason"]}
 
 
 def test_real_scheduler_never_exposes_request_text(tiny_model, capsys):

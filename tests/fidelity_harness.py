@@ -69,16 +69,10 @@ def vllm_tpot_totals(base: str) -> tuple[float, float]:
     quantity the simulator models, without the API server's delivery: on two cores a
     client receives tokens in bursts (a third of the gaps under 1 ms at cap 2, the
     first token often late), which moves a client's TPOT by up to a fifth either way."""
-    import urllib.request
+    from serve_harness import get_text, msum, parse_metric_values
 
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    total = {"_sum": 0.0, "_count": 0.0}
-    for line in text.splitlines():
-        for suffix in total:
-            if line.startswith(VLLM_TPOT + suffix):
-                total[suffix] += float(line.rsplit(" ", 1)[1])
-    return total["_sum"], total["_count"]
+    values = parse_metric_values(get_text(base + "/metrics"))
+    return msum(values, VLLM_TPOT + "_sum"), msum(values, VLLM_TPOT + "_count")
 
 
 class AtHostSpeed:

@@ -239,10 +239,15 @@ def event_wall_s(e: dict) -> float:
 
 def metric_values(srv: Server) -> dict:
     """{(sample name, sorted label items): value} from the endpoint's /metrics."""
+    return parse_metric_values(srv.metrics())
+
+
+def parse_metric_values(text: str) -> dict:
+    """{(sample name, sorted label items): value} of a Prometheus text exposition."""
     from prometheus_client.parser import text_string_to_metric_families
 
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(srv.metrics()) for s in f.samples}
+            for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def mval(values: dict, name: str, engine: str = "0", **labels) -> float:

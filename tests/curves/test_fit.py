@@ -134,6 +134,23 @@ def test_fit_step_time_exact_ols_and_constant_column():
     assert "gamma fixed at 0" in f.note
 
 
+def test_fit_step_time_holds_a_slope_that_fits_below_zero_at_zero():
+    """A step that is all fixed cost (the tiny demo model): noise gives the decode term
+    a negative slope under plain OLS, which no profile may carry; it is held at 0 and
+    the rest refitted exactly."""
+    b = np.array([1, 2, 3, 4, 1, 2, 3, 4], dtype=float)
+    c = np.array([0, 0, 0, 0, 32, 32, 32, 32], dtype=float)
+    y = 0.004 + 0.00001 * c - 0.00001 * np.array([0, 1, 2, 3, 0, 1, 2, 3])
+    assert np.linalg.lstsq(np.column_stack([np.ones(8), b, c]), y, rcond=None)[0][1] < 0
+    f = fit_step_time(b, c, y)
+    assert f.params["beta"] == 0.0 and f.stderr["beta"] is None
+    assert f.params["gamma"] == pytest.approx(0.00001)
+    assert f.params["a"] == pytest.approx(0.004 - 0.000015)
+    assert "beta fixed at 0 (fitted below 0: no measurable cost per unit of b)" in f.note
+    g = fit_step_time(b, c, y, kv_tokens=100 * b)
+    assert min(g.params.values()) >= 0.0
+
+
 def test_fits_reject_too_few_samples():
     with pytest.raises(FitError, match="usl_throughput: needs at least 3 samples, got 2"):
         fit_usl([1, 2], [10, 18])
@@ -188,9 +205,12 @@ def test_one_fitter_two_methods_for_the_step_time():
         assert f.name == "step_time_kv"
         for k, v in {"a": 0.004, "beta": 0.0005, "gamma": 0.00002, "eta": 1e-7}.items():
             assert f.params[k] == pytest.approx(v, rel=1e-6, abs=1e-12), (f.note, k)
-    # a decreasing cost in c: OLS follows the data, NNLS floors gamma at 0
+    # a decreasing cost in c: both hold gamma at 0 (a profile may not carry a negative
+    # cost: load_profile refuses it), OLS saying so in its note
     t2 = 0.01 + 0.0005 * b - 0.00001 * c
-    assert fit_step_time(b, c, t2, kv_tokens=kv).params["gamma"] < 0
+    held = fit_step_time(b, c, t2, kv_tokens=kv)
+    assert held.params["gamma"] == 0.0 and "gamma fixed at 0 (fitted below 0" in held.note
+    assert held.params["beta"] == pytest.approx(0.0005, rel=1e-2)
     assert fit_step_time(b, c, t2, kv_tokens=kv, method="nnls").params["gamma"] == 0.0
     with pytest.raises(ValueError, match="method must be 'ols' or 'nnls', got 'ridge'"):
         fit_step_time(b, c, t, method="ridge")

@@ -322,20 +322,22 @@ def fit_speed_models(n, speed) -> dict[str, Any]:
     return out
 
 
-def _ols(columns: dict[str, np.ndarray], y: np.ndarray) -> tuple[dict, dict, np.ndarray, list]:
+def _ols(columns: dict[str, np.ndarray], y: np.ndarray, *,
+         nonneg: bool = False) -> tuple[dict, dict, np.ndarray, list]:
     """OLS of y on an intercept ``a`` plus ``columns``. A column without variation is
-    not identifiable apart from the intercept: its coefficient is fixed at 0."""
-    names = ["a"]
-    cols = [np.ones_like(y)]
-    fixed = []
-    for name, col in columns.items():
-        if np.ptp(col) == 0:
-            fixed.append(name)
-        else:
-            names.append(name)
-            cols.append(col)
-    X = np.column_stack(cols)
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    not identifiable apart from the intercept: its coefficient is fixed at 0. With
+    ``nonneg``, a column whose coefficient comes out negative is fixed at 0 too and the
+    rest refitted, the most negative first (an active set over the slopes: a cost that
+    the data cannot tell from noise is no cost, not a saving)."""
+    fixed = [name for name, col in columns.items() if np.ptp(col) == 0]
+    while True:
+        names = ["a", *(n for n in columns if n not in fixed)]
+        X = np.column_stack([np.ones_like(y), *(columns[n] for n in names[1:])])
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        negative = [(c, n) for n, c in zip(names[1:], coef[1:]) if c < 0]
+        if not (nonneg and negative):
+            break
+        fixed.append(min(negative)[1])
     y_hat = X @ coef
     dof = y.size - len(names)
     stderr: dict[str, float | None] = {}
@@ -359,7 +361,10 @@ def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitRe
     tuned's step-time model, by one of two methods that each earn their place:
 
     * ``"ols"`` (profiles): T(b, c) = a + beta b + gamma c by ordinary least squares,
-      with standard errors, and T = a + beta b + gamma c + eta kv_tokens when
+      with standard errors, each slope held at 0 where it fits below 0 (on a model whose
+      step is all fixed cost, noise can give a decode or a prompt token a negative
+      cost, which a profile may not carry: :func:`tuned.curves.profile.load_profile`
+      refuses it), and T = a + beta b + gamma c + eta kv_tokens when
       ``kv_tokens`` is given and the KV term raises adjusted R² with eta > 0
       (attention cost grows with the KV tokens read, so a negative eta is noise, not
       a model). The result's name says which model won (``step_time`` or
@@ -393,17 +398,16 @@ def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitRe
     if y.size < 3:
         raise FitError(f"step_time: needs at least 3 samples, got {y.size}")
 
-    params, stderr, y_hat, fixed = _ols({"beta": b, "gamma": c}, y)
+    params, stderr, y_hat, fixed = _ols({"beta": b, "gamma": c}, y, nonneg=True)
     r2 = r_squared(y, y_hat)
     adj = adjusted_r2(r2, y.size, 2 - len(fixed))
-    notes = [f"{name} fixed at 0 (no variation in {'b' if name == 'beta' else 'c'})"
-             for name in fixed]
+    notes = [_fixed_note(name, {"beta": b, "gamma": c}[name]) for name in fixed]
     result = FitResult("step_time", {k: params[k] for k in ("a", "beta", "gamma")},
                        {k: stderr[k] for k in ("a", "beta", "gamma")}, r2, int(y.size),
                        adj_r2=adj)
     if kv_tokens is not None:
         kv = kv[ok]
-        p2, s2, y_hat2, fixed2 = _ols({"beta": b, "gamma": c, "eta": kv}, y)
+        p2, s2, y_hat2, fixed2 = _ols({"beta": b, "gamma": c, "eta": kv}, y, nonneg=True)
         r2_kv = r_squared(y, y_hat2)
         adj_kv = adjusted_r2(r2_kv, y.size, 3 - len(fixed2))
         keep = ("eta" not in fixed2 and adj_kv is not None and p2["eta"] > 0
@@ -411,7 +415,7 @@ def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitRe
         cmp = (f"adj R² {_fmt(adj_kv)} with KV term vs {_fmt(adj)} without"
                + (f", eta = {p2['eta']:.3g} <= 0" if p2.get("eta", 0.0) <= 0 else ""))
         if keep:
-            notes = [f"{name} fixed at 0 (no variation in {'b' if name == 'beta' else 'c'})"
+            notes = [_fixed_note(name, {"beta": b, "gamma": c}[name])
                      for name in fixed2 if name != "eta"]
             notes.append("KV term kept: " + cmp)
             result = FitResult("step_time_kv",
@@ -422,6 +426,13 @@ def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitRe
             notes.append("KV term dropped: " + cmp)
     return FitResult(result.name, result.params, result.stderr, result.r2, result.n_samples,
                      adj_r2=result.adj_r2, note="; ".join(notes))
+
+
+def _fixed_note(name: str, col: np.ndarray) -> str:
+    what = "b" if name == "beta" else "c"
+    if np.ptp(col) == 0:
+        return f"{name} fixed at 0 (no variation in {what})"
+    return f"{name} fixed at 0 (fitted below 0: no measurable cost per unit of {what})"
 
 
 def _fit_step_time_nnls(b, c, step_s, kv_tokens) -> FitResult:

@@ -7,11 +7,13 @@ simulator runs the very same configs on the profile just measured, scaled to the
 the host's steps had during each run (measured from the engine's own step records; the
 unscaled figures are printed beside), on the arrivals as the client actually sent them.
 Thresholds are the issue's: throughput within 10 % and mean TPOT within 15 % for every
-cap. The TPOT compared is the engine's, from vLLM's own per-request histogram: the
-client's adds the API server's delivery on two shared cores (tokens in bursts, the
-first often late), which the simulator does not model and which moved it by up to 22 %
-from the engine's (printed beside). Nothing here assumes this host's speed: the
-workload's rate comes from the profile measured in the test.
+cap. Both are the engine's: the throughput from its own step records, the TPOT from
+vLLM's own per-request histogram. A client's add the API server's delivery on two
+shared cores (tokens in bursts, the first often late, the last of a run up to a second
+late), which the simulator does not model and which moved the client's TPOT by up to
+22 % and its throughput by up to 12 % from the engine's (printed beside). Nothing here
+assumes this host's speed: the workload's rate comes from the profile measured in the
+test.
 
 Whether the controller's *course* (its cap over a run) matches the simulator's is a
 measurement, not a test: ``tests/benchmarks/bench_fidelity_course.py`` runs it and

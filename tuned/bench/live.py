@@ -104,6 +104,8 @@ class LiveRun:
     server_returncode: int | None = None   # None: still serving at the end, as it should
     config_path: Path | None = None        # the TOML `tuned serve` ran (tuned, peer)
     stream_chunks: int = 0                 # streamed chunks that carried tokens
+    t0_monotonic_s: float | None = None    # the run start on time.monotonic(), the clock
+                                           # of the engine's step records (``/steps``)
 
     @property
     def send_lag_max_s(self) -> float:
@@ -561,7 +563,8 @@ class LiveServer:
                        decisions=[client.decisions[s] for s in sorted(client.decisions)],
                        duration_s=duration, server_log=srv.log_path, client_cpu_s=cpu,
                        send_lags_s=lags, server_returncode=returncode,
-                       config_path=srv.config_path, stream_chunks=chunks)
+                       config_path=srv.config_path, stream_chunks=chunks,
+                       t0_monotonic_s=client.t0 if client.clock is time.monotonic else None)
 
 
 def run_live(contender: Contender, workload: Workload, *, model_path: str, log_dir: Path,

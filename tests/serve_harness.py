@@ -37,14 +37,27 @@ def dtype_args() -> list[str]:
     return ["--dtype", engine_dtype()]
 
 
+def _get(url: str, timeout: float) -> bytes:
+    """GET ``url``; a connection dropped without an answer is retried once, as a
+    scraper does (said on stderr): a read-only GET, and tuned's endpoint answers its
+    own errors with a status (500), so a drop is the host's, not a wrong answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read()
+    except ConnectionError as e:
+        print(f"serve_harness: GET {url} dropped ({type(e).__name__}: {e}); retrying once",
+              file=sys.stderr)
+        time.sleep(0.2)
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read()
+
+
 def get_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
+    return json.loads(_get(url, timeout))
 
 
 def get_text(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
+    return _get(url, timeout).decode()
 
 
 class Server:
@@ -57,10 +70,18 @@ class Server:
         self.config_path = config_path
 
     def decisions(self, limit: int = 50) -> dict:
-        return get_json(f"{self.endpoint}/decisions?limit={limit}")
+        return self._read(get_json, f"/decisions?limit={limit}")
 
     def metrics(self) -> str:
-        return get_text(f"{self.endpoint}/metrics")
+        return self._read(get_text, "/metrics")
+
+    def _read(self, get, path: str):
+        """``get(endpoint + path)``; a failure carries the server's log tail."""
+        try:
+            return get(f"{self.endpoint}{path}")
+        except (OSError, ValueError) as e:
+            raise AssertionError(f"GET {path}: {type(e).__name__}: {e}; server log:\n"
+                                 f"{self.log_tail()}") from e
 
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
@@ -126,7 +147,7 @@ def _wait_ready(srv: Server, timeout_s: float, last_try: bool) -> bool:
                                  + srv.log_tail())
         try:
             urllib.request.urlopen(srv.base + "/health", timeout=1).close()
-            if srv.decisions(0)["current"]:
+            if get_json(f"{srv.endpoint}/decisions?limit=0")["current"]:
                 return True
         except (OSError, ValueError):
             pass

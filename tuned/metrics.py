@@ -34,6 +34,7 @@ import ipaddress
 import json
 import sys
 import threading
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
@@ -393,6 +394,11 @@ def _make_handler(metrics, decisions, steps, reload, healthy, reload_token_diges
                                                "/admission", "/healthz", "POST /reload"]})
             except ValueError as e:
                 self._json(400, {"error": str(e)})
+            except _DISCONNECTS:
+                raise               # the client hung up: handle_error counts it
+            except Exception as e:  # a bug in tuned: answer, and keep the trace
+                traceback.print_exc(file=sys.stderr)
+                self._json(500, {"error": f"{type(e).__name__}: {e}", "path": url.path})
 
         def do_POST(self):
             if urlparse(self.path).path != "/reload":

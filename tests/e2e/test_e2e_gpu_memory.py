@@ -59,10 +59,13 @@ def test_cap_falls_under_gpu_memory_pressure_and_recovers(tmp_path, tiny_model):
         load = Load(srv, concurrency=CEILING, prompt_tokens=(16, 32), max_tokens=(32, 64))
         load.start()
         try:
-            # 90 % used: free 10 %, no pressure; the static cap, full load
+            # 90 % used: free 10 %, no pressure; the static cap, under load (a batch
+            # running: on 2 cores the API server, not the engine, can be the
+            # bottleneck, and a test host saw fewer than CEILING running at every tick
+            # for 120 s while CEILING requests were in flight)
             d = wait_for("the ceiling under load", lambda: [
                 d for d in srv.decisions(1)["recent"]
-                if d["cap"] == CEILING and d["inputs"].get("running") == CEILING])[0]
+                if d["cap"] == CEILING and d["inputs"].get("running", 0) >= 2])[0]
             assert d["reason"] == "static"
             tele = srv.decisions(0)["telemetry"]
             assert tele["gpu_free_fraction"] == pytest.approx(0.1, abs=1e-6)
@@ -86,7 +89,9 @@ def test_cap_falls_under_gpu_memory_pressure_and_recovers(tmp_path, tiny_model):
             assert fell["inputs"]["gpu_free_fraction"] == pytest.approx(0.005, abs=1e-6)
             assert fell["inputs"]["gpu_memory_floor"] == 0.02
             assert fell["inputs"]["policy_cap"] == CEILING
-            assert srv.decisions(0)["applied"]["cap"] <= fell["cap"]
+            # the engine applies a decision at its next step
+            wait_for("the fall applied",
+                     lambda: srv.decisions(0)["applied"]["cap"] <= fell["cap"])
             # the cap halves to b_min while the pressure lasts
             wait_for("b_min under pressure", lambda: [
                 d for d in after(srv, t_press) if d["cap"] == 1])

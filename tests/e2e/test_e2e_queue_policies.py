@@ -336,6 +336,9 @@ def record(c: Ctx, ph: Phase) -> None:
         c.ledger[pol] = c.ledger.get(pol, 0) + d
 
 
+#: runs of the switch phase before giving up on landing the pause mid-backlog
+ATTEMPTS = 3
+
 # Eight requests in scrambled lengths (names carry the length).
 SCRAMBLED = [24, 8, 40, 16, 32, 12, 28, 20]
 
@@ -367,7 +370,12 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
     resume. Without that pause the switch raced the drain: on a loaded 2-core CI
     host the reload once landed after 6 of the 8 requests had been admitted. Where
     exactly it landed is still read from the engine's "queue_policy" log event
-    (waiting_kept), not assumed."""
+    (waiting_kept), not assumed.
+
+    The pause itself can land late: a CI run saw the whole backlog (1,940 tokens of
+    the tiny model, about 2 s) finish before it. Then there is no backlog left to
+    switch under, so no SIGHUP goes out: the backlog drains under fcfs (checked and
+    counted like any phase) and the phase runs again, at most ATTEMPTS times."""
     c = ctx
     use_policy(c, "fcfs")
     srv = c.srv
@@ -375,9 +383,8 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
     # the pause lands while it still runs: on a loaded CI host the pause once took
     # effect only after a 300-token head and the next one had finished
     lengths = [900, 260, 220, 180, 140, 100, 80, 60]
-    reqs = [hinted(f"r{n}", n) for n in lengths]
-    seen: dict = {}
     native = not queue_installed(c)     # first switch: vLLM's queue -> PolicyQueue
+    late = []
 
     def switch(c, reqs, step0):
         deadline = time.monotonic() + 60
@@ -386,10 +393,26 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
             time.sleep(0.01)
         engine_pause(c)
         seen["admitted_at_hup"] = len(admissions(steps_since(c, step0)))
+        if seen["admitted_at_hup"] > len(reqs) - 3:
+            return                  # too few left waiting: drain, and run again
         use_policy(c, "mcsf")       # run_backlog resumes the engine after this hook
 
-    ph = run_backlog(c, reqs, after_resume=switch)
-    record(c, ph)
+    for _ in range(ATTEMPTS):
+        seen: dict = {}
+        reqs = [hinted(f"r{n}", n) for n in lengths]
+        ph = run_backlog(c, reqs, after_resume=switch)
+        record(c, ph)
+        if seen["admitted_at_hup"] <= len(reqs) - 3:
+            break
+        # nothing switched: the whole phase ran under fcfs, in arrival order
+        assert ph.order == [f"r{n}" for n in lengths], ph.order
+        assert srv.decisions(0)["config"]["queue_policy"] == "fcfs"
+        late.append(seen["admitted_at_hup"])
+        print(f"switch phase: the pause landed after {late[-1]} of {len(reqs)} "
+              "admissions; running the phase again")
+    else:
+        pytest.fail(f"the pause landed too late in all {ATTEMPTS} attempts "
+                    f"(admissions before it: {late})")
     d = srv.decisions(0)
     assert d["config"]["queue_policy"] == "mcsf"
     assert d["last_reload"]["outcome"] == "ok" and "queue_policy" in d["last_reload"]["changed"]

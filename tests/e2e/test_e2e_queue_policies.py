@@ -227,15 +227,26 @@ def wait_ticks(srv, n: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def hold_after_first_admission(c: "Ctx", step0: int) -> None:
-    """Pause the engine (mode keep) once /steps shows the first admission of the
-    phase, so that the rest of the backlog is still waiting while the test reads the
-    queue's gauges: on a fast host the whole backlog drains within one tick."""
-    deadline = time.monotonic() + 60
-    while len(admissions(steps_since(c, step0))) < 1:
-        assert time.monotonic() < deadline, "no admission after resume"
-        time.sleep(0.01)
-    engine_pause(c)
+def hold_after_first_admission(c: "Ctx", step0: int) -> int:
+    """Pause the engine (mode keep) just after the phase's first admission, so that
+    the rest of the backlog is still waiting while the test reads the queue's gauges
+    or switches the policy: on a fast host the whole backlog drains within one tick.
+    Returns the admissions before the pause.
+
+    The engine was just resumed (run_backlog's after_resume); the pause goes out at
+    once, and if it landed before any admission the engine is resumed and paused
+    again after a longer wait. Waiting for /steps to show the admission first was
+    slower than the backlog: /steps is served by the engine's own process, busy
+    with the steps (a run here saw the pause land after all 8 admissions, 1,086
+    steps, with the pause itself taking 34 ms)."""
+    for wait_s in (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0):
+        time.sleep(wait_s)
+        engine_pause(c)
+        n = len(admissions(steps_since(c, step0)))
+        if n:
+            return n
+        engine_resume(c)
+    raise AssertionError("no admission after resume")
 
 
 def settle(c: Ctx) -> None:
@@ -364,16 +375,18 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
     """fcfs -> mcsf by SIGHUP while the engine drains a backlog: none is lost, the
     ones admitted before the switch ran in arrival order, the rest shortest first.
 
-    As soon as /steps shows the first admission the engine is paused again (mode
-    "keep": the running request is frozen, the rest keep waiting) and the SIGHUP
+    Just after the first admission the engine is paused again
+    (:func:`hold_after_first_admission`, mode "keep": the running request is
+    frozen, the rest keep waiting) and the SIGHUP
     goes out; the scheduler installs the new policy at its first step after the
     resume. Without that pause the switch raced the drain: on a loaded 2-core CI
     host the reload once landed after 6 of the 8 requests had been admitted. Where
     exactly it landed is still read from the engine's "queue_policy" log event
     (waiting_kept), not assumed.
 
-    The pause itself can land late: a CI run saw the whole backlog (1,940 tokens of
-    the tiny model, about 2 s) finish before it. Then there is no backlog left to
+    The pause can still land late (a CI run saw the whole backlog, 1,940 tokens of
+    the tiny model, finish before it, when the pause waited for /steps to show the
+    admission first). Then there is no backlog left to
     switch under, so no SIGHUP goes out: the backlog drains under fcfs (checked and
     counted like any phase) and the phase runs again, at most ATTEMPTS times."""
     c = ctx
@@ -387,12 +400,7 @@ def test_switch_fcfs_to_mcsf_mid_backlog_keeps_every_request(ctx):
     late = []
 
     def switch(c, reqs, step0):
-        deadline = time.monotonic() + 60
-        while len(admissions(steps_since(c, step0))) < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        engine_pause(c)
-        seen["admitted_at_hup"] = len(admissions(steps_since(c, step0)))
+        seen["admitted_at_hup"] = hold_after_first_admission(c, step0)
         if seen["admitted_at_hup"] > len(reqs) - 3:
             return                  # too few left waiting: drain, and run again
         use_policy(c, "mcsf")       # run_backlog resumes the engine after this hook

@@ -17,7 +17,9 @@ The endpoint is bounded: at most ``max_handler_threads`` connections are served 
 once (a connection beyond them is answered 503 at once and closed, on the accepting
 thread), a connection that sends nothing or stops reading for ``conn_timeout_s`` is
 closed, and a client that hangs up mid-response is counted
-(``tuned_endpoint_connections_dropped_total``), not logged with a traceback.
+(``tuned_endpoint_connections_dropped_total``), not logged with a traceback. An
+error in tuned's own handler code is answered 500 with the error, its traceback on
+stderr.
 
 Only ``POST /reload`` changes state, so only it is guarded: it is accepted from a
 loopback peer (127.0.0.0/8, ::1), or from anywhere with ``Authorization: Bearer

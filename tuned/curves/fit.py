@@ -398,16 +398,17 @@ def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitRe
     if y.size < 3:
         raise FitError(f"step_time: needs at least 3 samples, got {y.size}")
 
-    params, stderr, y_hat, fixed = _ols({"beta": b, "gamma": c}, y, nonneg=True)
+    slopes = {"beta": b, "gamma": c}
+    params, stderr, y_hat, fixed = _ols(slopes, y, nonneg=True)
     r2 = r_squared(y, y_hat)
     adj = adjusted_r2(r2, y.size, 2 - len(fixed))
-    notes = [_fixed_note(name, {"beta": b, "gamma": c}[name]) for name in fixed]
+    notes = [_fixed_note(name, slopes[name]) for name in fixed]
     result = FitResult("step_time", {k: params[k] for k in ("a", "beta", "gamma")},
                        {k: stderr[k] for k in ("a", "beta", "gamma")}, r2, int(y.size),
                        adj_r2=adj)
     if kv_tokens is not None:
         kv = kv[ok]
-        p2, s2, y_hat2, fixed2 = _ols({"beta": b, "gamma": c, "eta": kv}, y, nonneg=True)
+        p2, s2, y_hat2, fixed2 = _ols({**slopes, "eta": kv}, y, nonneg=True)
         r2_kv = r_squared(y, y_hat2)
         adj_kv = adjusted_r2(r2_kv, y.size, 3 - len(fixed2))
         keep = ("eta" not in fixed2 and adj_kv is not None and p2["eta"] > 0
@@ -415,8 +416,7 @@ def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitRe
         cmp = (f"adj R² {_fmt(adj_kv)} with KV term vs {_fmt(adj)} without"
                + (f", eta = {p2['eta']:.3g} <= 0" if p2.get("eta", 0.0) <= 0 else ""))
         if keep:
-            notes = [_fixed_note(name, {"beta": b, "gamma": c}[name])
-                     for name in fixed2 if name != "eta"]
+            notes = [_fixed_note(name, slopes[name]) for name in fixed2 if name != "eta"]
             notes.append("KV term kept: " + cmp)
             result = FitResult("step_time_kv",
                                {k: p2[k] for k in ("a", "beta", "gamma", "eta")},

@@ -14,16 +14,21 @@ from pathlib import Path
 import pytest
 
 from tuned import cli, extras
-from tuned.data import data_files, data_root, trace_names, trace_path, vidur_dir
-from tuned.sim.gpu import HARDWARE, profile_relpath
+from tuned.data import data_files, data_root, measured_dir, trace_names, trace_path, vidur_dir
+from tuned.sim.gpu import MEASURED_HARDWARE, VIDUR_HARDWARE, profile_relpath
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_data_files_hold_what_the_code_reads():
     files = set(data_files())
-    for name in HARDWARE:
+    for name in VIDUR_HARDWARE:
         assert f"vidur/{profile_relpath(name)}" in files
+    for name in MEASURED_HARDWARE:
+        rel = profile_relpath(name)
+        assert {f"measured/{rel}", f"measured/{rel.with_name('attention.csv')}"} <= files
+    assert {"measured/h200/steps.csv", "measured/h200/meta.json"} <= files
+    assert measured_dir() == data_root() / "measured"
     assert trace_names() == ("azure_conv_2023",)
     assert trace_path("azure_conv_2023") == data_root() / "traces" / "azure_conv_2023.csv"
     assert {"LICENSE", "README.md", "vidur/decode_step_llama2_7b.md"} <= files

@@ -23,11 +23,11 @@ from pathlib import Path
 
 try:
     from tuned.data import TRACES_DIR, VIDUR_DIR
-    from tuned.sim.gpu import HARDWARE, PROFILE_COLUMNS, profile_relpath
+    from tuned.sim.gpu import PROFILE_COLUMNS, VIDUR_HARDWARE, profile_relpath
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tuned.data import TRACES_DIR, VIDUR_DIR
-    from tuned.sim.gpu import HARDWARE, PROFILE_COLUMNS, profile_relpath
+    from tuned.sim.gpu import PROFILE_COLUMNS, VIDUR_HARDWARE, profile_relpath
 
 VIDUR_SOURCE = "vidur-profiling"
 COPIED = {  # packaged path -> source path, both relative
@@ -57,7 +57,7 @@ def reduce_profile(text: str, columns: tuple[str, ...] = PROFILE_COLUMNS) -> str
 def package_files(source: Path) -> dict[str, bytes]:
     """Packaged path (relative to ``tuned/data``) -> the bytes it should hold."""
     out: dict[str, bytes] = {}
-    for name in HARDWARE:
+    for name in VIDUR_HARDWARE:
         rel = profile_relpath(name)
         text = (source / VIDUR_SOURCE / rel).read_text()
         out[f"{VIDUR_DIR}/{rel}"] = reduce_profile(text).encode()

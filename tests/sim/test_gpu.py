@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tuned.sim import gpu
-from tuned.sim.gpu import (A100_LLAMA2_7B_DECODE_ATTN_MS, HARDWARE, LINEAR_OPS,
+from tuned.sim.gpu import (A100_LLAMA2_7B_DECODE_ATTN_MS, HARDWARE, LINEAR_OPS, VIDUR_HARDWARE,
                            fit_decode_attention, isotonic_increasing, load_hardware)
 from tuned.sim.stepmodel import StepShape
 
@@ -127,7 +127,7 @@ def read_linear_medians(path: Path, tp: int) -> dict[int, list[float]]:
     return out
 
 
-@pytest.mark.parametrize("name", HARDWARE)
+@pytest.mark.parametrize("name", VIDUR_HARDWARE)
 def test_linear_interpolation_equals_csv_medians_at_profiled_counts(name):
     model = load_hardware(name)
     folder = {"llama2-7b": "Llama-2-7b-hf", "llama2-70b": "Llama-2-70b-hf"}[model.model]
@@ -304,14 +304,14 @@ def test_default_data_dir_is_the_package_and_cached():
     assert load_hardware("h100-llama2-70b") is load_hardware("h100-llama2-70b", DATA)
 
 
-@pytest.mark.parametrize("name", HARDWARE)
+@pytest.mark.parametrize("name", VIDUR_HARDWARE)
 def test_packaged_tables_have_only_the_columns_read(name):
     with open(DATA / gpu.profile_relpath(name), newline="") as f:
         assert tuple(next(csv.reader(f))) == gpu.PROFILE_COLUMNS
 
 
 @needs_full
-@pytest.mark.parametrize("name", HARDWARE)
+@pytest.mark.parametrize("name", VIDUR_HARDWARE)
 def test_packaged_tables_give_the_model_of_the_full_ones(name):
     packaged, full = load_hardware(name), load_hardware(name, FULL)
     assert packaged.profile == full.profile
@@ -332,7 +332,7 @@ def test_packaged_data_is_what_the_tool_writes():
         assert (DATA.parent / rel).read_bytes() == data, rel
 
 
-@pytest.mark.parametrize("name", HARDWARE)
+@pytest.mark.parametrize("name", VIDUR_HARDWARE)
 def test_describe_is_json_and_carries_the_numbers(name):
     model = load_hardware(name)
     d = json.loads(json.dumps(model.describe()))

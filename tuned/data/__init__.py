@@ -1,5 +1,6 @@
-"""The data tuned ships with: Vidur's GPU operator tables and the Azure conversation
-trace (sources, licence and how they were reduced: ``README.md`` beside this file).
+"""The data tuned ships with: Vidur's GPU operator tables, tuned's own GPU measurements
+and the Azure conversation trace (sources, licence and how they were reduced or
+measured: ``README.md`` beside this file).
 
 Everything is found through :mod:`importlib.resources`, so an installed wheel reads
 its own copy and no code reads a path outside the package. ``tools/build_package_data.py``
@@ -12,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 VIDUR_DIR = "vidur"
+MEASURED_DIR = "measured"
 TRACES_DIR = "traces"
 TRACE_SUFFIX = ".csv"
 
@@ -30,6 +32,13 @@ def vidur_dir() -> Path:
     """The packaged operator tables: ``<gpu>/<model>/mlp.csv`` (the default data dir of
     :func:`tuned.sim.gpu.load_hardware`)."""
     return data_root() / VIDUR_DIR
+
+
+def measured_dir() -> Path:
+    """Operator tables tuned measured itself on a GPU (``tools/measure_gpu_ops.py``):
+    ``<gpu>/<model>/mlp.csv`` and ``attention.csv`` (the default data dir of
+    :func:`tuned.sim.gpu.load_hardware` for those GPUs)."""
+    return data_root() / MEASURED_DIR
 
 
 def trace_names() -> tuple[str, ...]:
@@ -56,5 +65,5 @@ def data_files() -> tuple[str, ...]:
                         and "__pycache__" not in p.parts))
 
 
-__all__ = ["TRACES_DIR", "VIDUR_DIR", "data_files", "data_root", "trace_names", "trace_path",
-           "vidur_dir"]
+__all__ = ["MEASURED_DIR", "TRACES_DIR", "VIDUR_DIR", "data_files", "data_root", "measured_dir",
+           "trace_names", "trace_path", "vidur_dir"]

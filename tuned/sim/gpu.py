@@ -1,4 +1,5 @@
-"""GPU-shaped step-time models: Llama-2 7B and 70B on A100-80GB and H100-80GB.
+"""GPU-shaped step-time models: Llama-2 7B and 70B on A100-80GB and H100-80GB (Vidur's
+tables), and Llama-2-7B, Qwen2.5-Coder-3B and -1.5B on one H200 (tuned's own).
 
 One module, past the usual size, because the step formula below, the reading of
 Vidur's tables and the decode-attention fit are one model whose numbers this
@@ -54,6 +55,15 @@ Approximations, each with its number (all in :meth:`GpuStepModel.describe`):
   request of 32 tokens. The fit's R² (on the unweighted ms) is in ``describe()``.
   The decode and prefill parts of a mixed batch are timed separately and added
   (vLLM runs them in one kernel).
+* H200 (:data:`MEASURED_HARDWARE`): tables tuned measured itself in Vidur's format
+  (``tools/measure_gpu_ops.py``; ``tuned/data/measured``, provenance in its README),
+  with decode attention measured too: fitted in the same form on that GPU's and
+  model's own rows, those where requests x KV heads >= the card's 132
+  multiprocessors (vLLM's split-context decode kernels reach that bandwidth-bound
+  regime at any batch; the PyTorch kernel that was timed does not), unscaled. The
+  composition (no CPU overhead) against whole decode steps timed on the same card:
+  0.84-0.99 of them for Llama-2-7B, 0.60-0.89 for the Qwen models (the step has
+  kernels the operator list lacks; ``tests/sim/test_gpu_measured.py``).
 * Other hardware and models scale the reference fit: ``a_req`` and ``a_kv`` by memory
   bandwidth (A100 80GB SXM 2.039 TB/s, H100 SXM 3.35 TB/s: x 0.609 on H100); ``a_kv``
   also by the KV bytes one card reads per token per layer, n_kv_head / TP x head_dim
@@ -96,7 +106,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.optimize import nnls
 
-from tuned.data import vidur_dir
+from tuned.data import measured_dir, vidur_dir
 from tuned.sim.stepmodel import StepShape
 
 BF16_BYTES = 2
@@ -147,6 +157,7 @@ class GpuSpec:
     hbm_bytes_per_s: float
     memory_bytes: int
     allreduce_bytes_per_s: float
+    multiprocessors: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,15 +174,30 @@ class LlamaSpec:
 GPUS: dict[str, GpuSpec] = {
     "a100": GpuSpec("a100", 312e12, 2.039e12, GPU_MEMORY_BYTES, 300e9),
     "h100": GpuSpec("h100", 989e12, 3.35e12, GPU_MEMORY_BYTES, 450e9),
+    # Datasheet: the H100's arithmetic, 4.8 TB/s HBM3e; nvidia-smi on the card measured
+    # (tuned/data/measured/README.md): 143771 MiB.
+    "h200": GpuSpec("h200", 989e12, 4.8e12, 143771 * 2**20, 450e9, multiprocessors=132),
 }
 REFERENCE_GPU = "a100"
 MODELS: dict[str, LlamaSpec] = {
     # 70B's 138 GB of bf16 weights do not fit one 80 GB card: TP 4.
     "llama2-7b": LlamaSpec("llama2-7b", "Llama-2-7b-hf", 32, 6.74e9, 1),
     "llama2-70b": LlamaSpec("llama2-70b", "Llama-2-70b-hf", 80, 68.98e9, 4),
+    # Qwen2.5-Coder's config.json shapes; measured on one H200 only (MEASURED_GPUS)
+    "qwen2.5-coder-3b": LlamaSpec("qwen2.5-coder-3b", "Qwen2.5-Coder-3B", 36, 3.09e9, 1),
+    "qwen2.5-coder-1.5b": LlamaSpec("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B", 28, 1.54e9, 1),
 }
-HARDWARE: tuple[str, ...] = ("a100-llama2-7b", "h100-llama2-7b",
-                             "a100-llama2-70b", "h100-llama2-70b")
+VIDUR_HARDWARE: tuple[str, ...] = ("a100-llama2-7b", "h100-llama2-7b",
+                                   "a100-llama2-70b", "h100-llama2-70b")
+"""Models built from Vidur's tables (``tuned/data/vidur``)."""
+MEASURED_GPUS: frozenset[str] = frozenset({"h200"})
+"""GPUs whose tables tuned measured itself (``tools/measure_gpu_ops.py``, kept in
+``tuned/data/measured``): operator times and decode attention both measured, so the
+decode-attention fit is their own, not the A100 reference scaled."""
+MEASURED_HARDWARE: tuple[str, ...] = ("h200-llama2-7b", "h200-qwen2.5-coder-3b",
+                                      "h200-qwen2.5-coder-1.5b")
+"""Models built from tuned's own measurements on one H200 (``tuned/data/measured``)."""
+HARDWARE: tuple[str, ...] = VIDUR_HARDWARE + MEASURED_HARDWARE
 
 
 class DecodeAttentionFit(NamedTuple):
@@ -215,6 +241,24 @@ def fit_decode_attention(
     r2 = 1.0 - float(np.sum((y - y_hat) ** 2)) / float(np.sum((y - y.mean()) ** 2))
     return DecodeAttentionFit(float(coef[0]), float(coef[1]), float(coef[2]), r2,
                               float(np.max(np.abs(y_hat - y) / y)), len(rows))
+
+
+ATTENTION_CSV = "attention.csv"
+"""Measured attention per layer beside a measured GPU's ``mlp.csv``: columns ``kind``
+(decode or prefill), ``num_decode``, ``context``, ``prefill_tokens``, ``ms_per_layer``."""
+
+
+@functools.lru_cache(maxsize=8)
+def read_decode_attention(path: Path) -> tuple[tuple[int, int, float], ...]:
+    """The decode rows of a measured ``attention.csv`` as (num_decode, context, ms)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"decode attention table not found at {path}")
+    with open(path, newline="") as f:
+        rows = tuple((int(r["num_decode"]), int(r["context"]), float(r["ms_per_layer"]))
+                     for r in csv.DictReader(f) if r["kind"] == "decode")
+    if not rows:
+        raise ValueError(f"{path} has no decode rows")
+    return rows
 
 
 @functools.lru_cache(maxsize=1)
@@ -457,7 +501,9 @@ class GpuStepModel:
             "decode_attention": {
                 "form": "per layer: a0*[num_decode>0] + a_req*num_decode"
                         " + a_kv*decode_context_tokens",
-                "fit_source": "decode_step_llama2_7b.md, A100 Llama-2-7B attn_decode rows",
+                "fit_source": (f"{ATTENTION_CSV}, this GPU's and model's measured decode rows"
+                               if self.gpu in MEASURED_GPUS else
+                               "decode_step_llama2_7b.md, A100 Llama-2-7B attn_decode rows"),
                 "fit_method": "non-negative least squares on relative error (weights 1/ms)",
                 "fit_rows": fit.num_rows, "fit_r2": fit.r2, "fit_max_rel_error": fit.max_rel_error,
                 "reference_a0_ms": fit.fixed_ms, "reference_a_req_ms": fit.per_request_ms,
@@ -465,8 +511,9 @@ class GpuStepModel:
                 "a0_ms_per_layer": self.attn_decode_fixed_ms_per_layer,
                 "a_req_ms_per_layer": self.attn_decode_ms_per_request_per_layer,
                 "a_kv_ms_per_layer": self.attn_decode_ms_per_kv_token_per_layer,
-                "scaling": "a_req, a_kv x A100/GPU memory bandwidth; a_kv x (n_kv_head/TP x "
-                           "head_dim)/(32 x 128); a0 unscaled",
+                "scaling": ("none (measured on this GPU and model)" if self.gpu in MEASURED_GPUS
+                            else "a_req, a_kv x A100/GPU memory bandwidth; a_kv x (n_kv_head/TP"
+                                 " x head_dim)/(32 x 128); a0 unscaled"),
             },
             "prefill_attention": {
                 "form": "4 * prefill_attn_pairs * head_dim * n_head / TP FLOPs per layer",
@@ -495,20 +542,25 @@ class GpuStepModel:
         }
 
 
-def default_data_dir() -> Path:
-    """The operator tables packaged with tuned (:func:`tuned.data.vidur_dir`)."""
+def default_data_dir(name: str | None = None) -> Path:
+    """The operator tables packaged with tuned for hardware ``name``: Vidur's
+    (:func:`tuned.data.vidur_dir`), or tuned's own measurements for a GPU of
+    :data:`MEASURED_GPUS` (:func:`tuned.data.measured_dir`)."""
+    if name is not None and name.split("-", 1)[0] in MEASURED_GPUS:
+        return measured_dir()
     return vidur_dir()
 
 
 def load_hardware(name: str, data_dir: Path | None = None) -> GpuStepModel:
     """The GPU-shaped step-time model called ``name`` (one of :data:`HARDWARE`).
 
-    ``data_dir`` holds ``{a100,h100}/{Llama-2-7b-hf,Llama-2-70b-hf}/mlp.csv``; by
-    default :func:`default_data_dir`. Models are cached per (name, data_dir).
+    ``data_dir`` holds ``<gpu>/<model folder>/mlp.csv`` (and, for a measured GPU,
+    ``attention.csv`` beside it); by default :func:`default_data_dir`. Models are
+    cached per (name, data_dir).
     """
     if name not in HARDWARE:
         raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
-    data_dir = default_data_dir() if data_dir is None else Path(data_dir)
+    data_dir = default_data_dir(name) if data_dir is None else Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"Vidur profiling data not found at {data_dir}")
     return _build(name, data_dir.resolve())
@@ -531,11 +583,22 @@ def _build(name: str, data_dir: Path) -> GpuStepModel:
     if not csv_path.is_file():
         raise FileNotFoundError(f"operator profile not found at {csv_path}")
     profile = read_operator_profile(csv_path, model.tensor_parallel)
-    ref = _reference_decode_attention()
-    bandwidth_scale = GPUS[REFERENCE_GPU].hbm_bytes_per_s / gpu.hbm_bytes_per_s
-    head_dim = profile.n_embd // profile.n_head
-    kv_scale = (profile.n_kv_head / model.tensor_parallel * head_dim
-                / REFERENCE_KV_HEADS_X_HEAD_DIM)
+    if gpu_name in MEASURED_GPUS:
+        # Only rows whose kernel fills the GPU (one block per request and KV head, at
+        # least one per multiprocessor): vLLM's decode kernels split the context over
+        # blocks (flash-decoding) and reach this bandwidth-bound regime at any batch;
+        # PyTorch's SDPA, which measured the table, does not split it, so with 2 KV
+        # heads its small batches take time in proportion to one request's context.
+        rows = tuple(r for r in read_decode_attention(csv_path.with_name(ATTENTION_CSV))
+                     if r[0] * profile.n_kv_head >= gpu.multiprocessors)
+        ref = fit_decode_attention(rows)
+        bandwidth_scale = kv_scale = 1.0
+    else:
+        ref = _reference_decode_attention()
+        bandwidth_scale = GPUS[REFERENCE_GPU].hbm_bytes_per_s / gpu.hbm_bytes_per_s
+        head_dim = profile.n_embd // profile.n_head
+        kv_scale = (profile.n_kv_head / model.tensor_parallel * head_dim
+                    / REFERENCE_KV_HEADS_X_HEAD_DIM)
     return GpuStepModel(
         name=name, gpu=gpu_name, model=model_name, tensor_parallel=model.tensor_parallel,
         num_layers=model.num_layers, num_params=model.num_params, profile=profile,
@@ -549,7 +612,8 @@ def _build(name: str, data_dir: Path) -> GpuStepModel:
 
 
 __all__ = [
-    "A100_LLAMA2_7B_DECODE_ATTN_MS", "DecodeAttentionFit", "GpuStepModel", "HARDWARE",
-    "OperatorProfile", "default_data_dir", "fit_decode_attention", "isotonic_increasing",
-    "load_hardware", "profile_relpath", "read_operator_profile",
+    "A100_LLAMA2_7B_DECODE_ATTN_MS", "ATTENTION_CSV", "DecodeAttentionFit", "GpuStepModel",
+    "HARDWARE", "MEASURED_GPUS", "MEASURED_HARDWARE", "OperatorProfile", "VIDUR_HARDWARE",
+    "default_data_dir", "fit_decode_attention", "isotonic_increasing", "load_hardware",
+    "profile_relpath", "read_decode_attention", "read_operator_profile",
 ]

@@ -72,7 +72,7 @@ def gpu_hardware(name: str, data_dir: Path | None = None, block_size: int = 16,
     from tuned.sim.gpu import load_hardware
 
     model = load_hardware(name, data_dir)
-    seqs, toks = VLLM_DEFAULTS["h100" if name.startswith("h100") else "a100"]
+    seqs, toks = VLLM_DEFAULTS["h100" if name.startswith(("h100", "h200")) else "a100"]
     return SimHardware(name, model, block_size,
                        model.num_gpu_blocks(block_size, gpu_memory_utilization) + 1,
                        seqs, toks, {"gpu_memory_utilization": gpu_memory_utilization},

@@ -67,12 +67,18 @@ def test_testbed_section_is_reported_apart_from_the_papers_checks():
     assert "testbed" not in saber.format_table(without)
 
 
-@pytest.mark.slow  # the quick plan on both testbeds, about 20 s of simulation
-def test_saber_quick_testbed_still_loses_to_the_best_static():
+@pytest.fixture(scope="module")
+def quick_run():
+    """The quick plan on the paper's hardware and both testbeds (about 20 s), once."""
+    return saber.run(0, quick=True)
+
+
+@pytest.mark.slow
+def test_saber_quick_testbed_still_loses_to_the_best_static(quick_run):
     """Pinned (docs/papers.md, saber): on the flatter testbed neither reading of
     Algorithm 1 reaches the best static cap on any mix, with Table I's SLAs or with
     SLAs re-derived there the paper's way; the current reading loses less."""
-    res = saber.run(0, quick=True)
+    res = quick_run
     for key, mixes in res["testbed"]["sla_sets"].items():
         for mix, s in mixes.items():
             best = s["best_static_goodput_avg"]
@@ -81,12 +87,12 @@ def test_saber_quick_testbed_still_loses_to_the_best_static():
             assert written < current < best, (key, mix)
 
 
-@pytest.mark.slow  # the quick plan, about 20 s of simulation
-def test_saber_on_the_measured_h200_testbed():
+@pytest.mark.slow
+def test_saber_on_the_measured_h200_testbed(quick_run):
     """Pinned (docs/papers.md, saber): Qwen2.5-Coder-3B's shape timed on an H200 serves
     Table I's load within every SLA under every contender (100%: no contention, so a
     tie), and with SLAs re-derived there neither reading passes the best static cap."""
-    res = saber.run(0, quick=True)
+    res = quick_run
     tb = res["testbed_measured"]
     v = saber.curve_shape(tb["profile"]["v_tok_s"])
     assert v["v1"] == pytest.approx(222, rel=0.03) and v["v32_over_v1"] > 0.8

@@ -226,6 +226,11 @@ def measure_steps(name, m, requests, contexts, max_kv, timer, device, log):
         for b in requests:
             if b * ctx > max_kv:
                 continue
+            kv_bytes = 2 * L * b * nkv * ctx * hd * 2
+            if device == "cuda" and kv_bytes > 0.7 * torch.cuda.mem_get_info()[0]:
+                log(f"{name}: decode step b={b} ctx={ctx}: skipped, its KV cache "
+                    f"({kv_bytes / 2**30:.1f} GiB) does not fit beside the weights")
+                continue
             ids = torch.randint(0, vocab, (b,), device=device)
             cos = rand(b, 1, hd, device=device)
             sin = rand(b, 1, hd, device=device)

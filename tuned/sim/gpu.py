@@ -174,8 +174,8 @@ class LlamaSpec:
 GPUS: dict[str, GpuSpec] = {
     "a100": GpuSpec("a100", 312e12, 2.039e12, GPU_MEMORY_BYTES, 300e9),
     "h100": GpuSpec("h100", 989e12, 3.35e12, GPU_MEMORY_BYTES, 450e9),
-    # Datasheet: the H100's arithmetic, 4.8 TB/s HBM3e; nvidia-smi on the card measured
-    # (tuned/data/measured/README.md): 143771 MiB.
+    # Datasheet: the H100's arithmetic, 4.8 TB/s HBM3e; memory as nvidia-smi read it on
+    # the card that was measured (tuned/data/README.md, "measured/"): 143771 MiB.
     "h200": GpuSpec("h200", 989e12, 4.8e12, 143771 * 2**20, 450e9, multiprocessors=132),
 }
 REFERENCE_GPU = "a100"

@@ -292,6 +292,7 @@ def main(argv=None) -> int:
     def log(msg):
         print(f"[{time.time() - started:7.1f} s] {msg}", flush=True)
 
+    shapes = {n: MODELS[n] for n in names}
     if device == "cuda":
         grid = dict(tokens=TOKENS, requests=DECODE_REQUESTS, contexts=DECODE_CONTEXTS,
                     max_kv=DECODE_MAX_KV_TOKENS, prefill=PREFILL_TOKENS, reps=REPS,
@@ -301,8 +302,7 @@ def main(argv=None) -> int:
         gpu = {"name": props.name, "multiprocessors": props.multi_processor_count,
                "memory_bytes": props.total_memory, "cuda": torch.version.cuda}
     else:  # a check of the script only
-        models = {n: dict(MODELS[n], num_layers=2) for n in names}
-        MODELS.update(models)
+        shapes = {n: dict(m, num_layers=2) for n, m in shapes.items()}
         grid = dict(tokens=[1, 8, 64], requests=(1, 4), contexts=(32, 64), max_kv=256,
                     prefill=(64,), reps=2, step_requests=(1, 4), step_contexts=(32,),
                     step_max_kv=256)
@@ -312,12 +312,11 @@ def main(argv=None) -> int:
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "method": __doc__.split("\n\n", 3)[2:4], "reps_per_graph": grid["reps"],
             "replays": REPLAYS, "l2_flush_bytes": L2_FLUSH_BYTES,
-            "models": {n: MODELS[n] for n in names}, "grid": {k: list(v) if isinstance(
+            "models": shapes, "grid": {k: list(v) if isinstance(
                 v, (list, tuple)) else v for k, v in grid.items()}}
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2))
     ops, att, steps = [], [], []
-    for name in names:
-        m = MODELS[name]
+    for name, m in shapes.items():
         ops += measure_ops(name, m, grid["tokens"], timer, device, grid["reps"], log)
         write_csv(args.out / "ops.csv", ops)
         att += measure_attention(name, m, grid["requests"], grid["contexts"], grid["max_kv"],
@@ -326,8 +325,8 @@ def main(argv=None) -> int:
         if device == "cuda":
             torch.cuda.empty_cache()
     if not args.skip_steps:
-        for name in names:
-            steps += measure_steps(name, MODELS[name], grid["step_requests"],
+        for name, m in shapes.items():
+            steps += measure_steps(name, m, grid["step_requests"],
                                    grid["step_contexts"], grid["step_max_kv"], timer, device, log)
             write_csv(args.out / "steps.csv", steps)
             if device == "cuda":

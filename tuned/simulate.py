@@ -44,6 +44,7 @@ from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.config import Config, ConfigError
 from tuned.inputs import CLIP_CHARS, clip_text
+from tuned.sim.catalog import hardware_help
 
 
 def write_private(path: Path, text: str) -> None:
@@ -64,10 +65,7 @@ def register(subparsers) -> None:
                     "policies, for one workload.")
     p.add_argument("--config", help="TOML config (default: the embedded default)")
     hw = p.add_mutually_exclusive_group(required=True)
-    hw.add_argument("--hardware", help="GPU-shaped step-time model: a100-llama2-7b, "
-                    "h100-llama2-7b, a100-llama2-70b, h100-llama2-70b (Vidur's tables), "
-                    "h200-llama2-7b, h200-qwen2.5-coder-3b, h200-qwen2.5-coder-1.5b "
-                    "(measured by tuned)")
+    hw.add_argument("--hardware", help="GPU-shaped step-time model: " + hardware_help())
     hw.add_argument("--profile", help="a profile from `tuned profile` (this host's speed)")
     p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
                    "(<gpu>/<model>/mlp.csv) for --hardware (default: the ones packaged "

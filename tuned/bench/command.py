@@ -30,6 +30,7 @@ from typing import Any
 from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.inputs import CLIP_CHARS, clip_text
+from tuned.sim.catalog import hardware_help
 
 CAPACITY_HEAD_S = 600.0
 
@@ -46,9 +47,7 @@ def register(subparsers) -> None:
         "rules on the same arrivals.")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     hw = p.add_mutually_exclusive_group()
-    hw.add_argument("--hardware", help="sim: a100-llama2-7b, h100-llama2-7b, "
-                    "a100-llama2-70b, h100-llama2-70b (Vidur's tables), h200-llama2-7b, "
-                    "h200-qwen2.5-coder-3b, h200-qwen2.5-coder-1.5b (measured by tuned)")
+    hw.add_argument("--hardware", help="sim: a GPU-shaped step-time model: " + hardware_help())
     hw.add_argument("--profile", help="sim: a profile measured by `tuned profile`")
     hw.add_argument("--model", help="vllm: the model to serve (demo:small, demo:tiny, a folder)")
     p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "

@@ -1,5 +1,5 @@
-"""The data tuned ships with: Vidur's GPU operator tables, tuned's own GPU measurements
-and the Azure conversation trace (sources, licence and how they were reduced or
+"""The data tuned ships with: Vidur's GPU operator tables, tuned's own GPU measurements,
+the simulated hardware's manifests (``hardware/``) and the Azure conversation trace (sources, licence and how they were reduced or
 measured: ``README.md`` beside this file).
 
 Everything is found through :mod:`importlib.resources`, so an installed wheel reads
@@ -14,6 +14,8 @@ from pathlib import Path
 
 VIDUR_DIR = "vidur"
 MEASURED_DIR = "measured"
+HARDWARE_DIR = "hardware"
+GPUS_FILE = "gpus.toml"
 TRACES_DIR = "traces"
 TRACE_SUFFIX = ".csv"
 
@@ -41,6 +43,12 @@ def measured_dir() -> Path:
     return data_root() / MEASURED_DIR
 
 
+def hardware_dir() -> Path:
+    """The simulated hardware's manifests: ``<name>.toml`` each, and ``gpus.toml``
+    (read by :mod:`tuned.sim.gpu`)."""
+    return data_root() / HARDWARE_DIR
+
+
 def trace_names() -> tuple[str, ...]:
     """Names of the packaged traces (``trace:NAME`` in a workload spec)."""
     return tuple(sorted(p.name.removesuffix(TRACE_SUFFIX)
@@ -65,5 +73,5 @@ def data_files() -> tuple[str, ...]:
                         and "__pycache__" not in p.parts))
 
 
-__all__ = ["MEASURED_DIR", "TRACES_DIR", "VIDUR_DIR", "data_files", "data_root", "measured_dir",
-           "trace_names", "trace_path", "vidur_dir"]
+__all__ = ["GPUS_FILE", "HARDWARE_DIR", "MEASURED_DIR", "TRACES_DIR", "VIDUR_DIR", "data_files",
+           "data_root", "hardware_dir", "measured_dir", "trace_names", "trace_path", "vidur_dir"]

@@ -106,7 +106,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.optimize import nnls
 
-from tuned.data import measured_dir, vidur_dir
+from tuned.data import MEASURED_DIR, VIDUR_DIR, data_root
+from tuned.sim.catalog import GpuSpec, HardwareManifest, gpus, hardware_help, manifests  # noqa: F401
 from tuned.sim.stepmodel import StepShape
 
 BF16_BYTES = 2
@@ -148,56 +149,17 @@ A100_LLAMA2_7B_DECODE_ATTN_MS: tuple[tuple[int, int, float], ...] = (
 REFERENCE_KV_HEADS_X_HEAD_DIM = 32 * 128  # Llama-2-7B, TP 1: KV per token per layer / 2 / 2 B
 
 
-@dataclass(frozen=True)
-class GpuSpec:
-    """One accelerator: peak dense bf16 rate, HBM bandwidth, card memory, all-reduce."""
-
-    name: str
-    peak_bf16_flops: float
-    hbm_bytes_per_s: float
-    memory_bytes: int
-    allreduce_bytes_per_s: float
-    multiprocessors: int = 0
-
-
-@dataclass(frozen=True)
-class LlamaSpec:
-    """One model: its Vidur profile folder, layers, parameters and serving TP degree."""
-
-    name: str
-    profile_dir: str
-    num_layers: int
-    num_params: float
-    tensor_parallel: int
-
-
-GPUS: dict[str, GpuSpec] = {
-    "a100": GpuSpec("a100", 312e12, 2.039e12, GPU_MEMORY_BYTES, 300e9),
-    "h100": GpuSpec("h100", 989e12, 3.35e12, GPU_MEMORY_BYTES, 450e9),
-    # Datasheet: the H100's arithmetic, 4.8 TB/s HBM3e; memory as nvidia-smi read it on
-    # the card that was measured (tuned/data/README.md, "measured/"): 143771 MiB.
-    "h200": GpuSpec("h200", 989e12, 4.8e12, 143771 * 2**20, 450e9, multiprocessors=132),
-}
+MANIFESTS: dict[str, HardwareManifest] = manifests()
+"""The packaged hardware, by name (``tuned/data/hardware``)."""
+GPUS: dict[str, GpuSpec] = gpus()
 REFERENCE_GPU = "a100"
-MODELS: dict[str, LlamaSpec] = {
-    # 70B's 138 GB of bf16 weights do not fit one 80 GB card: TP 4.
-    "llama2-7b": LlamaSpec("llama2-7b", "Llama-2-7b-hf", 32, 6.74e9, 1),
-    "llama2-70b": LlamaSpec("llama2-70b", "Llama-2-70b-hf", 80, 68.98e9, 4),
-    # Qwen2.5-Coder's config.json shapes; measured on one H200 only (MEASURED_GPUS)
-    "qwen2.5-coder-3b": LlamaSpec("qwen2.5-coder-3b", "Qwen2.5-Coder-3B", 36, 3.09e9, 1),
-    "qwen2.5-coder-1.5b": LlamaSpec("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B", 28, 1.54e9, 1),
-}
-VIDUR_HARDWARE: tuple[str, ...] = ("a100-llama2-7b", "h100-llama2-7b",
-                                   "a100-llama2-70b", "h100-llama2-70b")
+HARDWARE: tuple[str, ...] = tuple(MANIFESTS)
+VIDUR_HARDWARE: tuple[str, ...] = tuple(n for n, m in MANIFESTS.items()
+                                        if m.data_folder == VIDUR_DIR)
 """Models built from Vidur's tables (``tuned/data/vidur``)."""
-MEASURED_GPUS: frozenset[str] = frozenset({"h200"})
-"""GPUs whose tables tuned measured itself (``tools/measure_gpu_ops.py``, kept in
-``tuned/data/measured``): operator times and decode attention both measured, so the
-decode-attention fit is their own, not the A100 reference scaled."""
-MEASURED_HARDWARE: tuple[str, ...] = ("h200-llama2-7b", "h200-qwen2.5-coder-3b",
-                                      "h200-qwen2.5-coder-1.5b")
-"""Models built from tuned's own measurements on one H200 (``tuned/data/measured``)."""
-HARDWARE: tuple[str, ...] = VIDUR_HARDWARE + MEASURED_HARDWARE
+MEASURED_HARDWARE: tuple[str, ...] = tuple(n for n, m in MANIFESTS.items()
+                                           if m.data_folder == MEASURED_DIR)
+"""Models built from tables tuned measured itself (``tuned/data/measured``)."""
 
 
 class DecodeAttentionFit(NamedTuple):
@@ -348,6 +310,7 @@ class GpuStepModel:
     allreduce_latency_s: float = ALLREDUCE_LATENCY_S
     activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES
     table_max_tokens: int = TABLE_MAX_TOKENS
+    decode_attention_measured: bool = False  # fitted on this GPU's and model's own rows
     # Derived in __post_init__; step_s reads only these.
     _forward_ms: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _forward_slope_ms: float = field(init=False, repr=False, compare=False)
@@ -502,7 +465,7 @@ class GpuStepModel:
                 "form": "per layer: a0*[num_decode>0] + a_req*num_decode"
                         " + a_kv*decode_context_tokens",
                 "fit_source": (f"{ATTENTION_CSV}, this GPU's and model's measured decode rows"
-                               if self.gpu in MEASURED_GPUS else
+                               if self.decode_attention_measured else
                                "decode_step_llama2_7b.md, A100 Llama-2-7B attn_decode rows"),
                 "fit_method": "non-negative least squares on relative error (weights 1/ms)",
                 "fit_rows": fit.num_rows, "fit_r2": fit.r2, "fit_max_rel_error": fit.max_rel_error,
@@ -511,7 +474,7 @@ class GpuStepModel:
                 "a0_ms_per_layer": self.attn_decode_fixed_ms_per_layer,
                 "a_req_ms_per_layer": self.attn_decode_ms_per_request_per_layer,
                 "a_kv_ms_per_layer": self.attn_decode_ms_per_kv_token_per_layer,
-                "scaling": ("none (measured on this GPU and model)" if self.gpu in MEASURED_GPUS
+                "scaling": ("none (measured on this GPU and model)" if self.decode_attention_measured
                             else "a_req, a_kv x A100/GPU memory bandwidth; a_kv x (n_kv_head/TP"
                                  " x head_dim)/(32 x 128); a0 unscaled"),
             },
@@ -542,24 +505,27 @@ class GpuStepModel:
         }
 
 
+def manifest(name: str) -> HardwareManifest:
+    """The manifest of hardware ``name``; ``ValueError`` names the known ones."""
+    if name not in MANIFESTS:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
+    return MANIFESTS[name]
+
+
 def default_data_dir(name: str | None = None) -> Path:
-    """The operator tables packaged with tuned for hardware ``name``: Vidur's
-    (:func:`tuned.data.vidur_dir`), or tuned's own measurements for a GPU of
-    :data:`MEASURED_GPUS` (:func:`tuned.data.measured_dir`)."""
-    if name is not None and name.split("-", 1)[0] in MEASURED_GPUS:
-        return measured_dir()
-    return vidur_dir()
+    """The packaged folder holding the tables of hardware ``name`` (``tuned/data/vidur``
+    for Vidur's, ``tuned/data/measured`` for tuned's own; Vidur's without a name)."""
+    return data_root() / (manifest(name).data_folder if name is not None else VIDUR_DIR)
 
 
 def load_hardware(name: str, data_dir: Path | None = None) -> GpuStepModel:
     """The GPU-shaped step-time model called ``name`` (one of :data:`HARDWARE`).
 
-    ``data_dir`` holds ``<gpu>/<model folder>/mlp.csv`` (and, for a measured GPU,
-    ``attention.csv`` beside it); by default :func:`default_data_dir`. Models are
-    cached per (name, data_dir).
+    ``data_dir`` holds ``<gpu>/<model folder>/mlp.csv`` (and, for a hardware whose
+    decode attention was measured, ``attention.csv`` beside it); by default
+    :func:`default_data_dir`. Models are cached per (name, data_dir).
     """
-    if name not in HARDWARE:
-        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
+    manifest(name)
     data_dir = default_data_dir(name) if data_dir is None else Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"Vidur profiling data not found at {data_dir}")
@@ -568,22 +534,19 @@ def load_hardware(name: str, data_dir: Path | None = None) -> GpuStepModel:
 
 def profile_relpath(name: str) -> PurePosixPath:
     """Where the ``mlp.csv`` of hardware ``name`` lies inside a data dir:
-    ``<gpu>/<Vidur model folder>/mlp.csv``."""
-    if name not in HARDWARE:
-        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
-    gpu_name, model_name = name.split("-", 1)
-    return PurePosixPath(gpu_name, MODELS[model_name].profile_dir, "mlp.csv")
+    ``<gpu>/<model folder>/mlp.csv``."""
+    return manifest(name).profile_relpath
 
 
 @functools.lru_cache(maxsize=16)
 def _build(name: str, data_dir: Path) -> GpuStepModel:
-    gpu_name, model_name = name.split("-", 1)
-    gpu, model = GPUS[gpu_name], MODELS[model_name]
-    csv_path = data_dir / profile_relpath(name)
+    m = manifest(name)
+    gpu = m.gpu
+    csv_path = data_dir / m.profile_relpath
     if not csv_path.is_file():
         raise FileNotFoundError(f"operator profile not found at {csv_path}")
-    profile = read_operator_profile(csv_path, model.tensor_parallel)
-    if gpu_name in MEASURED_GPUS:
+    profile = read_operator_profile(csv_path, m.tensor_parallel)
+    if m.decode_attention_measured:
         # Only rows whose kernel fills the GPU (one block per request and KV head, at
         # least one per multiprocessor): vLLM's decode kernels split the context over
         # blocks (flash-decoding) and reach this bandwidth-bound regime at any batch;
@@ -597,23 +560,24 @@ def _build(name: str, data_dir: Path) -> GpuStepModel:
         ref = _reference_decode_attention()
         bandwidth_scale = GPUS[REFERENCE_GPU].hbm_bytes_per_s / gpu.hbm_bytes_per_s
         head_dim = profile.n_embd // profile.n_head
-        kv_scale = (profile.n_kv_head / model.tensor_parallel * head_dim
+        kv_scale = (profile.n_kv_head / m.tensor_parallel * head_dim
                     / REFERENCE_KV_HEADS_X_HEAD_DIM)
     return GpuStepModel(
-        name=name, gpu=gpu_name, model=model_name, tensor_parallel=model.tensor_parallel,
-        num_layers=model.num_layers, num_params=model.num_params, profile=profile,
+        name=name, gpu=gpu.name, model=m.model, tensor_parallel=m.tensor_parallel,
+        num_layers=m.num_layers, num_params=m.num_params, profile=profile,
         peak_bf16_flops=gpu.peak_bf16_flops, hbm_bytes_per_s=gpu.hbm_bytes_per_s,
         gpu_memory_bytes=gpu.memory_bytes, allreduce_bytes_per_s=gpu.allreduce_bytes_per_s,
         attn_decode_fixed_ms_per_layer=ref.fixed_ms,
         attn_decode_ms_per_request_per_layer=ref.per_request_ms * bandwidth_scale,
         attn_decode_ms_per_kv_token_per_layer=ref.per_kv_token_ms * bandwidth_scale * kv_scale,
-        attn_decode_fit=ref,
+        attn_decode_fit=ref, decode_attention_measured=m.decode_attention_measured,
     )
 
 
 __all__ = [
     "A100_LLAMA2_7B_DECODE_ATTN_MS", "ATTENTION_CSV", "DecodeAttentionFit", "GpuStepModel",
-    "HARDWARE", "MEASURED_GPUS", "MEASURED_HARDWARE", "OperatorProfile", "VIDUR_HARDWARE",
+    "GPUS", "HARDWARE", "HardwareManifest", "MANIFESTS", "MEASURED_HARDWARE", "OperatorProfile",
+    "VIDUR_HARDWARE", "hardware_help", "manifest", "read_manifests",
     "default_data_dir", "fit_decode_attention", "isotonic_increasing", "load_hardware",
     "profile_relpath", "read_decode_attention", "read_operator_profile",
 ]

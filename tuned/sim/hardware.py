@@ -16,7 +16,9 @@ from tuned.sim.stepmodel import ProfileStepModel, StepClock
 #: vLLM 0.32's own defaults for its OpenAI server (``EngineArgs.get_batch_defaults``,
 #: ``UsageContext.OPENAI_API_SERVER``): H100-class (>= 70 GiB, not A100) 1024 / 8192,
 #: other GPUs (A100) 256 / 2048, the CPU build 128 / 2048 (world size 1). (8192 for
-#: an A100 is the offline ``LLM`` class's figure, not the server's.)
+#: an A100 is the offline ``LLM`` class's figure, not the server's.) A simulated GPU's
+#: own pair is in its manifest (``tuned/data/hardware``); a profile measured on a GPU
+#: host takes the A100 pair.
 VLLM_DEFAULTS = {"h100": (1024, 8192), "a100": (256, 2048), "cpu": (128, 2048)}
 #: the longest sequence the simulated GPU engines run, and the CPU build's (the demo
 #: models' own context)
@@ -69,10 +71,11 @@ class SimHardware:
 def gpu_hardware(name: str, data_dir: Path | None = None, block_size: int = 16,
                  gpu_memory_utilization: float = 0.9) -> SimHardware:
     """A named GPU-shaped model (``a100-llama2-7b`` ...); ``ValueError`` names the known ones."""
-    from tuned.sim.gpu import load_hardware
+    from tuned.sim.gpu import load_hardware, manifest
 
     model = load_hardware(name, data_dir)
-    seqs, toks = VLLM_DEFAULTS["h100" if name.startswith(("h100", "h200")) else "a100"]
+    m = manifest(name)
+    seqs, toks = m.vllm_max_num_seqs, m.vllm_max_num_batched_tokens
     return SimHardware(name, model, block_size,
                        model.num_gpu_blocks(block_size, gpu_memory_utilization) + 1,
                        seqs, toks, {"gpu_memory_utilization": gpu_memory_utilization},

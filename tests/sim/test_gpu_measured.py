@@ -44,7 +44,7 @@ def test_measured_hardware_is_known_and_read_from_the_measured_folder():
 @pytest.mark.parametrize("name", MEASURED_HARDWARE)
 def test_linear_time_is_the_measured_sum_at_every_profiled_count(name):
     model = load_hardware(name)
-    path = H200 / FOLDERS[model.model] / "mlp.csv"
+    path = gpu.default_data_dir(name) / gpu.profile_relpath(name)
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 83

@@ -81,6 +81,16 @@ distribution, see :func:`parse_dist`):
     ``max_num_seqs`` / ``max_num_batched_tokens`` suits every phase, and the
     return to chat checks that a controller recovers.
 
+Closed-loop lengths (``tuned profile --workload``, :func:`parse_lengths`): the same
+grammar without arrival times, drawn for as long as a sweep level runs:
+
+``synthetic:prompt=P,output=O``
+    Each request's lengths drawn from P and O.
+``trace:PATH[,length_scale=Y]``
+    The trace's rows in file order, cycling, lengths multiplied by Y (rounded, at
+    least 1). ``trace:PATH:scale=Y``, the profiler's older spelling, is read as
+    ``length_scale=Y``.
+
 Every kind also takes ``max_tokens=M``: requests send ``max_tokens`` M and their
 output is cut to at most M (by default ``max_tokens`` equals the output length).
 With ``max_model_len`` the lengths are clamped so that prompt + output ≤
@@ -112,8 +122,8 @@ from typing import Callable
 from tuned.data import trace_path
 from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
 
-__all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "parse_dist",
-           "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
+__all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "LengthSource", "parse_dist",
+           "parse_lengths", "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
            "LMSYS_PROMPT", "LMSYS_OUTPUT", "KINDS"]
 
 KINDS = ("trace", "poisson", "gamma", "saber", "lmsys", "phases", "phase-shift")
@@ -498,7 +508,7 @@ _ALLOWED = {
 _REQUIRED_FIELDS = {
     "trace": (), "poisson": ("rate", "prompt", "output", "n"),
     "gamma": ("rate", "cv", "prompt", "output", "n"), "saber": ("mix", "rate", "n"),
-    "lmsys": ("rate", "n"), "phase-shift": (),
+    "lmsys": ("rate", "n"), "phase-shift": (), "synthetic": ("prompt", "output"),
 }
 
 
@@ -718,6 +728,52 @@ def trace_file(path: str) -> Path:
         return trace_path(path)
     except ValueError as e:
         raise ValueError(f"no file {path!r} and {e}") from None
+
+
+@dataclass(frozen=True)
+class LengthSource:
+    """Closed-loop (prompt, output) lengths of a spec (:func:`parse_lengths`):
+    ``draw(rng, i)`` gives the i-th pair (``rng`` for the synthetic draws, ``i`` for the
+    trace's rows); ``describe`` what the spec resolved to."""
+
+    kind: str
+    draw: Callable[[random.Random, int], tuple[int, int]]
+    describe: dict
+
+
+_LENGTH_KINDS = {"synthetic": ("prompt", "output"), "trace": ("length_scale",)}
+_OLD_TRACE_SCALE = re.compile(r":scale=([^,:]*)$")
+
+
+def parse_lengths(spec: str) -> LengthSource:
+    """The lengths a closed-loop spec describes (grammar in the module docstring:
+    ``synthetic:prompt=P,output=O`` or ``trace:PATH[,length_scale=Y]``); raises
+    :class:`WorkloadError` naming the field."""
+    kind, sep, body = spec.strip().partition(":")
+    if not sep or kind.strip() not in _LENGTH_KINDS:
+        raise WorkloadError(f"workload {_spec(spec)}: expected 'synthetic:prompt=P,output=O' "
+                            f"or 'trace:PATH[,length_scale=Y]'")
+    kind = kind.strip()
+    items = _split_top(body, ",")
+    if kind == "synthetic":
+        f = _Fields(spec, kind, [i for i in items if i.strip()], _LENGTH_KINDS[kind])
+        prompt, output = f.dist("prompt"), f.dist("output")
+        return LengthSource(kind, lambda rng, _i: (prompt.sample(rng), output.sample(rng)),
+                            {"prompt": str(prompt), "output": str(output)})
+    path = items.pop(0).strip()
+    old = _OLD_TRACE_SCALE.search(path)
+    if old and not Path(path).exists():
+        path, items = path[:old.start()], [f"length_scale={old.group(1)}"] + items
+    if not path:
+        raise WorkloadError(f"workload {_spec(spec)}: trace needs a PATH "
+                            f"(trace:PATH[,length_scale=Y])")
+    f = _Fields(spec, kind, items, _LENGTH_KINDS[kind])
+    scale = f.positive("length_scale", 1.0, hi=MAX_LENGTH_SCALE)
+    resolved = _trace_file(spec, path)
+    rows = [(max(1, round(p * scale)), max(1, round(o * scale)))
+            for _, p, o in load_trace(resolved)]
+    return LengthSource(kind, lambda _rng, i: rows[i % len(rows)],
+                        {"path": str(resolved), "scale": scale, "rows": len(rows)})
 
 
 def _trace_file(spec: str, path: str) -> Path:

@@ -3,6 +3,7 @@ Ctrl-C, the CLI layout, `tuned fit` and `tuned profile show`."""
 
 import argparse
 import json
+import re
 import signal
 import threading
 import time
@@ -64,6 +65,17 @@ def test_trace_workload_scales_and_cycles(tmp_path):
     assert d["rows"] == 3 and d["scale"] == 0.1 and d["path"] == str(csv)
 
 
+def test_the_trace_lengths_take_the_workloads_grammar_and_the_old_spelling(tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                   "0.0,374,44\n1.0,3000,109\n2.0,5,1\n")
+    new = parse_sweep_workload(f"trace:{csv},length_scale=0.1")
+    old = parse_sweep_workload(f"trace:{csv}:scale=0.1")
+    assert [new.next() for _ in range(3)] == [old.next() for _ in range(3)] == \
+        [(37, 4), (300, 11), (1, 1)]
+    assert new.describe()["scale"] == old.describe()["scale"] == 0.1
+
+
 def test_azure_trace_reads():
     w = parse_sweep_workload(f"trace:{AZURE}:scale=0.1").bind(1024)
     assert w.describe()["rows"] == 19366
@@ -75,13 +87,16 @@ def test_azure_trace_reads():
     ("synthetic:prompt=64,output=abc", "output='abc' is neither a token count"),
     ("synthetic:prompt=U(9,3),output=4", "must have 1 <= low <= high"),
     ("synthetic:prompt=4,output=4,temp=1", "unknown field 'temp'"),
-    ("poisson:rate=3", "unknown kind 'poisson'"),
-    ("synthetic", "expected 'synthetic:...' or 'trace:PATH'"),
+    ("poisson:rate=3", "workload 'poisson:rate=3': expected 'synthetic:prompt=P,output=O' "
+                       "or 'trace:PATH[,length_scale=Y]'"),
+    ("synthetic", "expected 'synthetic:prompt=P,output=O' or 'trace:PATH[,length_scale=Y]'"),
     ("trace:/nonexistent/x.csv", "trace /nonexistent/x.csv: No such file or directory"),
-    ("trace:/x.csv:scale=0", "scale must be > 0"),
+    ("trace:/x.csv:scale=0", "length_scale='0' must be a number in (0, "),
+    ("trace:/x.csv,length_scale=0", "length_scale='0' must be a number in (0, "),
+    ("trace:/x.csv,time_scale=2", "unknown field 'time_scale' for trace (allowed: length_scale)"),
 ])
 def test_bad_workloads(spec, message):
-    with pytest.raises(WorkloadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(WorkloadError, match=re.escape(message)):
         parse_sweep_workload(spec)
 
 

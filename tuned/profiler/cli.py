@@ -332,7 +332,7 @@ def register(subparsers) -> None:
                    "per-step samples (e.g. http://127.0.0.1:9464)")
     p.add_argument("--out", help="profile file to write (.json; the PNG goes beside it)")
     p.add_argument("--workload", help="synthetic:prompt=64,output=64 | "
-                   "synthetic:prompt=U(16,128),output=U(16,128) | trace:PATH[:scale=0.1] "
+                   "synthetic:prompt=U(16,128),output=U(16,128) | trace:PATH[,length_scale=0.1] "
                    f"(default {DEFAULT_WORKLOAD}; with --quick {QUICK_WORKLOAD})")
     p.add_argument("--max-concurrency", type=int, help="highest level (default 32; levels "
                    "are powers of two up to it)")

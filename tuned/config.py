@@ -411,13 +411,19 @@ def cross_field_problems(cfg: Config) -> list[str]:
     return problems
 
 
+#: The one map of the config's engine settings to vLLM's flags: the command line tuned
+#: starts vLLM with (:func:`tuned.launch.vllm_command`, in this order), the flags
+#: ``vllm_args`` may not repeat (:data:`VLLM_FLAGS_SET`) and the settings
+#: :func:`engine_problems` compares.
+ENGINE_FLAGS = {"model": "--model", "host": "--host", "port": "--port",
+                "max_num_seqs": "--max-num-seqs",
+                "max_num_batched_tokens": "--max-num-batched-tokens",
+                "max_model_len": "--max-model-len",
+                "num_gpu_blocks": "--num-gpu-blocks-override"}
+
 #: vLLM flags that tuned sets itself, with the config key that sets each (None: tuned's
 #: own, not settable); repeating one in vllm_args would override tuned's value.
-VLLM_FLAGS_SET = {"--model": "model", "--host": "host", "--port": "port",
-                  "--max-num-seqs": "max_num_seqs",
-                  "--max-num-batched-tokens": "max_num_batched_tokens",
-                  "--max-model-len": "max_model_len",
-                  "--num-gpu-blocks-override": "num_gpu_blocks",
+VLLM_FLAGS_SET = {**{flag: key for key, flag in ENGINE_FLAGS.items()},
                   "--scheduler-cls": None, "--additional-config": None}
 
 
@@ -613,13 +619,6 @@ def model_problems(cfg: Config) -> list[str]:
     except ValueError as e:
         return [f"model: {e}"]
     return []
-
-
-#: the engine settings :func:`engine_problems` compares: config key -> vLLM flag
-ENGINE_FLAGS = {"max_num_seqs": "--max-num-seqs",
-                "max_num_batched_tokens": "--max-num-batched-tokens",
-                "max_model_len": "--max-model-len",
-                "num_gpu_blocks": "--num-gpu-blocks-override", "model": "--model"}
 
 
 def engine_problems(cfg: Config, engine: Mapping[str, Any]) -> list[str]:

@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tuned.config import Config, engine_handoff
+from tuned.config import ENGINE_FLAGS, Config, engine_handoff
 from tuned.netutil import connect_host
 
 #: The CPU build sizes its KV cache in GiB from this variable (a legacy override of
@@ -76,13 +76,13 @@ def vllm_command(model_path: str, *, host: str, port: int, max_num_seqs: int,
     """``python -m vllm.entrypoints.openai.api_server`` with these engine settings,
     then ``args`` unchanged; no ``--max-model-len`` when ``max_model_len`` is None or
     0 (vLLM reads the model's own)."""
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-           "--host", host, "--port", str(port), "--max-num-seqs", str(max_num_seqs),
-           "--max-num-batched-tokens", str(max_num_batched_tokens)]
-    if max_model_len:
-        cmd += ["--max-model-len", str(max_model_len)]
-    if num_gpu_blocks:
-        cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    settings = {"model": model_path, "host": host, "port": port,
+                "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                "max_model_len": max_model_len or None, "num_gpu_blocks": num_gpu_blocks or None}
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server"]
+    for key, flag in ENGINE_FLAGS.items():
+        if settings[key] is not None:
+            cmd += [flag, str(settings[key])]
     return cmd + list(args)
 
 

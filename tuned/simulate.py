@@ -15,8 +15,9 @@ byte) and prints a summary. ``result.json``::
      "failed": [ids of requests refused because they need more KV blocks than the
                 cache holds],
      "refused": [ids of requests refused at the wait bound (``max_wait_s``)],
-     "events": [{"kind": "gpu_pressure", "start_s", "end_s", "used_fraction"}, ...]}
-                (only with --events)
+     "events": [{"kind": "gpu_pressure", "start_s", "end_s", "used_fraction"},
+                {"kind": "slowdown", "start_s", "end_s", "factor"},
+                {"kind": "drift", "period_s", "peak"}, ...]}  (only with --events)
 
 The run starts from the engine vLLM 0.32 would start on the hardware
 (:func:`tuned.sim.hardware.engine_defaults`: ``max_num_seqs``,
@@ -45,6 +46,7 @@ from tuned import log as log_mod
 from tuned.config import Config, ConfigError
 from tuned.inputs import CLIP_CHARS, clip_text
 from tuned.sim.catalog import hardware_help
+from tuned.sim.events import HELP as events_help
 
 
 def write_private(path: Path, text: str) -> None:
@@ -75,10 +77,7 @@ def register(subparsers) -> None:
                    "trace:azure_conv_2023,n=500 (the packaged Azure trace; see docs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for result.json")
-    p.add_argument("--events", help="memory-pressure events (--hardware only): "
-                   "gpu_pressure=T0-T1@U[,...] makes the GPU U used (a fraction of its "
-                   "memory, another tenant's) from T0 to T1 seconds of simulated time, "
-                   "through a simulated NVML that tuned's GPU-memory guard reads")
+    p.add_argument("--events", help=events_help)
     p.add_argument("--static-batching", action="store_true",
                    help="seed 001's model: a batch runs until its longest member ends")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning",
@@ -149,14 +148,14 @@ def run_summary(res, slo=None) -> dict[str, Any]:
 def cmd_simulate(args) -> int:
     from tuned.engines.sim import SimulationError, simulate
     from tuned.sim.hardware import resolve_hardware
-    from tuned.sim.nvml import parse_events
+    from tuned.sim.events import parse_events
     from tuned.workloads import WorkloadError, parse_workload
 
     log_mod.configure(args.log_level)
     try:
         hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
         events = parse_events(args.events or "")
-        nvml = hw.nvml(events) if events else None
+        nvml = hw.nvml(events.pressure) if events.pressure else None
     except (ValueError, FileNotFoundError) as e:
         print(f"tuned simulate: {clip_text(str(e), 4 * CLIP_CHARS)}", file=sys.stderr)
         return 2
@@ -186,13 +185,11 @@ def cmd_simulate(args) -> int:
         return 2
     print(config_block(cfg))
     if events:
-        print("events:\n" + "\n".join(f"  gpu_pressure {e.start_s:g}-{e.end_s:g} s: "
-                                        f"{e.used_fraction:g} of {hw.name}'s memory used"
-                                        for e in events))
+        print("events:\n" + "\n".join(f"  {line}" for line in events.lines(hw.name)))
     t0 = time.perf_counter()
     try:
         res = simulate(cfg, hw, wl.requests, static_batching=args.static_batching,
-                       **({"nvml": nvml} if nvml is not None else {}))
+                       drift=events.drift, **({"nvml": nvml} if nvml is not None else {}))
     except SimulationError as e:
         print(f"tuned simulate: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.inputs import CLIP_CHARS, clip_text
 from tuned.sim.catalog import hardware_help
+from tuned.sim.events import HELP as events_help
 
 CAPACITY_HEAD_S = 600.0
 
@@ -53,6 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
                    "(<gpu>/<model>/mlp.csv) for --hardware and --paper "
                    "pang/saber/bucketserve/mcsf (default: the ones packaged with tuned)")
+    p.add_argument("--events", help="sim: the same for every run; " + events_help)
     p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
     p.add_argument("--slo", default="ttft=2,tpot=0.05",
                    help="SLOs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s)")
@@ -151,8 +153,13 @@ def cmd_bench(args) -> int:
         if args.model:
             return _fail("--model is for --engine vllm; the simulator takes --hardware or "
                          "--profile")
+        from tuned.sim.events import parse_events
+
         try:
             hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
+            events = parse_events(args.events or "")
+            if events.pressure:
+                hw.nvml(events.pressure)        # refuses a hardware without GPU memory
         except (ValueError, FileNotFoundError) as e:
             return _fail(str(e))
         engine = engine_defaults(hw)
@@ -166,7 +173,11 @@ def cmd_bench(args) -> int:
             return _fail("--engine vllm needs --model (e.g. demo:small)")
         if args.data_dir:
             return _fail("--data-dir is for the simulator's --hardware (--engine sim)")
+        if args.events:
+            return _fail("--events is for the simulator (--engine sim): a real engine's "
+                         "events are its own")
         engine = engine_defaults(None)
+        events = None
         try:
             base = base_config(args, slo, engine, model=args.model)
         except config_mod.ConfigError as e:
@@ -211,7 +222,7 @@ def cmd_bench(args) -> int:
     print(f"tuned bench: {len(field)} contenders x {args.repeats} repeat(s): "
           + ", ".join(c.name for c in field), file=sys.stderr, flush=True)
     if args.engine == "sim":
-        runs, timelines, cap, probes = _bench_sim(hw, field, wls, slo, capacity, args)
+        runs, timelines, cap, probes = _bench_sim(hw, field, wls, slo, capacity, args, events)
     else:
         runs, timelines, cap, probes = _bench_live(field, wls, slo, args)
     report = _report(args, hardware_name, wl, slo, runs, cap, engine["max_num_batched_tokens"])
@@ -261,6 +272,8 @@ def _report(args, hardware, wl, slo, runs, capacity, default_budget: int) -> dic
            "seed": args.seed, "repeats": args.repeats, "default_budget": default_budget,
            "runs": runs, "best_static": best, "best_cap": best_cap}
     rep.update(report_mod.provenance(command_argv(args)))
+    if getattr(args, "events", None):
+        rep["events"] = args.events
     if capacity:
         rep["capacity"] = capacity
     rep["ratios"] = report_mod.ratios(runs, best, capacity, best_cap=best_cap)
@@ -352,7 +365,7 @@ class _indexed:
         return i, self.fn(i)
 
 
-def _bench_sim(hw, field, wls, slo, capacity: bool, args):
+def _bench_sim(hw, field, wls, slo, capacity: bool, args, events=None):
     from tuned.bench import report as report_mod
     from tuned.bench.metrics import mean_summary
     from tuned.bench.runner import SimBench
@@ -361,7 +374,7 @@ def _bench_sim(hw, field, wls, slo, capacity: bool, args):
     log_dir = Path(args.out) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     wl = wls[0]
-    _JOB.update(field=field, bench=SimBench(hw), wls=wls, slo=slo, quick=args.quick,
+    _JOB.update(field=field, bench=SimBench(hw, events=events or None), wls=wls, slo=slo, quick=args.quick,
                 log_dir=log_dir)
     reps = len(wls)
     names = [c.name if reps == 1 else f"{c.name} #{k + 1}" for c in field for k in range(reps)]

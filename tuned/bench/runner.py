@@ -253,16 +253,22 @@ class SimBench:
     engine = "sim"
     HORIZON_S = 300.0
 
-    def __init__(self, hardware, horizon_s: float = HORIZON_S) -> None:
+    def __init__(self, hardware, horizon_s: float = HORIZON_S, events: Any = None) -> None:
         self.hardware = hardware
         self.horizon_s = horizon_s
+        self.events = events           # tuned.sim.events.SimEvents: the same for every run
 
     def run(self, contender: Contender, requests: Sequence, *, timelines: bool = True,
             give_up: tuple | None = None) -> RunOutput:
         from tuned.engines.sim import simulate
 
+        kw: dict[str, Any] = {}
+        if self.events is not None:
+            kw["drift"] = self.events.drift
+            if self.events.pressure:
+                kw["nvml"] = self.hardware.nvml(self.events.pressure)
         res = simulate(contender.config, self.hardware, requests, record_steps=timelines,
-                       horizon_s=self.horizon_s, give_up=give_up)
+                       horizon_s=self.horizon_s, give_up=give_up, **kw)
         out = RunOutput(results_from_sim(res), decisions=res.decisions if timelines else [],
                         duration_s=res.duration_s)
         if timelines:

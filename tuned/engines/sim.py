@@ -168,13 +168,16 @@ class SimEngine:
                  max_sim_s: float = 30 * 24 * 3600.0,
                  horizon_s: float | None = None,
                  give_up: tuple | None = None, nvml: Any = None,
-                 kv_bytes_per_token: float | None = None) -> None:
+                 kv_bytes_per_token: float | None = None, drift: Any = None) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks: must be >= 2 (one is vLLM's null block), "
                              f"got {num_gpu_blocks}")
         self.cfg = cfg
         self.step_model = step_model
         self._gap_s = float(getattr(step_model, "gap_s", 0.0) or 0.0)
+        # the run's step-time factor over virtual time (tuned.sim.events.StepDrift), or
+        # None: the hardware's own step times throughout
+        self.drift = drift
         self.block_size = int(block_size)
         self.num_gpu_blocks = int(num_gpu_blocks)
         self.static_batching = static_batching
@@ -406,8 +409,11 @@ class SimEngine:
         """Run one scheduled step to its end: the controller ticks due before it, the
         tokens it produces, the requests it finishes, its :class:`StepSample`."""
         shape = self._step_shape(scheduled)
-        dt = self.step_model.step_s(shape)
-        end = self.now + self._gap_s + dt
+        dt, gap = self.step_model.step_s(shape), self._gap_s
+        if self.drift is not None:
+            f = self.drift.factor(self.now)
+            dt, gap = dt * f, gap * f
+        end = self.now + gap + dt
         self._ticks_until(end)
         self.now = end
         gen, done = self._emit_tokens(scheduled, end)
@@ -571,7 +577,9 @@ def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) 
     """One run on ``hardware`` (a :class:`tuned.sim.hardware.SimHardware`); the config's
     ``num_gpu_blocks`` overrides the hardware's cache size when set. ``nvml=``
     (:meth:`tuned.sim.hardware.SimHardware.nvml` for some memory-pressure events)
-    gives the run a simulated NVML; without it the run has none, as a CPU host."""
+    gives the run a simulated NVML; without it the run has none, as a CPU host.
+    ``drift=`` (:class:`tuned.sim.events.StepDrift`) scales every step's time by its
+    factor at the step's start."""
     blocks = cfg.num_gpu_blocks or hardware.num_gpu_blocks
     kw.setdefault("kv_bytes_per_token", hardware.kv_bytes_per_token or None)
     eng = SimEngine(cfg, hardware.step_model, block_size=hardware.block_size,
@@ -581,4 +589,6 @@ def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) 
     res.config = cfg.to_dict()
     if eng.nvml is not None:
         res.events = [e.describe() for e in eng.nvml.events]
+    if eng.drift is not None:
+        res.events = res.events + eng.drift.describe()
     return res

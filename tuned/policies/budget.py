@@ -65,6 +65,11 @@ def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
     return budget
 
 
+#: share of the window's steps with requests waiting at a full cap from which the cap,
+#: not the budget, is what holds them (the SLA search's own ``bind_share``)
+BINDING_SHARE = 0.5
+
+
 @dataclass
 class TokenBudget:
     """Wraps a batch policy: its decision, with the token budget sized for the SLA.
@@ -87,6 +92,10 @@ class TokenBudget:
     granule: int = 0                         # round the SLA-sized budget down to this
     bias_s: float = 0.0                      # learnt: the window's mean step time over
                                              # D_SLA - 2 eps_D (integral of the excess)
+    bound: str = "none"                      # what sized the last budget: "tpot" (the
+                                             # TBT SLA less margin and bias), "ttft"
+                                             # (requests wait, not held by the cap: the
+                                             # top of the SLA band) or "none" (the full one)
 
     @property
     def wants_step_fit(self) -> bool:
@@ -121,6 +130,7 @@ class TokenBudget:
                               acts=acts)
         inputs = dict(d.inputs or {})
         inputs["budget_bias_s"] = round(self.bias_s, 6)
+        inputs["budget_bound"] = self.bound
         # vLLM needs the budget to hold every admitted decode plus a token (DESIGN.md:
         # keep it >= the active cap plus room for a chunk, or running requests starve).
         # Where the SLA-sized budget is below the inner cap + 1 the cap yields, down to
@@ -148,6 +158,7 @@ class TokenBudget:
         at least the decodes it is sized for plus one chunk."""
         sla_s = self.sla_s - self.margin_s if (self.sla_s > 0 and feasible) else 0.0
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
+        self.bound = "tpot"
         if not self.control:
             sla_s = 0.0
         elif sla_s > 0 and not acts:
@@ -158,6 +169,19 @@ class TokenBudget:
             # serves more within the SLOs. (At a large batch on a GPU the cap, not
             # the budget, makes room: there the smallest chunk stays.)
             sla_s = 0.0
+        elif (sla_s > 0 and self.decode_budget == "running" and obs.num_waiting > 0
+              and obs.binding < BINDING_SHARE):
+            # requests wait and the cap is not what holds them (it was full on less than
+            # half the window's steps): the budget is, and their first tokens are what
+            # is at stake. The chunks are sized to
+            # the top of the SLA band (D_SLA + eps_D, where the SLA search stops calling
+            # a step over) and the closed-loop bias is dropped: holding the mean step
+            # below D_SLA - 2 eps_D here makes every waiting request miss its TTFT to
+            # keep a TPOT margin the running ones do not need (docs/results.md, "A step
+            # time that drifts").
+            self.bias_s = 0.0
+            sla_s = self.sla_s + self.margin_s
+            self.bound = "ttft"
         elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
             # close the loop on what a request's TPOT averages, the mean time of the
             # window's decode steps, held to D_SLA - 2 eps_D (sla_s already has one
@@ -171,5 +195,7 @@ class TokenBudget:
             err = obs.tbt_mean_s - (sla_s - self.margin_s)
             self.bias_s = min(max(self.bias_s + 0.5 * err, 0.0), sla_s / 2)
             sla_s -= self.bias_s
+        if sla_s <= 0 or model is None:
+            self.bound = "none"
         return token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
                             sla_s, model, obs.kv_tokens_resident, granule=self.granule)

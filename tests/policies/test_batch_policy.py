@@ -234,10 +234,10 @@ def test_token_budget_wraps_any_policy():
     assert full.decide(obs(running=4, waiting=8)).token_budget == 2048
 
 
-def test_requests_waiting_behind_the_budget_get_the_top_of_the_sla_band():
+def test_requests_waiting_behind_the_budget_get_chunks_sized_to_the_sla_itself():
     """Requests wait and the cap is not what holds them (full on no step of the
-    window): the budget is, so the chunk is sized to the top of the SLA band, 50 + 2 ms
-    (T(4, c) <= 52 ms -> c = 380), and the closed-loop bias learnt while nothing
+    window): the budget is, so the chunk is sized to the SLA itself, not 2 ms under it
+    (T(4, c) <= 50 ms -> c = 360), and the closed-loop bias learnt while nothing
     waited is dropped. Once the cap binds, or nothing waits, the TPOT sizes it again
     (50 - 2 ms, less the bias)."""
     from tuned.policies.budget import TokenBudget
@@ -254,7 +254,7 @@ def test_requests_waiting_behind_the_budget_get_the_top_of_the_sla_band():
     assert d.token_budget == 4 + 320
     d = wrapped.decide(dataclasses.replace(slow, num_waiting=8))
     assert (d.inputs["budget_bound"], d.inputs["budget_bias_s"]) == ("ttft", 0.0)
-    assert d.token_budget == 4 + 380
+    assert d.token_budget == 4 + 360
     d = wrapped.decide(dataclasses.replace(slow, num_running=16, num_waiting=8, binding=1.0))
     assert d.inputs["budget_bound"] == "tpot"          # the cap binds: the TPOT sizes it
     assert d.token_budget == 16 + 200                   # 48 ms less the new 2 ms bias
@@ -282,8 +282,8 @@ def test_policy_told_whether_the_budget_can_act():
 def test_a_cap_that_does_not_bind_yields_to_the_budget():
     """vLLM's budget must hold the cap's decodes plus a token. A cap above the
     SLA-sized budget (static 512 with 4 running and 8 waiting that the cap does not
-    hold: the chunk sized to the top of the SLA band, 4 + 380 = 384) yields to the
-    budget less one chunk (384 - 32 = 352) rather than holding the budget at
+    hold: the chunk sized to the SLA itself, 4 + 360 = 364) yields to the
+    budget less one chunk (364 - 32 = 332) rather than holding the budget at
     cap + 1 = 513; the decision says so and keeps the inner cap in its inputs. Never
     below the requests running: with 100 running no chunk holds the SLA, the budget
     is 100 + the 32-token floor and the cap the 100 running."""
@@ -294,7 +294,7 @@ def test_a_cap_that_does_not_bind_yields_to_the_budget():
                           min_chunk_tokens=32, sla_s=0.050, step_model=LinearStepModelish(),
                           margin_s=0.002)
     d = wrapped.decide(obs(running=4, waiting=8))
-    assert (d.cap, d.token_budget, d.reason) == (352, 384, "budget_room")
+    assert (d.cap, d.token_budget, d.reason) == (332, 364, "budget_room")
     assert d.inputs["cap_before_budget"] == 512
     d = wrapped.decide(obs(running=100, waiting=8))
     assert (d.cap, d.token_budget, d.batch) == (100, 132, 100)

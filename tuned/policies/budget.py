@@ -95,7 +95,7 @@ class TokenBudget:
     bound: str = "none"                      # what sized the last budget: "tpot" (the
                                              # TBT SLA less margin and bias), "ttft"
                                              # (requests wait, not held by the cap: the
-                                             # top of the SLA band) or "none" (the full one)
+                                             # SLA itself) or "none" (the full one)
 
     @property
     def wants_step_fit(self) -> bool:
@@ -173,14 +173,14 @@ class TokenBudget:
               and obs.binding < BINDING_SHARE):
             # requests wait and the cap is not what holds them (it was full on less than
             # half the window's steps): the budget is, and their first tokens are what
-            # is at stake. The chunks are sized to
-            # the top of the SLA band (D_SLA + eps_D, where the SLA search stops calling
-            # a step over) and the closed-loop bias is dropped: holding the mean step
-            # below D_SLA - 2 eps_D here makes every waiting request miss its TTFT to
-            # keep a TPOT margin the running ones do not need (docs/results.md, "A step
-            # time that drifts").
+            # is at stake. The chunks are sized to the TPOT SLO itself, without the
+            # margin and the closed-loop bias: holding the mean step below
+            # D_SLA - 2 eps_D here makes the waiting requests miss their TTFT to keep a
+            # TPOT margin the running ones do not need (docs/results.md, "A step time
+            # that drifts"). Not past the SLO: where the step time is a staircase in
+            # the tokens (a GPU's GEMM tiles) a larger target crosses a stair.
             self.bias_s = 0.0
-            sla_s = self.sla_s + self.margin_s
+            sla_s = self.sla_s
             self.bound = "ttft"
         elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
             # close the loop on what a request's TPOT averages, the mean time of the

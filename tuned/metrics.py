@@ -161,8 +161,13 @@ class Metrics:
 
 class EngineLabelled:
     """A registry's collectors seen with one more label, ``engine``, on every sample
-    (prometheus_client has no constant labels). Anything with ``collect()`` serves as
-    a registry to :func:`generate_latest` and ``start_http_server``."""
+    (prometheus_client has no constant labels), and without the ``<name>_created``
+    samples prometheus_client adds to counters and histograms (in the text format
+    each becomes a family of its own, a start timestamp no panel or rule reads).
+    Dropped here rather than with ``prometheus_client.disable_created_metrics()``,
+    which is process-wide and would change the series of whoever else shares the
+    process. Anything with ``collect()`` serves as a registry to
+    :func:`generate_latest` and ``start_http_server``."""
 
     def __init__(self, registry: CollectorRegistry, engine: str):
         self.registry = registry
@@ -171,8 +176,9 @@ class EngineLabelled:
     def collect(self):
         for fam in self.registry.collect():
             out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            created = fam.name + "_created"
             out.samples = [s._replace(labels={"engine": self.engine, **s.labels})
-                           for s in fam.samples]
+                           for s in fam.samples if s.name != created]
             yield out
 
 

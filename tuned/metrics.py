@@ -64,8 +64,10 @@ class Metrics:
 
     ``engine`` is the data-parallel rank, as vLLM labels its own series
     (``vllm:num_requests_running{engine="0"}``): the exposition (:attr:`exported`)
-    adds ``engine="<rank>"`` to every sample, so tuned's series and vLLM's join on
-    it. The series themselves are registered without it (one label set per process).
+    adds ``engine="<rank>"`` to every sample; with the ``server`` label the scrape
+    config gives tuned's and vLLM's targets of one server (docs/operator-guide.md,
+    Metrics), tuned's series and vLLM's join ``on (server, engine)``. The series
+    themselves are registered without ``engine`` (one label set per process).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None,

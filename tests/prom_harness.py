@@ -94,8 +94,12 @@ class PromServer:
     """One Prometheus process scraping ``targets`` (``host:port`` strings)."""
 
     def __init__(self, targets: list[str], workdir: Path, scrape_interval_s: float = 1.0,
-                 binary: str = PROMETHEUS_BIN, metrics_path: str = "/metrics"):
+                 binary: str = PROMETHEUS_BIN, metrics_path: str = "/metrics",
+                 scrape_configs: list[dict] | None = None):
+        """``scrape_configs`` (Prometheus's own, e.g. a documented one with its
+        targets substituted) replaces the one ``tuned`` job scraping ``targets``."""
         self.targets = list(targets)
+        self.scrape_configs = scrape_configs
         self.workdir = Path(workdir)
         self.scrape_interval_s = scrape_interval_s
         self.binary = binary
@@ -111,10 +115,11 @@ class PromServer:
     def _write_config(self) -> Path:
         # JSON is valid YAML: no YAML library needed.
         interval = f"{int(self.scrape_interval_s * 1000)}ms"
+        jobs = self.scrape_configs or [{"job_name": "tuned", "metrics_path": self.metrics_path,
+                                        "static_configs": [{"targets": self.targets}]}]
+        jobs = [dict(j, scrape_interval=interval, scrape_timeout=interval) for j in jobs]
         cfg = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
-               "scrape_configs": [{"job_name": "tuned", "metrics_path": self.metrics_path,
-                                   "scrape_interval": interval, "scrape_timeout": interval,
-                                   "static_configs": [{"targets": self.targets}]}]}
+               "scrape_configs": jobs}
         path = self.workdir / "prometheus.yml"
         path.write_text(json.dumps(cfg, indent=2))
         return path

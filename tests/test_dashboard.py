@@ -4,6 +4,7 @@ Prometheus scraping tuned's own metrics registry."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -24,8 +25,8 @@ PROMQL_WORDS = {
     "bool",
 }
 #: every selector of one of tuned's series, and of one of vLLM's
-TUNED_SELECTOR = 'job=~"$job", instance=~"$instance", engine=~"$engine"'
-VLLM_SELECTOR = 'job=~"$vllm_job", engine=~"$engine"'
+TUNED_SELECTOR = 'job=~"$job", server=~"$server", engine=~"$engine"'
+VLLM_SELECTOR = 'job=~"$vllm_job", server=~"$server", engine=~"$engine"'
 #: vLLM's metric names are ``vllm:<name>``; a selector matches the prefix as
 #: ``vllm[:_]`` (some exporters and remote-write paths turn the colon into ``_``)
 VLLM_PREFIX = "vllm[:_]"
@@ -62,9 +63,9 @@ def tuned_exported() -> set[str]:
     return seen | declared
 
 
-def vllm_exported() -> set[str]:
-    """Every sample name vLLM's Prometheus logger registers, read from the installed
-    vLLM's source (vllm/v1/metrics/loggers.py), not from a list kept here."""
+def vllm_definitions() -> dict[str, str]:
+    """{family name: type} of every series vLLM's Prometheus logger registers, read from
+    the installed vLLM's source (vllm/v1/metrics/loggers.py), not from a list kept here."""
     import importlib.util
 
     spec = importlib.util.find_spec("vllm")   # located, not imported
@@ -72,9 +73,13 @@ def vllm_exported() -> set[str]:
         pytest.skip("vLLM is not installed")
     src = (Path(spec.origin).parent / "v1" / "metrics" / "loggers.py").read_text()
     found = re.findall(r'self\._(gauge|counter|histogram)_cls\(\s*name="(vllm:\w+)"', src)
-    assert len(found) > 20, "vLLM's metric definitions moved: update vllm_exported()"
-    return set().union(*(sample_names(n.removesuffix("_total") if t == "counter" else n, t)
-                         for t, n in found))
+    assert len(found) > 20, "vLLM's metric definitions moved: update vllm_definitions()"
+    return {(n.removesuffix("_total") if t == "counter" else n): t for t, n in found}
+
+
+def vllm_exported() -> set[str]:
+    """Every sample name vLLM's Prometheus logger registers (:func:`vllm_definitions`)."""
+    return set().union(*(sample_names(n, t) for n, t in vllm_definitions().items()))
 
 
 def load() -> dict:
@@ -171,7 +176,7 @@ def test_dashboard_shows_decisions_beside_vllm_latency(exported):
         used |= metric_names(expr) | name_patterns(expr)
     assert {"tuned_sla_feasible", "tuned_queue_deferred_total", "tuned_fallback_active",
             "tuned_controller_tick_phase_seconds_bucket"} <= used
-    panel = next(p for p in dash["panels"] if p["title"] == "vLLM TTFT and TPOT beside the cap")
+    panel = next(p for p in dash["panels"] if p["title"].startswith("vLLM TTFT and TPOT"))
     shown = set().union(*(metric_names(t["expr"]) | name_patterns(t["expr"])
                           for t in panel["targets"]))
     assert {"tuned_applied_cap_seqs", VLLM_PREFIX + "time_to_first_token_seconds_bucket",
@@ -188,8 +193,8 @@ def test_template_variables():
     q = {k: v["query"]["query"] for k, v in variables.items() if v["type"] == "query"}
     assert q == {
         "job": "label_values(tuned_applied_cap_seqs, job)",
-        "instance": 'label_values(tuned_applied_cap_seqs{job=~"$job"}, instance)',
-        "engine": 'label_values(tuned_applied_cap_seqs{job=~"$job", instance=~"$instance"}, '
+        "server": 'label_values(tuned_applied_cap_seqs{job=~"$job"}, server)',
+        "engine": 'label_values(tuned_applied_cap_seqs{job=~"$job", server=~"$server"}, '
                   'engine)',
         "vllm_job": 'label_values({__name__=~"vllm[:_]num_requests_running"}, job)'}
     for name in q:
@@ -218,8 +223,17 @@ def test_dashboard_structure():
         assert not cells & panel_cells, f"{p['title']} overlaps another panel"
         cells |= panel_cells
     for where, expr in all_queries(dash):
-        if "$__rate_interval" not in expr and re.search(r"\brate\(|increase\(", expr):
-            assert "[1h]" in expr or "[1m]" in expr, f"{where}: fixed rate window"
+        # a count over Grafana's rate interval changes with the zoom: a count has a
+        # fixed window its title names, a rate is per second
+        bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)    # no string literals
+        for fn, window in re.findall(r"\b(rate|increase|changes)\([^\[]*\[([^\]]+)\]", bare):
+            if fn == "rate":
+                assert window == "$__rate_interval", f"{where}: rate over {window}"
+            else:
+                assert window != "$__rate_interval", f"{where}: {fn} changes with the zoom"
+                if where.startswith("panel"):
+                    title = where.split("'")[1]
+                    assert {"1h": "last 1 h", "5m": "per 5 min"}[window] in title, where
         # every selector filters by the dashboard's variables: tuned's by job, instance
         # and engine, vLLM's by its own job and the same engine
         selectors = re.findall(r"\{([^}]*)\}", re.sub(r"\{\{\w+\}\}", "", expr))
@@ -230,33 +244,141 @@ def test_dashboard_structure():
             else:
                 assert sel == TUNED_SELECTOR, f"{where}: {sel}"
     titles = {p["title"] for p in dash["panels"]}
-    for required in ("Batch size: decision vs applied cap", "Time between tokens vs SLA",
-                     "KV cache", "GPU memory", "Throughput",
-                     "Fallbacks, controller errors, reloads", "Decisions by reason",
-                     "SLA feasible", "Fallback active", "Queue holds",
-                     "vLLM TTFT and TPOT beside the cap", "SLA feasible, fallback active"):
+    for required in ("Batch size: decision vs applied cap (sequences)",
+                     "Time between tokens vs SLA (s)",
+                     "KV cache: used (%), capacity (tokens, right axis)",
+                     "GPU memory (bytes)",
+                     "Throughput (tokens/s; requests/s and preemptions/s on the right axis)",
+                     "Fallbacks, controller errors, reloads (count per 5 min)",
+                     "Decisions by reason (decisions/s)", "SLA feasible (1 = yes)",
+                     "Fallback active (1 = yes)", "Queue holds and admissions (per s)",
+                     "vLLM TTFT and TPOT p95 (s) beside the cap (sequences, right axis)",
+                     "SLA feasible, fallback active (1 = yes)"):
         assert required in titles
+    # every title names its unit, in parentheses at the end, and the unit Grafana draws
+    # the (left) axis in agrees with it
+    axis_word = {"s": "s", "percentunit": "%", "bytes": "bytes"}
+    for p in dash["panels"]:
+        m = re.search(r" \(([^()]+(?:\([^()]*\)[^()]*)*)\)$", p["title"])
+        assert m, f"no unit in {p['title']!r}"
+        unit = p["fieldConfig"]["defaults"]["unit"]
+        if unit in axis_word:
+            assert axis_word[unit] in re.split(r"[ ,;()]+", p["title"]), p["title"]
 
 
-def _grafana_to_promql(expr: str) -> str:
-    for var in ("job", "instance", "engine", "vllm_job"):
-        expr = expr.replace(f'"${var}"', '".*"')
+def _grafana_to_promql(expr: str, **values: str) -> str:
+    """A dashboard query as Grafana sends it: each variable ".*" (All) unless given."""
+    for var in ("job", "server", "engine", "vllm_job"):
+        expr = expr.replace(f'"${var}"', '"%s"' % values.get(var, ".*"))
     return expr.replace("$__rate_interval", "15s")
 
 
+GUIDE = DASHBOARD.parents[1] / "docs" / "operator-guide.md"
+
+
+def guide_block(lang: str) -> str:
+    """The first ``lang`` code block of the operator guide's Metrics section."""
+    text = GUIDE.read_text()
+    text = text[text.index("\n## Metrics"):]
+    return re.search(rf"```{lang}\n(.*?)```", text, re.S).group(1)
+
+
+def guide_queries() -> dict[str, str]:
+    """The guide's "Useful queries": {comment: query}, a query's continuation lines
+    (indented) joined to it."""
+    out, comment = {}, ""
+    for line in guide_block("promql").splitlines():
+        if line.startswith("# "):
+            comment = (comment + " " + line[2:]) if comment and comment not in out else line[2:]
+        elif line.startswith("  ") and comment in out:
+            out[comment] += " " + line.strip()
+        elif line.strip():
+            out[comment] = line.strip()
+    return out
+
+
+def test_guide_queries_are_read_whole():
+    q = guide_queries()
+    assert len(q) == 7, list(q)
+    beside = next(v for k, v in q.items() if k.startswith("tuned's cap (sequences) beside"))
+    assert beside.startswith("label_replace(max by (server, engine)") and " or " in beside
+    assert all(v.count("(") == v.count(")") for v in q.values()), q
+
+
+def guide_scrape_configs(targets: dict[str, list[str]]) -> list[dict]:
+    """The guide's scrape config with ``targets`` ({job: [host:port]}) in place of the
+    documented ones; its relabelling kept as written."""
+    import yaml
+
+    jobs = yaml.safe_load(guide_block("yaml"))["scrape_configs"]
+    assert sorted(j["job_name"] for j in jobs) == sorted(targets)
+    return [dict(j, static_configs=[{"targets": targets[j["job_name"]]}]) for j in jobs]
+
+
+class FakeVllm:
+    """The series vLLM's API server exports, under vLLM's own names, types and labels
+    (``model_name``, ``engine``), for the dashboard's vLLM queries; one per server."""
+
+    def __init__(self, engines: list[str], running: float):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        kinds = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}
+        self.series = {n: kinds[t](n, n, ["model_name", "engine"], registry=self.registry)
+                       for n, t in vllm_definitions().items()
+                       if n.removeprefix("vllm:") in VLLM_USED}
+        self.engines = engines
+        for e in engines:
+            self.series["vllm:num_requests_running"].labels("m", e).set(running)
+            self.series["vllm:num_requests_waiting"].labels("m", e).set(2)
+            self.series["vllm:kv_cache_usage_perc"].labels("m", e).set(0.5)
+
+    def tick(self) -> None:
+        """What a serving engine does between scrapes: counts and latencies move."""
+        for e in self.engines:
+            for name, s in self.series.items():
+                child = s.labels("m", e)
+                if isinstance(child, type(self.series["vllm:generation_tokens"].labels("m", e))):
+                    child.inc(5)
+            for name in ("vllm:time_to_first_token_seconds",
+                         "vllm:request_time_per_output_token_seconds",
+                         "vllm:inter_token_latency_seconds"):
+                self.series[name].labels("m", e).observe(0.2)
+
+
+#: the vLLM families the dashboard and the guide read (names without ``vllm:``)
+VLLM_USED = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+             "generation_tokens", "request_success", "num_preemptions",
+             "time_to_first_token_seconds", "request_time_per_output_token_seconds",
+             "inter_token_latency_seconds"}
+
+
+def _pairs(result: list) -> list[tuple[str, str]]:
+    return sorted((r["metric"].get("server", ""), r["metric"].get("engine", ""))
+                  for r in result)
+
+
 @pytest.mark.slow  # a real Prometheus scraping for several seconds
-def test_every_query_returns_data_from_tunes_metrics(prometheus):
-    """Expose tuned's real metrics registry (two ranks, as a data-parallel server
-    does), let Prometheus scrape it, and run every dashboard query: each must parse;
-    each on tuned's series must return at least one series (vLLM's own series are not
-    served here: those queries must parse and select nothing else)."""
+def test_every_query_returns_what_it_says(prometheus):
+    """Two servers, as a fleet runs them: server A (127.0.0.1) with two data-parallel
+    ranks, server B (127.0.0.2) with one; each serves tuned's real metrics registry
+    per rank and vLLM's series (same names, types and labels) from its API server.
+    Prometheus scrapes them with the operator guide's scrape config, relabelling as
+    written. Then every dashboard query returns one series per server and rank (vLLM's
+    included: two servers' engine 0 are not summed), the server variable picks one
+    server, and each of the guide's queries returns what its comment says."""
     from prometheus_client import start_http_server
 
     from tuned.metrics import Metrics
 
-    ranks = [Metrics(engine=str(i)) for i in (0, 1)]
-    for m in ranks:
-        m.target.set(12), m.lower.set(8), m.upper.set(16), m.applied_cap.set(12)
+    a, b = "127.0.0.1", "127.0.0.2"
+    ranks = {(a, "0"): Metrics(engine="0"), (a, "1"): Metrics(engine="1"),
+             (b, "0"): Metrics(engine="0")}
+    ceiling = {a: 16, b: 16}
+    cap = {a: 12, b: 16}          # A holds the cap below max_num_seqs, B does not
+    for (host, _), m in ranks.items():
+        m.target.set(cap[host]), m.lower.set(8), m.upper.set(16), m.applied_cap.set(cap[host])
+        m.ceiling.set(ceiling[host])
         m.token_budget.set(544), m.sla_feasible.set(1), m.in_fallback.set(0)
         m.tbt_sla.set(0.05), m.kv_usage.set(0.6), m.kv_capacity.set(65536)
         m.gpu_used.labels("0").set(18 * 2**30), m.gpu_total.labels("0").set(24 * 2**30)
@@ -265,35 +387,124 @@ def test_every_query_returns_data_from_tunes_metrics(prometheus):
         m.tick.observe(0.002), m.tick_phase.labels("decide").observe(0.001)
         for _ in range(5):
             m.tbt.observe(0.04)
-    servers = [start_http_server(0, addr="127.0.0.1", registry=m.exported) for m in ranks]
+    vllm = {a: FakeVllm(["0", "1"], running=3), b: FakeVllm(["0"], running=7)}
+    servers = [start_http_server(0, addr=host, registry=m.exported)
+               for (host, _), m in ranks.items()]
+    servers += [start_http_server(0, addr=host, registry=v.registry) for host, v in vllm.items()]
+    addr = [f"{s.server_address[0]}:{s.server_address[1]}" for s, _ in servers]
+    expected = [(a, "0"), (a, "1"), (b, "0")]
     try:
-        prom = prometheus([f"127.0.0.1:{s.server_address[1]}" for s, _ in servers])
-        prom.wait_for_series("tuned_applied_cap_seqs", timeout_s=60)
-        for m in ranks:
-            m.reloads.labels("refused").inc()  # after the first scrape: the annotation's change
-        # rate() needs two samples inside the window: keep counters moving a little.
-        deadline = time.monotonic() + 90
+        prom = prometheus([], scrape_configs=guide_scrape_configs(
+            {"tuned": addr[:3], "vllm": addr[3:]}))
+        prom.wait_for_series("count(tuned_applied_cap_seqs) == 3", timeout_s=60)
+        prom.wait_for_series('count({__name__=~"vllm[:_]num_requests_running"}) == 3', 60)
+        # after the first scrape: the annotation's change, the guide's refused reloads
+        # and one fallback on A's rank 0
+        for m in ranks.values():
+            m.reloads.labels("refused").inc()
+        ranks[(a, "0")].fallbacks.labels("stale").inc()
+        # the relabelling: tuned's and vLLM's series of one server share its label
+        assert _pairs(prom.query("tuned_applied_cap_seqs")) == expected
+        assert _pairs(prom.query('{__name__=~"vllm[:_]num_requests_running"}')) == expected
+        values = prom.api("label/server/values", **{"match[]": "tuned_applied_cap_seqs"})
+        assert values == [a, b]
+
         queries = dict(all_queries(load()))
-        vllm_only = {w for w, e in queries.items() if not metric_names(e)}
-        for where in vllm_only:
-            assert prom.query(_grafana_to_promql(queries[where])) == [], where
-        pending = {w: e for w, e in queries.items() if w not in vllm_only}
+        panels = {p["title"]: p for p in load()["panels"]}
+        legends = {f"panel {p['title']!r} {t['refId']}": t.get("legendFormat", "")
+                   for p in panels.values() for t in p["targets"]}
+        guide = guide_queries()
+        pending = {**{w: _grafana_to_promql(e) for w, e in queries.items()},
+                   **{"guide: " + c: q for c, q in guide.items()}}
+        deadline = time.monotonic() + 120
+        # rate() needs two samples inside the window: keep counters moving a little
         while pending and time.monotonic() < deadline:
-            for m in ranks:
+            for (host, _), m in ranks.items():
+                if host == a:     # B's engine stalls: it holds requests and never steps
+                    m.steps.inc()
                 m.tbt.observe(0.03), m.tick.observe(0.001), m.q_deferred.labels("sjf").inc()
-                m.tick_phase.labels("decide").observe(0.001)
+                m.tick_phase.labels("decide").observe(0.001), m.decisions.labels("sla_hold").inc()
+            for v in vllm.values():
+                v.tick()
             for where, expr in list(pending.items()):
-                if prom.query(_grafana_to_promql(expr)):  # raises on a PromQL syntax error
+                res = prom.query(expr)  # raises on a PromQL syntax error
+                want = 6 if where.startswith("guide: tuned's cap") else 1
+                if len(res) >= want:
                     del pending[where]
             time.sleep(1)
-        assert not pending, f"queries without data: {pending}"
-        cap = prom.query('tuned_applied_cap_seqs')
-        assert sorted(r["metric"]["engine"] for r in cap) == ["0", "1"]
+        assert not pending, f"queries without data: {sorted(pending)}"
+
+        # ---- the dashboard: a line per server and rank wherever the legend names them
+        for where, legend in legends.items():
+            # asked again now: the first answer may predate a server's second scrape
+            res = prom.query(_grafana_to_promql(queries[where]))
+            assert all(math.isfinite(float(r["value"][1])) for r in res), (where, res)
+            if "{{server}}" in legend and "{{engine}}" in legend:
+                keys = [(r["metric"].get("server", ""), r["metric"].get("engine", ""),
+                         r["metric"].get("gpu", "")) for r in res]
+                assert sorted({k[:2] for k in keys}) == expected, (where, res)
+                assert len(keys) == len(set(keys)), \
+                    f"{where}: series that differ only in labels the legend hides: {res}"
+        # ... and vLLM's series of two servers' engine 0 are not added up
+        running = queries[next(w for w in queries if w.startswith(
+            "panel 'Requests running / waiting (requests)' A"))]
+        got = {(r["metric"]["server"], r["metric"]["engine"]): float(r["value"][1])
+               for r in prom.query(_grafana_to_promql(running))}
+        assert got == {(a, "0"): 3.0, (a, "1"): 3.0, (b, "0"): 7.0}
+        # the server variable picks one server, for tuned's panels and vLLM's alike
+        only_b = prom.query(_grafana_to_promql(running, server=b))
+        assert [(r["metric"]["server"], r["metric"]["engine"], float(r["value"][1]))
+                for r in only_b] == [(b, "0", 7.0)]
+        cap_panel = queries["panel 'Applied cap (sequences)' A"]
+        assert _pairs(prom.query(_grafana_to_promql(cap_panel, server=b))) == [(b, "0")]
+
+        # ---- the operator guide's queries, each against what its comment says
+        def g(start: str) -> list:
+            """The query's answer now, every series having moved for several scrapes
+            (the first answer may predate the first increment of a counter)."""
+            [comment] = [c for c in guide if c.startswith(start)]
+            return prom.query(guide[comment])
+
+        assert _pairs(g("TBT p95 per server and rank")) == expected
+        assert [r["metric"] for r in g("controller tick p99 over every server and rank")] == [{}]
+        beside = sorted((r["metric"]["server"], r["metric"]["engine"], r["metric"]["series"],
+                         float(r["value"][1])) for r in
+                        g("tuned's cap (sequences) beside vLLM's TTFT p95"))
+        assert [x[:3] for x in beside] == [(h, e, s) for h, e in expected
+                                            for s in ("cap_seqs", "ttft_p95_seconds")]
+        assert [x[3] for x in beside if x[2] == "cap_seqs"] == [12.0, 12.0, 16.0]
+        assert all(0.1 <= x[3] <= 0.25 for x in beside if x[2] == "ttft_p95_seconds"), beside
+        held = g("vLLM's TTFT p95")
+        assert _pairs(held) == [(a, "0"), (a, "1")]       # only A holds its cap below 16
+        refused = g("endpoints that refused a config reload in the last hour")
+        assert _pairs(refused) == expected
+        assert [r["metric"]["cause"] for r in g("fallbacks in the last 15 min, by cause")] \
+            == ["stale"]
+        assert _pairs(g("engines holding requests that completed no step")) == [(b, "0")]
     finally:
         for server, thread in servers:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+
+
+def test_exposition_has_no_created_series():
+    """prometheus_client's ``_created`` samples are not on tuned's endpoint: the
+    exposition's families are exactly the registered ones."""
+    from prometheus_client import CollectorRegistry
+
+    from tuned.metrics import Metrics
+
+    m = Metrics(registry=CollectorRegistry())
+    m.tbt.observe(0.01), m.decisions.labels("memory").inc(), m.reloads.labels("ok").inc()
+    text = m.exposition().decode()
+    families = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    registered = {f.name + {"counter": "_total", "info": "_info"}.get(f.type, "")
+                  for f in m.registry.collect()}
+    assert "_created" not in text
+    assert families == registered
+    # the registry itself still carries them: the exposition drops them
+    assert any(s.name.endswith("_created") for f in m.registry.collect() for s in f.samples)
 
 
 def test_operator_guide_documents_exactly_the_exported_metrics():

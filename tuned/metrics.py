@@ -64,8 +64,10 @@ class Metrics:
 
     ``engine`` is the data-parallel rank, as vLLM labels its own series
     (``vllm:num_requests_running{engine="0"}``): the exposition (:attr:`exported`)
-    adds ``engine="<rank>"`` to every sample, so tuned's series and vLLM's join on
-    it. The series themselves are registered without it (one label set per process).
+    adds ``engine="<rank>"`` to every sample; with the ``server`` label the scrape
+    config gives tuned's and vLLM's targets of one server (docs/operator-guide.md,
+    Metrics), tuned's series and vLLM's join ``on (server, engine)``. The series
+    themselves are registered without ``engine`` (one label set per process).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None,
@@ -161,8 +163,13 @@ class Metrics:
 
 class EngineLabelled:
     """A registry's collectors seen with one more label, ``engine``, on every sample
-    (prometheus_client has no constant labels). Anything with ``collect()`` serves as
-    a registry to :func:`generate_latest` and ``start_http_server``."""
+    (prometheus_client has no constant labels), and without the ``<name>_created``
+    samples prometheus_client adds to counters and histograms (in the text format
+    each becomes a family of its own, a start timestamp no panel or rule reads).
+    Dropped here rather than with ``prometheus_client.disable_created_metrics()``,
+    which is process-wide and would change the series of whoever else shares the
+    process. Anything with ``collect()`` serves as a registry to
+    :func:`generate_latest` and ``start_http_server``."""
 
     def __init__(self, registry: CollectorRegistry, engine: str):
         self.registry = registry
@@ -171,8 +178,9 @@ class EngineLabelled:
     def collect(self):
         for fam in self.registry.collect():
             out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            created = fam.name + "_created"
             out.samples = [s._replace(labels={"engine": self.engine, **s.labels})
-                           for s in fam.samples]
+                           for s in fam.samples if s.name != created]
             yield out
 
 

@@ -5,7 +5,10 @@ Prometheus (Debian's package, run by prom_harness with a 1 s scrape interval on
 engine busy. Through Prometheus's HTTP API, PromQL returns the cap tuned applied
 (the value ``/decisions`` reports) and the TBT histogram (a count above zero and a
 finite median over a 10 s rate); the target is "up"; and ``promtool check metrics``
-finds nothing to say about the endpoint's raw exposition text.
+finds nothing to say about the endpoint's raw exposition text. Prometheus runs the
+operator guide's scrape config, so it also scrapes vLLM's own ``/metrics``: the
+guide's "cap beside TTFT" query returns both series for the one server, and the
+dashboard's vLLM panel finds vLLM's series.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import pytest
 
 from prom_harness import prometheus, promtool  # noqa: F401  (fixtures)
 from serve_harness import Load, tuned_serve
+from test_dashboard import _grafana_to_promql, all_queries, guide_queries, \
+    guide_scrape_configs, load as load_dashboard
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +69,11 @@ def test_prometheus_scrapes_tuned_under_load(tmp_path, tiny_model, prometheus,  
         load = Load(srv, concurrency=8, prompt_tokens=(16, 64),
                                       max_tokens=(16, 48)).start()
         try:
-            prom = prometheus([target], scrape_interval_s=1.0)
+            # the operator guide's scrape config: tuned's endpoint and vLLM's own
+            # /metrics, both labelled server="127.0.0.1" by its relabelling
+            vllm_target = srv.base.removeprefix("http://")
+            prom = prometheus([], scrape_interval_s=1.0, scrape_configs=guide_scrape_configs(
+                {"tuned": [target], "vllm": [vllm_target]}))
             assert prom.url.startswith("http://127.0.0.1:")
             prom.wait_for_series("tuned_applied_cap_seqs", timeout_s=60)
 
@@ -95,10 +104,31 @@ def test_prometheus_scrapes_tuned_under_load(tmp_path, tiny_model, prometheus,  
             assert 0 < median <= 5.0, median   # inside the histogram's buckets
 
             # ---- the target is healthy
-            health = prom.targets_health()
-            assert health == [{"scrapeUrl": f"{srv.endpoint}/metrics", "health": "up",
-                               "lastError": ""}], health
+            health = sorted(prom.targets_health(), key=lambda t: t["scrapeUrl"])
+            assert health == sorted([{"scrapeUrl": f"{url}/metrics", "health": "up",
+                                      "lastError": ""} for url in (srv.endpoint, srv.base)],
+                                    key=lambda t: t["scrapeUrl"]), health
             assert scalar(prom.query(f'up{{job="tuned", instance="{target}"}}')) == 1.0
+
+            # ---- tuned's series and the real vLLM's join on (server, engine): the
+            # guide's "cap beside TTFT" gives both for this server, and the dashboard's
+            # vLLM panels find vLLM's own series under the names it exports
+            beside = next(q for c, q in guide_queries().items()
+                          if c.startswith("tuned's cap (sequences) beside"))
+            deadline = time.monotonic() + 60
+            while len(res := prom.query(beside)) < 2 and time.monotonic() < deadline:
+                time.sleep(1)
+            got = {r["metric"]["series"]: (r["metric"]["server"], r["metric"]["engine"],
+                                           float(r["value"][1])) for r in res}
+            assert set(got) == {"cap_seqs", "ttft_p95_seconds"}, res
+            assert got["cap_seqs"] == ("127.0.0.1", "0", B_MAX)
+            assert got["ttft_p95_seconds"][:2] == ("127.0.0.1", "0")
+            assert 0 < got["ttft_p95_seconds"][2] < 60, res
+            queries = dict(all_queries(load_dashboard()))
+            running = _grafana_to_promql(queries[
+                "panel 'Requests running / waiting (requests)' A"])
+            [r] = prom.wait_for_series(running, 30)
+            assert (r["metric"]["server"], r["metric"]["engine"]) == ("127.0.0.1", "0")
 
             # ---- promtool lints the raw exposition text clean
             text = srv.metrics()

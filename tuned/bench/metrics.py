@@ -334,8 +334,12 @@ class CapacityResult:
                 "probes": [list(p) for p in self.probes]}
 
 
+#: the attainment a rate must reach to count toward a contender's capacity (DistServe's)
+CAPACITY_TARGET = 0.9
+
+
 def capacity_search(run: Callable[[float], float], lo_rps: float, hi_rps: float, *,
-                    target: float = 0.9, tol_rel: float = 0.05, max_iter: int = 12,
+                    target: float = CAPACITY_TARGET, tol_rel: float = 0.05, max_iter: int = 12,
                     max_doublings: int = 6) -> CapacityResult:
     """DistServe capacity: the highest arrival rate whose attainment ``run(rate)``
     is at least ``target``, assuming attainment does not increase with rate.

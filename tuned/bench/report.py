@@ -379,77 +379,229 @@ def _json_default(o):
     return str(o)
 
 
-def plots(report: dict[str, Any], timelines: dict[str, dict], probes: dict[str, list],
-          out: Path) -> list[Path]:
-    """goodput.png (goodput and attainment per contender), timeline.png (cap and TBT
-    over time, tuned against the best static), capacity.png (attainment vs rate)."""
+#: how each kind of contender is drawn in the plots: (legend label, colour). tuned and
+#: vLLM's default stand out; the static sweep is the grey background they are read
+#: against, its best pair picked out
+STYLE = {"tuned": ("tuned", "#d62728"),
+         "vllm-default": ("vLLM default", "#1f77b4"),
+         "best": ("best static pair", "#2ca02c"),
+         "static": ("static (cap, budget) pair", "#b0b0b0"),
+         "peer": ("TensorRT-LLM / SGLang rule", "#ff7f0e"),
+         "ablation": ("tuned ablation", "#9467bd")}
+
+
+def _role(run: dict, best: str | None) -> str:
+    """Which :data:`STYLE` a run is drawn in."""
+    if run["name"] in ("tuned", "vllm-default") or run["name"] == best:
+        return {"tuned": "tuned", "vllm-default": "vllm-default"}.get(run["name"], "best")
+    return run["kind"] if run["kind"] in STYLE else "static"
+
+
+def _pyplot():
+    """pyplot on the Agg backend (files only: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files = []
+    return plt
+
+
+def _legend_outside(ax, **kw):
+    """A legend right of the axes, never over the data."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                     fontsize=8, **kw)
+
+
+def _slo_text(report: dict[str, Any]) -> str:
+    slo = report.get("slo_parsed") or {}
+    parts = [f"{k.removesuffix('_s').upper()} {v * 1e3:g} ms" if v < 1 else
+             f"{k.removesuffix('_s').upper()} {v:g} s"
+             for k, v in slo.items() if v]
+    return ", ".join(parts) or report.get("slo", "")
+
+
+def goodput_figure(report: dict[str, Any]):
+    """Goodput (req/s) and SLA attainment of every contender, one bar each, coloured
+    by kind with a legend; tuned's and vLLM's default bars carry their value."""
+    from matplotlib.patches import Patch
+
+    plt = _pyplot()
+
     runs = report["runs"]
+    best = report["best_static"].get("by_goodput")
     names = [r["name"] for r in runs]
-    colors = ["#1f77b4" if r["kind"] == "static" else "#ff7f0e" if r["kind"] == "peer"
-              else "#2ca02c" for r in runs]
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(max(8, 0.45 * len(runs)), 7), sharex=True)
-    a1.bar(names, [r.get("goodput_rps") or 0 for r in runs], color=colors)
-    a1.set_ylabel("request goodput (req/s)")
-    a1.set_title(f"{report['engine']} / {report['hardware']}: SLO {report['slo']}")
-    a2.bar(names, [r.get("attainment") or 0 for r in runs], color=colors)
-    a2.set_ylabel("SLA attainment")
-    a2.set_ylim(0, 1)
+    roles = [_role(r, best) for r in runs]
+    colors = [STYLE[k][1] for k in roles]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(max(9, 0.42 * len(runs) + 3), 7.5),
+                                 sharex=True)
+    fig.suptitle(f"Goodput and SLA attainment per contender: {report['engine']} / "
+                 f"{report['hardware']}, workload {report['workload']}, "
+                 f"SLO {_slo_text(report)}", fontsize=10)
+    for ax, key, title, ylabel in (
+            (a1, "goodput_rps", "Request goodput (req/s): requests that met every SLO, "
+             "per second", "goodput (req/s)"),
+            (a2, "attainment", "SLA attainment (fraction of requests that met every SLO)",
+             "attainment (fraction)")):
+        values = [r.get(key) or 0 for r in runs]
+        bars = ax.bar(names, values, color=colors, edgecolor="none")
+        for bar, role, v in zip(bars, roles, values):
+            if role in ("tuned", "vllm-default", "best"):
+                ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, v),
+                            ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                            textcoords="offset points")
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_ylabel(ylabel)
+        ax.margins(y=0.12)
+    a2.set_ylim(0, 1.1)
+    a2.set_xlabel("contender (static-C@B: cap C sequences, token budget B tokens)")
     for lbl in a2.get_xticklabels():
         lbl.set_rotation(60)
         lbl.set_ha("right")
+    shown = [k for k in STYLE if k in roles]
+    _legend_outside(a1, handles=[Patch(color=STYLE[k][1], label=STYLE[k][0] + (
+        f" ({best})" if k == "best" else "")) for k in shown], title="contender kind")
     fig.tight_layout()
-    files.append(out / "goodput.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _cap_line(cap: Sequence[tuple[float, int]], end_s: float) -> tuple[list, list]:
+    """A cap timeline as step points drawn to ``end_s``: the last cap holds until the
+    run ends (a run whose cap never moved has one point, and a step line of one
+    point draws nothing)."""
+    xs, ys = (list(v) for v in zip(*cap))
+    if end_s > xs[-1]:
+        xs.append(end_s)
+        ys.append(ys[-1])
+    return xs, ys
+
+
+def timeline_figure(report: dict[str, Any], timelines: dict[str, dict]):
+    """The applied cap (sequences) and the time between tokens (ms) over the run, for
+    tuned, the best static pair and vLLM's default; None when none ran."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plt = _pyplot()
 
     best = report["best_static"].get("by_goodput")
     show = [n for n in ("tuned", best, "vllm-default") if n and n in timelines]
-    if show:
-        fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-        for n in show:
-            tl = timelines[n]
-            caps = tl.get("cap") or []
-            if caps:
-                xs, ys = zip(*caps)
-                a1.step(xs, ys, where="post", label=n)
-            tbt = tl.get("tbt") or []
-            if tbt:
-                xs, ys = zip(*tbt)
-                a2.plot(xs, [y * 1e3 for y in ys], label=n, lw=0.8)
-        slo = report.get("slo_parsed") or {}
-        if slo.get("tpot_s"):
-            a2.axhline(slo["tpot_s"] * 1e3, color="k", ls="--", lw=0.8, label="TPOT SLO")
-        a1.set_ylabel("applied cap (seqs)")
-        a1.set_yscale("log", base=2)
-        a2.set_ylabel("TBT (ms, mean per s)")
-        a2.set_xlabel("time (s)")
-        a1.legend()
-        a2.legend()
-        fig.tight_layout()
-        files.append(out / "timeline.png")
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+    if not show:
+        return None
+    runs = {r["name"]: r for r in report["runs"]}
+    styles = {"tuned": dict(lw=2.2, ls="-", zorder=3),
+              best: dict(lw=1.6, ls="--", zorder=4),
+              "vllm-default": dict(lw=1.6, ls=":", zorder=5)}
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    fig.suptitle(f"Cap and time between tokens over the run: {report['engine']} / "
+                 f"{report['hardware']}, workload {report['workload']}", fontsize=10)
+    caps_seen = []
+    for n in show:
+        tl = timelines[n]
+        role = _role(runs.get(n, {"name": n, "kind": "static"}), best)
+        label = f"{STYLE[role][0]} ({n})" if role == "best" else STYLE[role][0]
+        style = dict(styles[n], color=STYLE[role][1], label=label)
+        tbt = tl.get("tbt") or []
+        caps = tl.get("cap") or []
+        end = max([runs.get(n, {}).get("duration_s") or 0.0]
+                  + [t for t, _ in tbt] + [t for t, _ in caps])
+        if caps:
+            xs, ys = _cap_line(caps, end)
+            a1.step(xs, ys, where="post", **style)
+            caps_seen += ys
+        if tbt:
+            xs, ys = zip(*tbt)
+            a2.plot(xs, [y * 1e3 for y in ys], **dict(style, lw=style["lw"] * 0.6))
+    slo = report.get("slo_parsed") or {}
+    if slo.get("tpot_s"):
+        a2.axhline(slo["tpot_s"] * 1e3, color="k", ls="--", lw=0.8,
+                   label=f"TPOT SLO ({slo['tpot_s'] * 1e3:g} ms)")
+    a1.set_title("Applied cap on running sequences (sequences, log scale)", fontsize=9,
+                 loc="left")
+    a1.set_ylabel("cap (sequences)")
+    a1.set_yscale("log", base=2)
+    if caps_seen:
+        a1.set_ylim(min(caps_seen) / 1.6, max(caps_seen) * 1.6)
+    a1.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a1.yaxis.set_minor_formatter(NullFormatter())
+    a2.set_title("Time between tokens (ms, mean of each second)", fontsize=9, loc="left")
+    a2.set_ylabel("TBT (ms)")
+    a2.set_xlabel("time since the first arrival (s)")
+    a2.set_ylim(bottom=0)
+    _legend_outside(a1)
+    _legend_outside(a2)
+    fig.tight_layout()
+    return fig
 
-    if probes:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for n, pts in probes.items():
-            if not pts:
-                continue
-            pts = sorted(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, lw=1,
-                    label=n, alpha=1.0 if n in ("tuned", best, "vllm-default") else 0.35)
-        ax.axhline(0.9, color="k", ls="--", lw=0.8)
-        ax.set_xlabel("arrival rate (req/s)")
-        ax.set_ylabel("SLA attainment")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        files.append(out / "capacity.png")
-        fig.savefig(files[-1], dpi=110)
+
+def capacity_figure(report: dict[str, Any], probes: dict[str, list]):
+    """SLA attainment against arrival rate for every contender whose capacity was
+    searched: the static sweep thin and grey, tuned and vLLM's default bold; None
+    without probes."""
+    from tuned.bench.metrics import CAPACITY_TARGET
+
+    plt = _pyplot()
+
+    probes = {n: sorted(p) for n, p in probes.items() if p}
+    if not probes:
+        return None
+    best = report["best_static"].get("by_capacity") or report["best_static"].get("by_goodput")
+    kinds = {r["name"]: r for r in report["runs"]}
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    ax.set_title(f"SLA attainment vs arrival rate: {report['engine']} / {report['hardware']}, "
+                 f"SLO {_slo_text(report)}\ncapacity = the highest rate with attainment "
+                 f">= {CAPACITY_TARGET:g}", fontsize=10)
+    roles = {n: _role(kinds.get(n, {"name": n, "kind": "static"}), best) for n in probes}
+    n_static = sum(1 for r in roles.values() if r == "static")
+    # drawn from the background up; listed in the legend from the top down
+    order = {"static": 0, "ablation": 1, "peer": 2, "best": 3, "vllm-default": 4, "tuned": 5}
+    markers = {"ablation": iter("v^sDP<>"), "peer": iter("xX+*")}
+    handles: list[tuple[int, Any]] = []
+    for n, pts in sorted(probes.items(), key=lambda kv: order[roles[kv[0]]]):
+        role = roles[n]
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        if role == "static":
+            # the sweep is the background: one legend entry for all of it
+            [line] = ax.plot(xs, ys, "-", color=STYLE["static"][1], lw=0.8, alpha=0.7,
+                             zorder=1, label=f"{STYLE['static'][0]}s ({n_static})")
+            if not any(h.get_label() == line.get_label() for _, h in handles):
+                handles.append((0, line))
+        elif role in ("ablation", "peer"):
+            # one colour per kind; each run its own marker, so each can be told apart
+            [line] = ax.plot(xs, ys, "--" if role == "peer" else ":", color=STYLE[role][1],
+                             lw=1.0, marker=next(markers[role], "o"), ms=4, alpha=0.85,
+                             zorder=2, label=n)
+            handles.append((order[role], line))
+        else:
+            label = f"{STYLE[role][0]} ({n})" if role == "best" else STYLE[role][0]
+            [line] = ax.plot(xs, ys, "o-", ms=4, lw=2.4 if role == "tuned" else 1.8,
+                             color=STYLE[role][1], zorder=3 + order[role], label=label)
+            handles.append((order[role], line))
+    threshold = ax.axhline(CAPACITY_TARGET, color="k", ls="--", lw=0.8,
+                           label=f"attainment {CAPACITY_TARGET:g} (capacity threshold)")
+    handles.append((-1, threshold))
+    ordered = [h for _, h in sorted(handles, key=lambda oh: -oh[0])]
+    ax.set_xlabel("arrival rate (req/s)")
+    ax.set_ylabel("SLA attainment (fraction of requests)")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlim(left=0)
+    _legend_outside(ax, handles=ordered)
+    fig.tight_layout()
+    return fig
+
+
+def plots(report: dict[str, Any], timelines: dict[str, dict], probes: dict[str, list],
+          out: Path) -> list[Path]:
+    """goodput.png (goodput and attainment per contender), timeline.png (cap and TBT
+    over time, tuned against the best static), capacity.png (attainment vs rate)."""
+    plt = _pyplot()
+    files = []
+    for name, fig in (("goodput.png", goodput_figure(report)),
+                      ("timeline.png", timeline_figure(report, timelines)),
+                      ("capacity.png", capacity_figure(report, probes))):
+        if fig is None:
+            continue
+        files.append(out / name)
+        # the legends sit outside the axes: the saved area grows to hold them
+        fig.savefig(files[-1], dpi=110, bbox_inches="tight")
         plt.close(fig)
     return files

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuned import config as config_mod
-from tuned.bench.metrics import RequestResult
+from tuned.bench.metrics import CAPACITY_TARGET, RequestResult
 from tuned.config import Config
 
 
@@ -283,8 +283,8 @@ class SimBench:
         return out
 
 
-def attainment_at(bench: SimBench, contender: Contender, workload, slo,
-                  base_rate: float, target: float = 0.9) -> Callable[[float], float]:
+def attainment_at(bench: SimBench, contender: Contender, workload, slo, base_rate: float,
+                  target: float = CAPACITY_TARGET) -> Callable[[float], float]:
     """``rate -> attainment`` of ``contender`` on ``workload`` scaled to that rate."""
     from tuned.bench.metrics import summarize
 

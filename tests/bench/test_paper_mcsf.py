@@ -414,3 +414,25 @@ def test_table1_alpha_rows_run_the_alpha_policy_on_the_clearing_engine(monkeypat
     assert out["finished"] and out["avg_s"] > 0
     # 1031 blocks of 16 tokens, (1 - 0.25) of them
     assert seen == {(0.25, 16496, 773)}
+
+
+def test_table1_summary_is_a_ratio_of_averages_over_the_draws_each_row_finished():
+    from tuned.bench.papers import mcsf_table1 as t1
+
+    def r(avg, ev=0):
+        return {"avg_s": avg, "finished": avg is not None, "evictions": ev, "lost_steps": 0}
+
+    draws = [{"MC-SF": r(10.0), "MC-Benchmark": r(14.0), "greedy a=0.3": r(15.0, 4)},
+             {"MC-SF": r(20.0), "MC-Benchmark": r(30.0), "greedy a=0.3": r(None, 10)},
+             {"MC-SF": r(30.0), "MC-Benchmark": r(42.0), "greedy a=0.3": r(48.0)}]
+    s = t1.summarize(draws)
+    rows = s["rows"]
+    assert s["seeds"] == 3 and s["mcsf_avg_s"] == pytest.approx(20.0)
+    assert rows["MC-Benchmark"]["vs_mcsf"] == pytest.approx(86.0 / 60.0)
+    # greedy: its two finished draws against MC-SF's same two, (15 + 48) / (10 + 30)
+    assert rows["greedy a=0.3"]["vs_mcsf"] == pytest.approx(63.0 / 40.0)
+    assert rows["greedy a=0.3"]["unfinished"] == 1
+    assert rows["greedy a=0.3"]["evictions_per_draw"] == pytest.approx(14.0 / 3)
+    pd = rows["MC-Benchmark"]["per_draw"]        # 1.4, 1.5, 1.4
+    assert (pd["min"], pd["median"], pd["max"]) == pytest.approx((1.4, 1.4, 1.5))
+    assert set(s["row_ranges"]) == {"MC-Benchmark", "greedy a=0.3"}

@@ -50,18 +50,21 @@ with (3): a request started at t first holds s_i + 1 at t + 1, so the start roun
 itself is not checked.
 
 MC-Benchmark (Appendix C, Algorithm 2, :func:`mc_benchmark`): the same round, the
-shipped policy's check, with candidates in ascending arrival time (ties: index, i.e. generation order, which
-under all-at-once arrivals is a random order).
+shipped policy's check, with candidates in ascending arrival time (ties: index,
+i.e. generation order, which under all-at-once arrivals is a random order).
 
 α-protection greedy and α-protection β-clearing (Section 5.2,
 :func:`alpha_protection`). The paper defines them in prose; choices where the text
-leaves room:
+leaves room (the admission rule and the clearing rule are
+:mod:`tuned.bench.papers.mcsf_baselines`, which Table 1 on the simulator uses too):
 
 * New prompts are tried first-come first-served (the text motivates both by
   vLLM's FCFS); a prompt i is admitted while the batch's memory after this round,
   Σ_{running} (s_j + g_j + 1) + Σ_{admitted} (s_j + 1), stays ≤ (1 − α)M ("a new
   prompt with initial memory s_i + 1 would cause the memory usage to exceed
-  (1 − α)M"); the first that does not fit ends the round.
+  (1 − α)M"); the first that does not fit ends the round. (An idle round admits
+  its first prompt anyway, the shipped queue's liveness rule; with s_i + 1 ≤ 3 and
+  (1 − α)M ≥ 7 here it never applies.)
 * Overflow is detected when the running requests alone would exceed M after this
   round's token. Greedy clears all of them, β-clearing each independently with
   probability β; cleared requests lose their tokens and go back to the waiting
@@ -114,6 +117,7 @@ from scipy.sparse import coo_matrix
 from tuned.bench.papers.mcsf_baselines import (BASELINES, AlphaProtectionPolicy,
                                               ArrivalOrderMCSF, clear_on_overflow)
 from tuned.bench.papers.mcsf_table1 import PAPER_TABLE1, format_table1, run_table1
+from tuned.bench.papers.mcsf_table1 import SEEDS as T1_SEEDS
 from tuned.policies.mcsf import MCSFPolicy
 from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo
 
@@ -565,9 +569,10 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
     MC-SF), ``ip`` (proven count, largest gap, solve times, sizes), ``paper``;
     ``table1``: Section 5.2's Table 1 on the simulator
     (:mod:`tuned.bench.papers.mcsf_table1`) over ``table1_seeds`` workload draws
-    (full 50 as in the paper; quick skips it: our run-to-run spread is about twice
-    Table 1's, so a few seeds' average can leave a range that 50 runs hold), on the
-    operator tables in ``data_dir`` (by default the packaged ones).
+    (full: :data:`~tuned.bench.papers.mcsf_table1.SEEDS` = 50 as in the paper; quick
+    skips it: the tolerance is stated over 50 draws, and ten would leave it by
+    chance alone about one run in ten, see that module), on the operator tables in
+    ``data_dir`` (by default the packaged ones).
     """
     count = 5 if quick else int(instances)
     began, began_cpu = clock(), cpu_clock()
@@ -621,7 +626,7 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
         }
     out["paper_table1_vs_mcsf"] = {name: v / PAPER_TABLE1_AVG_LATENCY_S["MC-SF"]
                                    for name, v in PAPER_TABLE1_AVG_LATENCY_S.items()}
-    t1_seeds = (0 if quick else 50) if table1_seeds is None else int(table1_seeds)
+    t1_seeds = (0 if quick else T1_SEEDS) if table1_seeds is None else int(table1_seeds)
     if t1_seeds:
         out["table1"] = run_table1(seed, t1_seeds, data_dir)
     out["wall_s"] = clock() - began

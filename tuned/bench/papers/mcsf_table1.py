@@ -239,32 +239,30 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return float(np.quantile(np.asarray(xs, dtype=float), q))
 
 
-def run_table1(seed: int, seeds: int = SEEDS, data_dir: Path | None = None,
-               contenders: Sequence[str] = CONTENDERS) -> dict:
-    """Every contender on ``seeds`` workload draws (seed·1000 + i). Per contender: the
-    average, σ, max and min of the per-draw average latency, its ratio to MC-SF's
-    average (``vs_mcsf``, the checked figure), the per-draw ratios' distribution,
-    unfinished draws and evictions."""
-    from tuned.sim.hardware import gpu_hardware
+def run_draw(seed: int, i: int, hw, contenders: Sequence[str] = CONTENDERS) -> dict[str, dict]:
+    """Draw i of scenario seed ``seed`` (workload seed seed·1000 + i): every contender's
+    :func:`one_run`, by name."""
+    wl = parse_workload(f"lmsys:rate={RATE_RPS:g},n={REQUESTS}", seed * 1000 + i,
+                        max_model_len=MAX_MODEL_LEN)
+    return {c: one_run(c, wl.requests, hw, rng_seed=(seed, i, b))
+            for b, c in enumerate(contenders)}
 
-    hw = gpu_hardware(HARDWARE, data_dir)
-    runs: dict[str, list[dict]] = {c: [] for c in contenders}
-    for i in range(seeds):
-        wl = parse_workload(f"lmsys:rate={RATE_RPS:g},n={REQUESTS}", seed * 1000 + i,
-                            max_model_len=MAX_MODEL_LEN)
-        for b, c in enumerate(contenders):
-            runs[c].append(one_run(c, wl.requests, hw, rng_seed=(seed, i, b)))
-    mc = [r["avg_s"] for r in runs["MC-SF"]]
-    mc_avg = statistics.fmean(mc)
+
+def summarize(draws: Sequence[dict[str, dict]]) -> dict:
+    """Per contender over ``draws`` (:func:`run_draw` results): the average, σ, max and
+    min of the per-draw average latency, its ratio to MC-SF's average (``vs_mcsf``,
+    the checked figure: over the draws the contender finished), the per-draw ratios'
+    distribution, unfinished draws and evictions."""
+    mc = [d["MC-SF"]["avg_s"] for d in draws]
     rows = {}
-    for c, rs in runs.items():
+    for c in draws[0]:
+        rs = [d[c] for d in draws]
         lat = [r["avg_s"] for r in rs if r["finished"]]
         per_draw = [r["avg_s"] / m for r, m in zip(rs, mc) if r["finished"]]
         rows[c] = {
             "avg_s": statistics.fmean(lat) if lat else None,
             "std_s": statistics.pstdev(lat) if lat else None,
             "max_s": max(lat) if lat else None, "min_s": min(lat) if lat else None,
-            # the paper's figure: ratio of averages over the draws every run finished
             "vs_mcsf": (statistics.fmean(lat) / statistics.fmean(
                 [m for r, m in zip(rs, mc) if r["finished"]])) if lat else None,
             "per_draw": ({"min": min(per_draw), "p5": _quantile(per_draw, 0.05),
@@ -276,8 +274,18 @@ def run_table1(seed: int, seeds: int = SEEDS, data_dir: Path | None = None,
             "lost_steps": sum(r["lost_steps"] for r in rs),
         }
     return {"hardware": HARDWARE, "kv_tokens": PAPER_KV_TOKENS, "rate_rps": RATE_RPS,
-            "requests": REQUESTS, "seeds": seeds, "mcsf_avg_s": mc_avg, "rows": rows,
-            "row_ranges": {k: v for k, v in ROW_RANGES.items() if k in rows}}
+            "requests": REQUESTS, "seeds": len(draws), "mcsf_avg_s": statistics.fmean(mc),
+            "rows": rows, "row_ranges": {k: v for k, v in ROW_RANGES.items() if k in rows}}
+
+
+def run_table1(seed: int, seeds: int = SEEDS, data_dir: Path | None = None,
+               contenders: Sequence[str] = CONTENDERS) -> dict:
+    """Every contender on ``seeds`` workload draws of scenario seed ``seed``
+    (:func:`run_draw`), summarised by :func:`summarize`."""
+    from tuned.sim.hardware import gpu_hardware
+
+    hw = gpu_hardware(HARDWARE, data_dir)
+    return summarize([run_draw(seed, i, hw, contenders) for i in range(seeds)])
 
 
 def table1_checks(t1: dict) -> list[dict]:

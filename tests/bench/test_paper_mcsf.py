@@ -440,18 +440,17 @@ def test_table1_summary_is_a_ratio_of_averages_over_the_draws_each_row_finished(
 
 @pytest.mark.slow  # 450 simulations of 1,000 requests: about 8 CPU-minutes
 def test_table1_fifty_draws_against_table_1s_spread():
-    # Pins the measured outcome (docs/papers.md, mcsf): MC-Benchmark and the α = 0.2
-    # rows inside their rows' spread, the greedy rows above theirs, the α = 0.1 rows
-    # below, because no α-protection run ever overflows here (β changes nothing).
+    # Pins the measured outcome (docs/papers.md, mcsf): MC-Benchmark inside its row's
+    # spread, the greedy and α = 0.2 rows above theirs, the α = 0.1 rows below,
+    # because no α-protection run ever overflows here (β changes nothing).
     from tuned.bench.papers import mcsf_table1 as t1
 
     res = t1.run_table1(0, 50)
     rows, ranges = res["rows"], res["row_ranges"]
     ok = {c["figure"]: c["ok"] for c in t1.table1_checks(res)}
     assert all(r["vs_mcsf"] > 1.0 for name, r in rows.items() if name != "MC-SF")
-    for name in ("MC-Benchmark", "clear a=0.2 b=0.2", "clear a=0.2 b=0.1"):
-        assert ok[f"Table 1: {name} latency / MC-SF's (50 draws)"], rows[name]["vs_mcsf"]
-    for name in ("greedy a=0.3", "greedy a=0.25"):
+    assert ok["Table 1: MC-Benchmark latency / MC-SF's (50 draws)"]
+    for name in ("greedy a=0.3", "greedy a=0.25", "clear a=0.2 b=0.2", "clear a=0.2 b=0.1"):
         assert rows[name]["vs_mcsf"] > ranges[name][1]
     for name in ("clear a=0.1 b=0.2", "clear a=0.1 b=0.1"):
         assert rows[name]["vs_mcsf"] < ranges[name][0]

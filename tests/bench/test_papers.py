@@ -1,5 +1,6 @@
 """`tuned bench --paper NAME`: the dispatcher, its files and exit codes, and the
-multibin, pang and saber scenarios against their tolerances."""
+pang, saber and bucketserve scenarios against their tolerances (multibin:
+test_paper_multibin.py, mcsf: test_paper_mcsf.py)."""
 
 import io
 import json
@@ -43,7 +44,8 @@ def test_every_scenario_module_has_run_and_format_table():
 def test_run_paper_writes_json_and_markdown_and_returns_0(tmp_path):
     out = io.StringIO()
     rc = run_paper("multibin", tmp_path, quick=True, seed=3, stdout=out,
-                   runner=lambda seed, quick: mb.run(seed, quick=quick, bins=(1, 2)))
+                   runner=lambda seed, quick: mb.run(seed, quick=quick, bins=(1, 2),
+                                                     latency_bins=()))
     assert rc == 0
     data = json.loads((tmp_path / "paper-multibin.json").read_text())
     assert data["passed"] is True and data["seed"] == 3 and data["quick"] is True
@@ -60,7 +62,7 @@ def test_run_paper_writes_json_and_markdown_and_returns_0(tmp_path):
 
 def test_run_paper_returns_1_and_names_the_figure_out_of_tolerance(tmp_path):
     def strict(seed, quick):
-        res = mb.run(seed, quick=quick, bins=(2,))
+        res = mb.run(seed, quick=quick, bins=(2,), latency_bins=())
         res["tolerance"] = 1e-9      # no simulation is that exact
         res["checks"] = mb.checks(res)
         return res
@@ -160,39 +162,6 @@ def test_markdown_turns_pipe_runs_into_tables():
         "| figure | ours | target | verdict |", "|---|---|---|---|",
         "| tolerance a | 1 | >= 0 | ok |", "",
         "All figures within tolerance."]
-
-
-# ------------------------------------------------------------------ multibin
-
-def test_stratified_service_times_hold_one_draw_per_stratum():
-    ls = sorted(mb.service_times(1000, random.Random(1), 1.0, 20.0))
-    assert all(1.0 + i * 0.019 <= x < 1.0 + (i + 1) * 0.019 + 1e-12 for i, x in enumerate(ls))
-
-
-def test_a_service_time_is_an_output_of_l_times_s_tokens_after_a_one_token_prompt():
-    reqs = mb.requests_for([1.0, 10.54, 20.0], 10)
-    assert [(r.prompt_tokens, r.output_tokens, r.max_tokens, r.arrival_s) for r in reqs] == [
-        (1, 10, 10, 0.0), (1, 105, 105, 0.0), (1, 200, 200, 0.0)]
-    hw = mb.hardware(128, 20.0, 10)
-    # 128 requests of 1 + 200 tokens in 16-token blocks (13 each), plus the null block
-    assert hw.num_gpu_blocks - 1 >= 128 * 13
-    assert hw.step_model.describe() == {"kind": "constant", "step_s": 0.1}
-
-
-@pytest.mark.slow  # 9.5 s of simulation: keeps the fast part under 2 minutes
-def test_multibin_quick_is_within_2_percent_of_theorem_4_2():
-    res = mb.run(0, quick=True)
-    assert [r["k"] for r in res["rows"]] == [1, 2, 4, 8]
-    for row in res["rows"]:
-        assert row["steady_ratio"] == pytest.approx(1.0, abs=0.02), row["k"]
-        assert row["finished"] == row["requests"] == 128 * row["k"] * 20
-        assert row["mixed_bin_batches"] == 0
-        assert len(row["boundaries_tokens"]) == row["k"] - 1
-    # more bins, more throughput (Theorem 4.2 is increasing in k)
-    steady = [r["steady_rps"] for r in res["rows"]]
-    assert steady == sorted(steady)
-    assert res["c_max"] == pytest.approx(128 / 10.5) and res["paper_c_max"] == 12.3
-    assert all(c["ok"] for c in res["checks"])
 
 
 # ------------------------------------------------------------------ pang

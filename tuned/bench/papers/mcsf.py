@@ -50,18 +50,21 @@ with (3): a request started at t first holds s_i + 1 at t + 1, so the start roun
 itself is not checked.
 
 MC-Benchmark (Appendix C, Algorithm 2, :func:`mc_benchmark`): the same round, the
-shipped policy's check, with candidates in ascending arrival time (ties: index, i.e. generation order, which
-under all-at-once arrivals is a random order).
+shipped policy's check, with candidates in ascending arrival time (ties: index,
+i.e. generation order, which under all-at-once arrivals is a random order).
 
 α-protection greedy and α-protection β-clearing (Section 5.2,
 :func:`alpha_protection`). The paper defines them in prose; choices where the text
-leaves room:
+leaves room (the admission rule and the clearing rule are
+:mod:`tuned.bench.papers.mcsf_baselines`, which Table 1 on the simulator uses too):
 
 * New prompts are tried first-come first-served (the text motivates both by
   vLLM's FCFS); a prompt i is admitted while the batch's memory after this round,
   Σ_{running} (s_j + g_j + 1) + Σ_{admitted} (s_j + 1), stays ≤ (1 − α)M ("a new
   prompt with initial memory s_i + 1 would cause the memory usage to exceed
-  (1 − α)M"); the first that does not fit ends the round.
+  (1 − α)M"); the first that does not fit ends the round. (An idle round admits
+  its first prompt anyway, the shipped queue's liveness rule; with s_i + 1 ≤ 3 and
+  (1 − α)M ≥ 7 here it never applies.)
 * Overflow is detected when the running requests alone would exceed M after this
   round's token. Greedy clears all of them, β-clearing each independently with
   probability β; cleared requests lose their tokens and go back to the waiting
@@ -111,6 +114,10 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from tuned.bench.papers.mcsf_baselines import (BASELINES, AlphaProtectionPolicy,
+                                              ArrivalOrderMCSF, clear_on_overflow)
+from tuned.bench.papers.mcsf_table1 import PAPER_TABLE1, format_table1, run_table1
+from tuned.bench.papers.mcsf_table1 import SEEDS as T1_SEEDS
 from tuned.policies.mcsf import MCSFPolicy
 from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo
 
@@ -126,16 +133,7 @@ PAPER_FIGURES: dict[str, dict[str, float]] = {
 #: Section 5.2, Table 1 (real-data simulation, 1000 requests, λ = 50, 50 runs):
 #: average end-to-end latency in seconds. Not the 5.1 experiment; shown as each
 #: algorithm's latency relative to MC-SF's, next to ours.
-PAPER_TABLE1_AVG_LATENCY_S: dict[str, float] = {
-    "MC-SF": 32.112,
-    "MC-Benchmark": 46.472,
-    "greedy a=0.3": 51.933,
-    "greedy a=0.25": 51.046,
-    "clear a=0.2 b=0.2": 50.401,
-    "clear a=0.2 b=0.1": 50.395,
-    "clear a=0.1 b=0.2": 53.393,
-    "clear a=0.1 b=0.1": 50.862,
-}
+PAPER_TABLE1_AVG_LATENCY_S: dict[str, float] = {name: row[0] for name, row in PAPER_TABLE1.items()}
 
 
 @dataclass(frozen=True)
@@ -338,19 +336,6 @@ def solve_hindsight_ip(instance: Instance, *, time_limit_s: float = 30.0,
                     starts, len(cols), n_mem, horizon, solve_s)
 
 
-class _ArrivalOrderMCSF(MCSFPolicy):
-    """MC-Benchmark: the shipped MC-SF admission check with candidates in arrival order."""
-
-    name = "mc-benchmark"
-
-    def order_key(self, info: ReqInfo) -> tuple[float]:
-        return (info.arrival_s,)
-
-    def order(self, waiting: Sequence[ReqInfo], now_s: float,
-              ctx: AdmitContext | None = None) -> list[ReqInfo]:
-        return sorted(waiting, key=self.order_key)
-
-
 def drive_policy(instance: Instance, policy: QueuePolicy) -> Schedule:
     """Algorithm 1's round in the paper's discrete-time model, decided by ``policy``.
 
@@ -404,7 +389,7 @@ def mcsf(instance: Instance) -> Schedule:
 
 def mc_benchmark(instance: Instance) -> Schedule:
     """MC-Benchmark, Appendix C Algorithm 2: the shipped MC-SF check in arrival order."""
-    return drive_policy(instance, _ArrivalOrderMCSF(reserve_fraction=0.0, overestimate=False))
+    return drive_policy(instance, ArrivalOrderMCSF(reserve_fraction=0.0, overestimate=False))
 
 
 def alpha_protection(instance: Instance, *, alpha: float, beta: float = 1.0,
@@ -413,9 +398,11 @@ def alpha_protection(instance: Instance, *, alpha: float, beta: float = 1.0,
     """α-protection greedy (β = 1) or β-clearing (Section 5.2); choices in the module docstring.
 
     Each round: if the running requests would hold more than M after their next
-    token, clear them (each with probability β); if they still do, the round is
-    lost. Otherwise admit waiting prompts first-come first-served while the
-    batch's next-step memory stays ≤ (1 − α)M, then every running request
+    token, clear them (:func:`~tuned.bench.papers.mcsf_baselines.clear_on_overflow`);
+    if they still do, the round is lost. Otherwise
+    :class:`~tuned.bench.papers.mcsf_baselines.AlphaProtectionPolicy` admits waiting
+    prompts first-come first-served while the batch's next-step memory stays
+    ≤ (1 − α)M (the first refusal ends the round), then every running request
     generates one token.
     """
     if not (0.0 <= alpha < 1.0) or not (0.0 < beta <= 1.0):
@@ -424,9 +411,12 @@ def alpha_protection(instance: Instance, *, alpha: float, beta: float = 1.0,
         raise ValueError("beta-clearing needs an rng")
     reqs = instance.requests
     m = instance.memory_tokens
-    cap = (1.0 - alpha) * m
     n = len(reqs)
-    fcfs = sorted(range(n), key=lambda i: (reqs[i].arrival, i))
+    policy = AlphaProtectionPolicy(alpha=alpha)
+    ctx = AdmitContext(now_s=0.0, kv_capacity_tokens=m, kv_free_tokens=m, cap=n, block_size=1)
+    views = [ReqInfo(request_id=str(i), arrival_s=float(r.arrival),
+                     prompt_tokens=r.prompt_tokens, max_tokens=r.output_tokens,
+                     predicted_output=r.output_tokens) for i, r in enumerate(reqs)]
     if max_rounds is None:
         max_rounds = 50 * (max((r.arrival for r in reqs), default=0)
                            + sum(r.output_tokens for r in reqs) + 1)
@@ -446,10 +436,7 @@ def alpha_protection(instance: Instance, *, alpha: float, beta: float = 1.0,
             break
         need = sum(reqs[j].prompt_tokens + gen[j] + 1 for j in running)
         if need > m:
-            if beta >= 1.0:
-                cleared = list(running)
-            else:
-                cleared = [j for j in running if rng.random() < beta]
+            cleared = clear_on_overflow(running, beta, rng)
             for j in cleared:
                 gen[j] = 0
                 start[j] = None
@@ -465,18 +452,24 @@ def alpha_protection(instance: Instance, *, alpha: float, beta: float = 1.0,
                 lost += 1
                 t += 1
                 continue
-        for i in fcfs:
-            if start[i] is not None or done[i] is not None or reqs[i].arrival > t:
-                continue
-            if need + reqs[i].prompt_tokens + 1 > cap:
+        run_views = [views[j].with_progress(gen[j], float(start[j])) for j in running]
+        waiting = [views[i] for i in range(n)
+                   if start[i] is None and done[i] is None and reqs[i].arrival <= t]
+        ordered = policy.order(waiting, float(t), ctx)
+        admitted: list[ReqInfo] = []
+        while ordered:
+            chosen = policy.select(ordered, run_views, admitted, ctx).chosen
+            if chosen is None:
                 break
-            need += reqs[i].prompt_tokens + 1
+            i = int(chosen.request_id)
             start[i] = t
             running.append(i)
+            admitted.append(chosen)
+            ordered = [v for v in ordered if v is not chosen]
         if not running:
             pending = [reqs[j].arrival for j in range(n) if done[j] is None and reqs[j].arrival > t]
             if not pending:
-                break   # nothing admissible will ever run (a prompt larger than (1 − α)M)
+                break   # nothing left to run or to arrive
             t = min(pending)
             continue
         still = []
@@ -541,15 +534,6 @@ def generate_instance(rng: np.random.Generator, arrival_model: str,
     return Instance(m, tuple(reqs), arrival_model)
 
 
-#: (label, α, β) of the Section 5.2 baselines; β = 1 is greedy.
-BASELINES: tuple[tuple[str, float, float], ...] = (
-    ("greedy a=0.3", 0.3, 1.0),
-    ("greedy a=0.25", 0.25, 1.0),
-    ("clear a=0.2 b=0.2", 0.2, 0.2),
-    ("clear a=0.2 b=0.1", 0.2, 0.1),
-    ("clear a=0.1 b=0.2", 0.1, 0.2),
-    ("clear a=0.1 b=0.1", 0.1, 0.1),
-)
 ALGORITHMS = ("MC-SF", "MC-Benchmark") + tuple(label for label, _, _ in BASELINES)
 
 
@@ -585,9 +569,10 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
     MC-SF), ``ip`` (proven count, largest gap, solve times, sizes), ``paper``;
     ``table1``: Section 5.2's Table 1 on the simulator
     (:mod:`tuned.bench.papers.mcsf_table1`) over ``table1_seeds`` workload draws
-    (full 50 as in the paper; quick skips it: our run-to-run spread is about twice
-    Table 1's, so a few seeds' average can leave a range that 50 runs hold), on the
-    operator tables in ``data_dir`` (by default the packaged ones).
+    (full: :data:`~tuned.bench.papers.mcsf_table1.SEEDS` = 50 as in the paper; quick
+    skips it: the tolerance is stated over 50 draws, and ten would leave it by
+    chance alone about one run in ten, see that module), on the operator tables in
+    ``data_dir`` (by default the packaged ones).
     """
     count = 5 if quick else int(instances)
     began, began_cpu = clock(), cpu_clock()
@@ -641,10 +626,8 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
         }
     out["paper_table1_vs_mcsf"] = {name: v / PAPER_TABLE1_AVG_LATENCY_S["MC-SF"]
                                    for name, v in PAPER_TABLE1_AVG_LATENCY_S.items()}
-    t1_seeds = (0 if quick else 50) if table1_seeds is None else int(table1_seeds)
+    t1_seeds = (0 if quick else T1_SEEDS) if table1_seeds is None else int(table1_seeds)
     if t1_seeds:
-        from tuned.bench.papers.mcsf_table1 import run_table1
-
         out["table1"] = run_table1(seed, t1_seeds, data_dir)
     out["wall_s"] = clock() - began
     out["cpu_s"] = cpu_clock() - began_cpu
@@ -692,8 +675,6 @@ def format_table(result: dict) -> str:
                      f"{ip['variables_mean']:.0f} max {ip['variables_max']}, "
                      f"horizon max {ip['horizon_max']}")
     if result.get("table1"):
-        from tuned.bench.papers.mcsf_table1 import format_table1
-
         lines.extend(format_table1(result["table1"]))
     else:
         lines.append("Table 1 (Section 5.2): not run (--quick); run without it for the "

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 
-from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo, Verdict
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 
 MODES = ("online", "offline_sjf", "offline_ljf")
 

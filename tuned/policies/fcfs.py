@@ -45,7 +45,7 @@ import heapq
 import math
 from collections.abc import Collection, Sequence
 
-from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo, Verdict
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 
 
 class FCFSPolicy(QueuePolicy):

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo, Verdict
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 
 
 def lookahead_peak(items: Iterable[tuple[int, int]]) -> tuple[int, int]:

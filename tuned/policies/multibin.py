@@ -42,7 +42,7 @@ import math
 from collections import deque
 from collections.abc import Collection, Sequence
 
-from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo, Verdict
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 
 
 def _gap(batch: int, l_min: float, l_max: float) -> float:

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo, Verdict
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 
 INIT_NEW_TOKEN_RATIO = 0.7            # SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14     # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR

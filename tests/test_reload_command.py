@@ -8,10 +8,7 @@ ExecReload line against the real vLLM engine."""
 
 from __future__ import annotations
 
-import configparser
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,23 +17,9 @@ from tuned import config
 from tuned.controller import Controller
 from tuned.metrics import Endpoint, Metrics
 from tuned.netutil import free_port
+from serve_harness import unit_command
 
 ROOT = Path(__file__).resolve().parents[1]
-UNIT = ROOT / "systemd" / "tuned.service"
-INSTALLED_BIN = "/opt/tuned/.venv/bin/tuned"
-INSTALLED_CONFIG = "/etc/tuned/tuned.toml"
-
-
-def unit_command(key: str, config_path: Path) -> list[str]:
-    """The unit's ``key`` line (ExecReload, ExecStartPre) as an argument list, run by
-    this checkout's interpreter on ``config_path``."""
-    cp = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
-    cp.optionxform = str
-    cp.read_string(UNIT.read_text())
-    argv = shlex.split(cp["Service"][key])
-    assert argv[0] == INSTALLED_BIN and argv.count(INSTALLED_CONFIG) == 1, argv
-    return [sys.executable, "-m", "tuned"] + [config_path.as_posix() if a == INSTALLED_CONFIG
-                                              else a for a in argv[1:]]
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess:

@@ -6,9 +6,11 @@ The command is a small supervisor. It validates the config, resolves the model
 tuned.engines.vllm.TunedScheduler --additional-config {...}`` as its child, so the
 controller runs inside vLLM's EngineCore process. It then:
 
-* on SIGHUP (``systemctl reload``) asks every engine rank's endpoint to reload the
-  config (``POST /reload``); the engine validates it and keeps the old one when it is
-  bad;
+* on SIGHUP asks every engine rank's endpoint to reload the config (``POST
+  /reload``); the engine validates it and keeps the old one when it is bad.
+  ``systemctl reload`` does not signal: the unit's ExecReload runs ``tuned reload``
+  (:func:`tuned.opscli.reload`), which posts the same request and exits with the
+  outcome, so the reload fails when the config is refused;
 * on SIGTERM / SIGINT stops the server and waits for it;
 * exits with the server's exit code.
 
@@ -129,8 +131,12 @@ class Supervisor:
         threading.Thread(target=self.reload, name="tuned-reload", daemon=True).start()
 
     def reload(self) -> list[dict]:
-        """Ask each engine rank to reload; tell systemd RELOADING=1 ... READY=1 around it
-        so `systemctl reload` returns once the outcome is known."""
+        """Ask each engine rank to reload (a SIGHUP sent by hand). Under systemd the
+        unit shows "reloading" from RELOADING=1 until READY=1, which is sent once every
+        rank has answered, with the outcome in STATUS= (`systemctl status`). READY=1
+        only says the service serves again (on the new config or the kept one);
+        `systemctl reload` itself runs `tuned reload`, whose exit status is the
+        outcome."""
         from tuned import sdnotify
 
         notifier = sdnotify.from_environ(self.env) if self._served.is_set() else None

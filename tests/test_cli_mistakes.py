@@ -101,6 +101,12 @@ def test_vllm_arguments_after_the_separator_still_reach_vllm(tmp_path):
      "tuned demo: unrecognized arguments: --ttft-sla 3; did you mean --ttft-sla-s? "
      "(see tuned demo --help)"),
     (["--bogus"], "tuned: unrecognized arguments: --bogus (see tuned --help)"),
+    (["serv"], "tuned: argument COMMAND: invalid choice: 'serv' (choose from 'serve', "
+               "'demo', 'profile', 'fit', 'check-config', 'status', 'reload', 'simulate', "
+               "'bench'); did you mean serve? (see tuned --help)"),
+    (["bench", "--engine", "vlm", "--out", "x"],
+     "tuned bench: argument --engine: invalid choice: 'vlm' (choose from 'sim', 'vllm'); "
+     "did you mean vllm? (see tuned bench --help)"),
 ])
 def test_a_wrong_option_names_the_subcommand_and_its_help(argv, line):
     code, out, err = run_main(argv)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from tuned import __version__
@@ -35,6 +36,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kw)
 
     def error(self, message: str):
+        m = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if m:
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self.exit(2, f"{self.prog}: {clip_text(message, 3 * CLIP_CHARS)} "
                      f"(see {self.prog} --help)\n")
 

@@ -29,14 +29,18 @@ CONFIG = ("max_num_seqs = 8\nmax_num_batched_tokens = 512\nmax_model_len = 512\n
 def complete(srv) -> int:
     """One completion through the OpenAI API; the number of tokens it produced."""
     import json
+    import urllib.error
     import urllib.request
 
     body = json.dumps({"model": srv.model_id(), "prompt": [11, 12, 13, 14], "max_tokens": 8,
                        "ignore_eos": True}).encode()
     req = urllib.request.Request(srv.api + "/completions", data=body,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())["usage"]["completion_tokens"]
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())["usage"]["completion_tokens"]
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"HTTP {e.code}: {e.read()[:2000]!r}\n{srv.log_tail(120)}") from None
 
 
 def reload_cmd(srv) -> subprocess.CompletedProcess:

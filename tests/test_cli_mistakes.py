@@ -129,9 +129,9 @@ def test_the_installed_command_prints_the_same_line():
     ("max_num_seq = 8\n", "max_num_seq: unknown key; did you mean max_num_seqs? (known keys: "
                           "see `tuned check-config --explain`)"),
     ("zzz = 1\n", "zzz: unknown key (known keys: see `tuned check-config --explain`)"),
-    ("tbt_sla_s = 50\n", "tbt_sla_s: must be a number in [0, 1), got 50 (probably "
+    ("tbt_sla_s = 50\n", "tbt_sla_s: must be in [0, 1), got 50 (probably "
                          "milliseconds: the SLA is in seconds, 50 ms is 0.05)"),
-    ("tbt_sla_s = 1.0\n", "tbt_sla_s: must be a number in [0, 1), got 1.0 (probably "
+    ("tbt_sla_s = 1.0\n", "tbt_sla_s: must be in [0, 1), got 1.0 (probably "
                           "milliseconds: the SLA is in seconds, 1 ms is 0.001)"),
     ('metrics_host = "not a host!!"\n',
      "metrics_host: must be an IP address or a host name, got 'not a host!!' (letters, "

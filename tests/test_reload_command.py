@@ -56,8 +56,8 @@ def test_a_refused_config_fails_the_reload_and_the_old_one_keeps_running(live):
     path.write_text(good + "tbt_sla_s = 50\n")
     r = run(unit_command("ExecReload", path))
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"tuned reload: REFUSED by {url}: tbt_sla_s: must be a number in "
-                        "[0, 1), got 50 (probably milliseconds: the SLA is in seconds, 50 ms "
+    assert r.stderr == (f"tuned reload: REFUSED by {url}: tbt_sla_s: must be in [0, 1), "
+                        "got 50 (probably milliseconds: the SLA is in seconds, 50 ms "
                         "is 0.05); the previous config keeps running\n")
     assert ctrl.cfg.tbt_sla_s == 0.0 and ctrl.last_reload["outcome"] == "refused"
     # a file that is not even TOML: still refused by tuned, and still said so
@@ -105,7 +105,7 @@ def test_the_start_refuses_a_bad_config_before_the_engine(tmp_path):
     path.write_text('model = "./no-such-folder"\ntbt_sla_s = 50\n')
     r = run(unit_command("ExecStartPre", path))
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"{path}: tbt_sla_s: must be a number in [0, 1), got 50 (probably "
+    assert r.stderr == (f"{path}: tbt_sla_s: must be in [0, 1), got 50 (probably "
                         "milliseconds: the SLA is in seconds, 50 ms is 0.05)\n")
     path.write_text('model = "demo:tiny"\ntbt_sla_s = 0.05\n')
     r = run(unit_command("ExecStartPre", path))

@@ -336,7 +336,7 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
         if name in MS_HINT_FIELDS and value >= hi:
             hint = (f" (probably milliseconds: the SLA is in seconds, {number_text(value)} ms "
                     f"is {number_text(round(value / 1000, 9))})")
-        return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {clip(raw)}{hint}"
+        return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}{hint}"
     if name in HOST_FIELDS and (why := host_problem(value)):
         return None, f"{name}: must be an IP address or a host name, got {clip(raw)} ({why})"
     return value, None

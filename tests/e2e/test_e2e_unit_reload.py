@@ -60,7 +60,7 @@ def test_unit_reload_tells_the_truth(tmp_path, tiny_model):
         r = reload_cmd(srv)
         assert (r.returncode, r.stdout) == (2, ""), r.stderr + srv.log_tail()
         assert r.stderr == (f"tuned reload: REFUSED by {srv.endpoint}: tbt_sla_s: must be "
-                            "a number in [0, 1), got 50 (probably milliseconds: the SLA is in "
+                            "in [0, 1), got 50 (probably milliseconds: the SLA is in "
                             "seconds, 50 ms is 0.05); the previous config keeps running\n")
         d = srv.decisions(0)
         assert d["last_reload"]["outcome"] == "refused"

@@ -78,6 +78,13 @@ def test_a_flag_tuned_sets_from_the_config_names_the_key():
                               "(see tuned serve --help)\n")
 
 
+def test_a_flag_tuned_sets_is_recognised_in_vllm_s_underscore_spelling():
+    code, out, err = run_main(["serve", "--max_num_seqs=8"])
+    assert (code, err) == (2, "tuned serve: unrecognized arguments: --max_num_seqs=8; set "
+                              "max_num_seqs in the config file (--config FILE) "
+                              "(see tuned serve --help)\n")
+
+
 def test_vllm_arguments_after_the_separator_still_reach_vllm(tmp_path):
     c = write(tmp_path, f'model = "{tmp_path}"\n')
     code, out, err = run_main(["serve", "--print-command", str(c), "--", "--dtype", "float32"])

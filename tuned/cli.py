@@ -53,7 +53,7 @@ class Parser(argparse.ArgumentParser):
         options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
         flags = [w.split("=", 1)[0] for w in extras if w.startswith("--")]
         # a vLLM flag that tuned sets from a config key (--model, --max-num-seqs ...)
-        keys = [k for f in flags if (k := VLLM_FLAGS_SET.get(f))]
+        keys = [k for f in flags if (k := VLLM_FLAGS_SET.get("--" + f[2:].replace("_", "-")))]
         # close spellings only (a typo): --model is not --model-cache
         hints = [h for f in flags if (h := did_you_mean(f, options, cutoff=0.8))]
         if takes_vllm_args and keys:

@@ -146,7 +146,8 @@ def test_the_docs_show_tuned_commands():
     assert len(cmds) >= 40, len(cmds)
 
 
-@pytest.mark.parametrize("where, argv", tuned_commands(), ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("where, argv", tuned_commands(),
+                         ids=lambda v: v if isinstance(v, str) else None)
 def test_documented_command_parses(where, argv):
     subs = _subcommands()
     if len(argv) <= 2 and argv[0] in subs:

@@ -32,7 +32,7 @@ def complete(srv) -> int:
     import urllib.error
     import urllib.request
 
-    body = json.dumps({"model": srv.model_id(), "prompt": [11, 12, 13, 14], "max_tokens": 8,
+    body = json.dumps({"model": srv.model_id(), "prompt": list(range(20, 52)), "max_tokens": 8,
                        "ignore_eos": True}).encode()
     req = urllib.request.Request(srv.api + "/completions", data=body,
                                  headers={"Content-Type": "application/json"})

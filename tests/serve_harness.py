@@ -235,6 +235,28 @@ class Load:
             t.join(timeout)
 
 
+UNIT = ROOT / "systemd" / "tuned.service"
+INSTALLED_BIN = "/opt/tuned/.venv/bin/tuned"
+INSTALLED_CONFIG = "/etc/tuned/tuned.toml"
+
+
+def unit_command(key: str, config_path: Path) -> list[str]:
+    """systemd/tuned.service's ``key`` line (ExecReload, ExecStartPre, ExecStart) as an
+    argument list, run by this checkout's interpreter on ``config_path``: the unit's
+    own command line, not a copy of it."""
+    import configparser
+    import shlex
+
+    cp = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    cp.optionxform = str
+    cp.read_string(UNIT.read_text())
+    argv = shlex.split(cp["Service"][key])
+    assert argv[0] == INSTALLED_BIN and argv.count(INSTALLED_CONFIG) == 1, argv
+    return [sys.executable, "-m", "tuned"] + [Path(config_path).as_posix()
+                                              if a == INSTALLED_CONFIG else a
+                                              for a in argv[1:]]
+
+
 def log_events(log_path: Path, event: str | None = None) -> list[dict]:
     """tuned's JSON log lines (supervisor and engine) from a server log, in order;
     only those whose ``event`` is ``event`` when given."""

@@ -164,7 +164,7 @@ def test_invalid_reload_is_refused_and_old_config_kept(tmp_path):
     write(tmp_path, BASE + "tbt_sla_s = -1\nb_min = 40\n")
     res = ctrl.reload()
     assert res["outcome"] == "refused"
-    assert res["problems"] == ["tbt_sla_s: must be in [0, 60], got -1"]
+    assert res["problems"] == ["tbt_sla_s: must be in [0, 1), got -1"]
     write(tmp_path, BASE + "b_min = 40\n")
     res = ctrl.reload()
     assert res["problems"] == ["b_min: must be <= b_max (32), got 40"]

@@ -211,7 +211,10 @@ def test_a_deeply_nested_profile_is_one_line(tmp_path):
 def test_an_abbreviated_option_is_not_read_as_another():
     code, out, err = run_main(["serve", "--model", "/models/llama-7b"])
     # serve has no --model: with abbreviations argparse read it as --model-cache
-    assert (code, err) == (2, "tuned: unrecognized arguments: --model (see tuned --help)\n")
+    # (the subcommand's own parser answers, naming the config key that sets the model)
+    assert (code, err) == (2, "tuned serve: unrecognized arguments: --model /models/llama-7b; "
+                              "set model in the config file (--config FILE) "
+                              "(see tuned serve --help)\n")
 
 
 def test_usage_errors_are_one_line():

@@ -242,16 +242,20 @@ def test_print_command_refusals(tmp_path, capsys):
 
 # ------------------------------------------------------------------ check-config and serve agree
 
-def test_check_config_reads_the_model_as_serve_does(tmp_path, capsys):
+def test_check_config_reads_the_model_as_serve_does(tmp_path, capsys, monkeypatch):
     from tuned.opscli import check_config
 
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
     hf = write(tmp_path, 'model = "meta-llama/Llama-2-7b-hf"\n', "hf.toml")
     missing = write(tmp_path, 'model = "/models/none-here"\n', "missing.toml")
     assert check_config([str(hf)]) == 0
     assert check_config([str(missing)]) == 2
     out, err = capsys.readouterr()
     assert out == f"{hf}: ok\n"
-    assert err == (f"{missing}: model: model folder '/models/none-here' does not exist (or is "
+    # an id is valid; one not in the local cache gets a note (vLLM downloads it)
+    assert err == (f"{hf}: note: model: meta-llama/Llama-2-7b-hf is not in the Hugging Face "
+                   f"cache ({tmp_path / 'hub'}): vLLM downloads it at start\n"
+                   f"{missing}: model: model folder '/models/none-here' does not exist (or is "
                    "not a folder); pass an existing model folder, a Hugging Face id "
                    "(owner/name) or demo:tiny / demo:small\n")
 

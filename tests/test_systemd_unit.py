@@ -21,6 +21,14 @@ UNIT = ROOT / "systemd" / "tuned.service"
 INSTALLER = ROOT / "tools" / "install-systemd.sh"
 SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"
 EXEC_START = "ExecStart=/opt/tuned/.venv/bin/tuned serve --config /etc/tuned/tuned.toml"
+EXEC_START_PRE = "ExecStartPre=/opt/tuned/.venv/bin/tuned check-config /etc/tuned/tuned.toml"
+EXEC_RELOAD = "ExecReload=/opt/tuned/.venv/bin/tuned reload --config /etc/tuned/tuned.toml"
+INSTALLED = "=/opt/tuned/.venv/bin/tuned "
+
+
+def with_binary(text: str, binary: Path) -> str:
+    """The unit's Exec lines (start, the config check before it, reload) on ``binary``."""
+    return text.replace(INSTALLED, f"={binary} ")
 
 needs_analyze = pytest.mark.skipif(
     not os.access(SYSTEMD_ANALYZE, os.X_OK),
@@ -87,8 +95,7 @@ def analyzable_copy(tmp_path: Path) -> Path:
     """The unit with ExecStart on an executable that exists here (see below)."""
     binary = fake_tuned(tmp_path / "bin" / "tuned")
     copy = tmp_path / "tuned.service"
-    copy.write_text(UNIT.read_text().replace("ExecStart=/opt/tuned/.venv/bin/tuned",
-                                             f"ExecStart={binary}"))
+    copy.write_text(with_binary(UNIT.read_text(), binary))
     return copy
 
 
@@ -105,7 +112,9 @@ def test_shipped_unit_verifies_without_warnings(tmp_path):
     # /opt/tuned/.venv/bin/tuned exists only on an installed host.  Writing there from
     # a test would touch the machine, so the copy runs the very same command line
     # through an executable in tmp_path; the unit's other lines are verified unchanged.
-    assert UNIT.read_text().count(EXEC_START + "\n") == 1
+    for line in (EXEC_START, EXEC_START_PRE, EXEC_RELOAD):
+        assert UNIT.read_text().count(line + "\n") == 1, line
+    assert UNIT.read_text().count(INSTALLED) == 3
     verify(analyzable_copy(tmp_path))
 
 
@@ -135,8 +144,7 @@ def test_verify_catches_warnings(tmp_path):
     """The check above is not vacuous: an unknown key is a warning with exit code 0."""
     binary = fake_tuned(tmp_path / "bin" / "tuned")
     bad = tmp_path / "tuned.service"
-    bad.write_text(UNIT.read_text()
-                   .replace("ExecStart=/opt/tuned/.venv/bin/tuned", f"ExecStart={binary}")
+    bad.write_text(with_binary(UNIT.read_text(), binary)
                    .replace("Type=notify\n", "Type=notify\nWatchDogSec=30\n"))
     with pytest.raises(AssertionError, match="Unknown key 'WatchDogSec'"):
         verify(bad)
@@ -152,7 +160,7 @@ def test_verify_reads_the_resource_bounds(tmp_path, line, bad, warning):
     """systemd parses TasksMax= and MemoryMax= (a value it cannot read would be ignored
     with a warning), so the shipped values, which verify silently, are in force."""
     binary = fake_tuned(tmp_path / "bin" / "tuned")
-    text = UNIT.read_text().replace("ExecStart=/opt/tuned/.venv/bin/tuned", f"ExecStart={binary}")
+    text = with_binary(UNIT.read_text(), binary)
     assert text.count(f"\n{line}\n") == 1
     broken = tmp_path / "tuned.service"
     broken.write_text(text.replace(f"\n{line}\n", f"\n{bad}\n"))
@@ -164,7 +172,9 @@ def test_unit_directives():
     assert svc["Type"] == "notify"
     assert svc["NotifyAccess"] == "all"  # READY/WATCHDOG come from the engine's child
     assert svc["ExecStart"] == EXEC_START.split("=", 1)[1]
-    assert svc["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # the reload's exit status is its outcome; the config is checked before the start
+    assert svc["ExecReload"] == EXEC_RELOAD.split("=", 1)[1]
+    assert svc["ExecStartPre"] == EXEC_START_PRE.split("=", 1)[1]
     assert svc["Restart"] == "on-failure"
     assert svc["WatchdogSec"] == "30s"
     assert int(svc["TimeoutStartSec"]) >= 600
@@ -218,6 +228,9 @@ def test_installer_renders_a_valid_unit(tmp_path, unit_name, user):
     verify(rendered)
     svc = service_section(r.stdout)
     assert svc["ExecStart"] == f"{prefix}/.venv/bin/tuned serve --config /etc/{unit_name}/tuned.toml"
+    assert svc["ExecStartPre"] == \
+        f"{prefix}/.venv/bin/tuned check-config /etc/{unit_name}/tuned.toml"
+    assert svc["ExecReload"] == f"{prefix}/.venv/bin/tuned reload --config /etc/{unit_name}/tuned.toml"
     assert svc["StateDirectory"] == unit_name and svc["CacheDirectory"] == unit_name
     assert svc["WorkingDirectory"] == f"/var/lib/{unit_name}"
     assert svc["SyslogIdentifier"] == unit_name

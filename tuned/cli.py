@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from tuned import __version__
-from tuned.config import ConfigError
+from tuned.config import VLLM_FLAGS_SET, ConfigError, did_you_mean
 from tuned.curves.profile import ProfileError
 from tuned.extras import BENCH_EXTRA_MODULES, bench_extra_error, bench_extra_message
 from tuned.inputs import CLIP_CHARS, UserError, clip_text
@@ -35,8 +36,33 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kw)
 
     def error(self, message: str):
+        m = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if m:
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self.exit(2, f"{self.prog}: {clip_text(message, 3 * CLIP_CHARS)} "
                      f"(see {self.prog} --help)\n")
+
+    def unrecognized(self, extras: list[str], takes_vllm_args: bool = False):
+        """``unrecognized arguments`` from this (sub)command's parser, naming its own
+        help page, with the closest option when one is near (a typo) and, for a command
+        that hands arguments to vLLM, where those go."""
+        after = f"vLLM arguments go after -- ({self.prog} [options] -- {' '.join(extras)})"
+        if takes_vllm_args and not extras[0].startswith("-"):
+            self.error(f"unexpected argument {clip_text(extras[0])!r}: {after}")
+        message = "unrecognized arguments: " + " ".join(extras)
+        options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        flags = [w.split("=", 1)[0] for w in extras if w.startswith("--")]
+        # a vLLM flag that tuned sets from a config key (--model, --max-num-seqs ...)
+        keys = [k for f in flags if (k := VLLM_FLAGS_SET.get("--" + f[2:].replace("_", "-")))]
+        # close spellings only (a typo): --model is not --model-cache
+        hints = [h for f in flags if (h := did_you_mean(f, options, cutoff=0.8))]
+        if takes_vllm_args and keys:
+            message += f"; set {keys[0]} in the config file (--config FILE)"
+        elif hints:
+            message += hints[0]
+        elif takes_vllm_args:
+            message += "; " + after
+        self.error(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, passthrough = argv[:i], argv[i + 1:]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = _subparser(parser, getattr(args, "command", None))
+        if sub is None:
+            parser.unrecognized(extras)
+        sub.unrecognized(extras, takes_vllm_args=hasattr(args, "vllm_args"))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -82,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         for line in user_error_lines(e):
             print(f"tuned {args.command}: {line}", file=sys.stderr)
         return 2
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> "Parser | None":
+    """The parser of subcommand ``command`` (None for none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return None
 
 
 def user_error_lines(e: Exception) -> list[str]:

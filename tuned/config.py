@@ -67,9 +67,11 @@ class Config:
                             restart=True)
     num_gpu_blocks: int = _f(0, "KV-cache blocks to allocate (0 = let vLLM size the cache)",
                              lo=0, hi=1 << 24, restart=True)
-    host: str = _f("127.0.0.1", "address of the OpenAI-compatible server", restart=True)
+    host: str = _f("127.0.0.1", "address of the OpenAI-compatible server (an IP address "
+                   "or a host name)", restart=True)
     port: int = _f(8000, "port of the OpenAI-compatible server", lo=1, hi=65535, restart=True)
-    metrics_host: str = _f("127.0.0.1", "address of tuned's /metrics endpoint", restart=True)
+    metrics_host: str = _f("127.0.0.1", "address of tuned's /metrics endpoint (an IP "
+                           "address or a host name)", restart=True)
     metrics_port: int = _f(9464, "port of tuned's endpoint (plus the data-parallel rank; "
                            "0 = any free port)", lo=0, hi=65535, restart=True)
     reload_token: str = _f("", "shared secret: POST /reload from a non-loopback peer must "
@@ -119,8 +121,10 @@ class Config:
                                  lo=1, hi=100000)
 
     # --- SLA bound: seed 000, Algorithm 2 ---
-    tbt_sla_s: float = _f(0.0, "time-between-tokens SLA D_SLA in seconds; 0 = no SLA "
-                          "(memory alone decides)", lo=0.0, hi=60.0)
+    tbt_sla_s: float = _f(0.0, "time-between-tokens SLA D_SLA in seconds, below 1 (50 ms "
+                          "is 0.05; a second or more between tokens is refused as "
+                          "probably milliseconds); 0 = no SLA (memory alone decides)",
+                          lo=0.0, hi=1.0, hi_open=True)
     tbt_sla_auto: float = _f(0.0, "derive the TBT SLA at start as this multiple of the "
                              "decode step time this host measures at batch 1 (when "
                              "tbt_sla_s = 0; 0 = off)", lo=0.0, hi=100.0)
@@ -270,8 +274,25 @@ def _range_text(meta: dict) -> str:
         return "one of " + ", ".join(meta["choices"])
     lo, hi = meta["lo"], meta["hi"]
     if lo is not None and hi is not None:
-        return f"in [{lo:g}, {hi:g}{')' if meta.get('hi_open') else ']'}"
+        return f"in [{number_text(lo)}, {number_text(hi)}{')' if meta.get('hi_open') else ']'}"
     return ""
+
+
+def number_text(v: Any) -> str:
+    """A number as an operator reads it: 1048576 (not 1.04858e+06), 0.05, 1e-06."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, int) or (math.isfinite(v) and v.is_integer() and abs(v) < 1e15):
+        return str(int(v))
+    return repr(v)
+
+
+def did_you_mean(word: str, known: Any, cutoff: float = 0.6) -> str:
+    """``"; did you mean X?"`` for the closest of ``known`` (difflib), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _finite(v: int | float) -> bool:
@@ -311,8 +332,43 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
         return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
     lo, hi = meta["lo"], meta["hi"]
     if lo is not None and (value < lo or value > hi or (meta.get("hi_open") and value == hi)):
-        return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
+        hint = ""
+        if name in MS_HINT_FIELDS and value >= hi:
+            hint = (f" (probably milliseconds: the SLA is in seconds, {number_text(value)} ms "
+                    f"is {number_text(round(value / 1000, 9))})")
+        return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}{hint}"
+    if name in HOST_FIELDS and (why := host_problem(value)):
+        return None, f"{name}: must be an IP address or a host name, got {clip(raw)} ({why})"
     return value, None
+
+
+#: seconds fields where a value at the top of the range is almost surely milliseconds
+MS_HINT_FIELDS = ("tbt_sla_s",)
+#: fields holding an address to bind (or reach) a server on
+HOST_FIELDS = ("host", "metrics_host")
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def host_problem(host: str) -> str:
+    """Why ``host`` is neither an IP address nor a host name (RFC 1123), '' when it is
+    one: what the servers bind and `tuned status` / reloads connect to."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return ""
+    except ValueError:
+        pass
+    if not host:
+        return "empty"
+    if len(host) > 253:
+        return "longer than 253 characters"
+    labels = host.removesuffix(".").split(".")
+    if not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return "letters, digits, '-' and '.' only, no label starting or ending with '-'"
+    if labels[-1].isdigit():
+        return "not a valid IP address"
+    return ""
 
 
 def _check_secret(name: str, value: Any) -> tuple[Any, str | None]:
@@ -330,8 +386,8 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in FIELDS:
-            problems.append(f"{clip_text(key)}: unknown key (known keys: see "
-                            "`tuned check-config --explain`)")
+            problems.append(f"{clip_text(key)}: unknown key{did_you_mean(key, FIELDS)} "
+                            "(known keys: see `tuned check-config --explain`)")
             continue
         check = _check_secret if FIELDS[key].metadata.get("secret") else _check_field
         checked, err = check(key, value)
@@ -619,6 +675,51 @@ def model_problems(cfg: Config) -> list[str]:
     except ValueError as e:
         return [f"model: {e}"]
     return []
+
+
+def hf_cache_dir(environ: Mapping[str, str]) -> Path:
+    """Where Hugging Face's hub keeps downloaded models (``HF_HUB_CACHE``, else
+    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else
+    ``~/.cache/huggingface/hub``), as vLLM's downloader reads it."""
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def _offline(environ: Mapping[str, str]) -> bool:
+    return any(environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hf_cache_findings(model: str, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(problems, notes) about a Hugging Face id from the local cache alone (no
+    network): not cached while ``HF_HUB_OFFLINE`` is set is a problem (vLLM cannot
+    fetch it); not cached otherwise is a note (vLLM downloads it at start), with the
+    closest cached id when there is one (a misspelt id)."""
+    try:
+        if model_form(model) != "hf_id":
+            return [], []
+    except ValueError:
+        return [], []
+    cache = hf_cache_dir(environ)
+    try:
+        cached = sorted(p.name.removeprefix("models--").replace("--", "/")
+                        for p in cache.iterdir() if p.name.startswith("models--")
+                        and (p / "snapshots").is_dir())
+    except OSError:
+        cached = []
+    if model in cached:
+        return [], []
+    hint = did_you_mean(model, cached).replace("?", " (cached)?")
+    where = clip_text(str(cache))
+    if _offline(environ):
+        return [f"model: {clip_text(model)} is not in the Hugging Face cache ({where}) and "
+                f"HF_HUB_OFFLINE is set, so vLLM cannot fetch it{hint}"], []
+    return [], [f"model: {clip_text(model)} is not in the Hugging Face cache ({where}): "
+                f"vLLM downloads it at start{hint}"]
 
 
 def engine_problems(cfg: Config, engine: Mapping[str, Any]) -> list[str]:

@@ -42,9 +42,10 @@ def register(subparsers) -> None:
     p.add_argument("--phase-s", type=float, default=15.0,
                    help="seconds of arrivals per phase of the side-by-side workload "
                         "(default %(default)s)")
-    p.add_argument("--ttft-slo-s", type=float, default=0.0,
-                   help="TTFT SLO in seconds (default: the config's ttft_sla_s, else "
-                        "40 x the derived TBT SLA, at least 3 s)")
+    p.add_argument("--ttft-sla-s", "--ttft-slo-s", dest="ttft_slo_s", type=float, default=0.0,
+                   help="TTFT SLA in seconds, the config's ttft_sla_s (default: the "
+                        "config's, else 40 x the derived TBT SLA, at least 3 s); "
+                        "--ttft-slo-s is the old spelling")
     p.add_argument("--log-dir", default="runs/demo",
                    help="where the servers' logs go (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)

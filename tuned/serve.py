@@ -6,9 +6,11 @@ The command is a small supervisor. It validates the config, resolves the model
 tuned.engines.vllm.TunedScheduler --additional-config {...}`` as its child, so the
 controller runs inside vLLM's EngineCore process. It then:
 
-* on SIGHUP (``systemctl reload``) asks every engine rank's endpoint to reload the
-  config (``POST /reload``); the engine validates it and keeps the old one when it is
-  bad;
+* on SIGHUP asks every engine rank's endpoint to reload the config (``POST
+  /reload``); the engine validates it and keeps the old one when it is bad.
+  ``systemctl reload`` does not signal: the unit's ExecReload runs ``tuned reload``
+  (:func:`tuned.opscli.reload`), which posts the same request and exits with the
+  outcome, so the reload fails when the config is refused;
 * on SIGTERM / SIGINT stops the server and waits for it;
 * exits with the server's exit code.
 
@@ -46,8 +48,10 @@ DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "tuned" / "models"
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="run vLLM's OpenAI server with tuned embedded",
+        usage="%(prog)s [-h] [--config FILE] [--model-cache DIR] [--print-command [FILE]] "
+              "[-- VLLM_ARGS ...]",
         description="Start vLLM's OpenAI-compatible server with tuned's scheduler. "
-                    "Arguments after -- go to vLLM unchanged.")
+                    "Arguments after -- go to vLLM unchanged (anything else is refused).")
     p.add_argument("--config", help="TOML config (default: the embedded demo: the "
                    "small demo model on CPU)")
     p.add_argument("--model-cache", default=str(DEFAULT_MODEL_CACHE),
@@ -56,8 +60,9 @@ def register(subparsers) -> None:
                    help="print the vLLM command line (with its environment) that runs "
                         "tuned from CONFIG (or --config), for your own unit or container, "
                         "then exit; the engine reads the config file at start")
-    p.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")
-    p.set_defaults(func=cmd_serve)
+    # `tuned serve ... -- --dtype float32`: tuned's CLI puts what follows `--` here; a
+    # bare argument before it is refused (it would silently reach vLLM's command line)
+    p.set_defaults(func=cmd_serve, vllm_args=[])
 
 
 def load_config(path: str | None) -> Config:
@@ -94,11 +99,18 @@ def _dp_size(args: list[str]) -> int:
     return 1
 
 
+# A reload asks a local daemon: never route it through an HTTP proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def post_reload(url: str, timeout: float = 10.0, token: str = "") -> dict:
+    """POST ``url/reload``; the engine answers once the new config is applied (200) or
+    refused (422), so the answer is the outcome. ``OSError`` when nothing answers,
+    ``ValueError`` when the answer is not JSON."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     req = urllib.request.Request(url + "/reload", data=b"", method="POST", headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _OPENER.open(req, timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:  # 422 refused / 403 forbidden, with the reason
         return json.loads(e.read() or b"{}")
@@ -119,8 +131,12 @@ class Supervisor:
         threading.Thread(target=self.reload, name="tuned-reload", daemon=True).start()
 
     def reload(self) -> list[dict]:
-        """Ask each engine rank to reload; tell systemd RELOADING=1 ... READY=1 around it
-        so `systemctl reload` returns once the outcome is known."""
+        """Ask each engine rank to reload (a SIGHUP sent by hand). Under systemd the
+        unit shows "reloading" from RELOADING=1 until READY=1, which is sent once every
+        rank has answered, with the outcome in STATUS= (`systemctl status`). READY=1
+        only says the service serves again (on the new config or the kept one);
+        `systemctl reload` itself runs `tuned reload`, whose exit status is the
+        outcome."""
         from tuned import sdnotify
 
         notifier = sdnotify.from_environ(self.env) if self._served.is_set() else None
@@ -224,6 +240,13 @@ def _config_path(args) -> str | None:
     return named or args.config
 
 
+def no_config_line(cfg: Config) -> str:
+    """What `tuned serve` without --config serves, said before it starts."""
+    return (f"tuned serve: no --config given: serving the embedded demo ({cfg.model}, a "
+            f"random-weight model built locally, no download) at "
+            f"http://{cfg.host}:{cfg.port}/v1; give --config FILE to serve your model")
+
+
 def cmd_serve(args) -> int:
     extra = list(args.vllm_args or [])
     printing = args.print_command is not None
@@ -237,6 +260,8 @@ def cmd_serve(args) -> int:
         print("tuned serve: --print-command: give a config file (--print-command FILE): "
               "the engine reads it by path", file=sys.stderr)
         return 2
+    if not cfg.source_path:
+        print(no_config_line(cfg), file=sys.stderr)
     from tuned.sdnotify import watchdog_s
 
     # what would otherwise fail only after the model loaded (or be silently overridden)

@@ -170,7 +170,7 @@ def test_reload_under_load(tmp_path, tiny_model):
                                                           'tbt_sla_s = "fast"\n'))
             rl = d["last_reload"]
             assert rl["outcome"] == "refused", rl
-            assert rl["problems"] == ["tbt_sla_s: must be a number in [0, 60], got 'fast'"]
+            assert rl["problems"] == ["tbt_sla_s: must be a number in [0, 1), got 'fast'"]
             assert reloads(srv, "refused") == 2 and reloads(srv, "ok") == 1
             assert d["config"] == kept_config
             kept = decisions_after(srv, rl["t"], 4)

@@ -50,14 +50,17 @@ def register(subparsers) -> None:
     hw = p.add_mutually_exclusive_group()
     hw.add_argument("--hardware", help="sim: a GPU-shaped step-time model: " + hardware_help())
     hw.add_argument("--profile", help="sim: a profile measured by `tuned profile`")
-    hw.add_argument("--model", help="vllm: the model to serve (demo:small, demo:tiny, a folder)")
+    hw.add_argument("--model", help="vllm: the model to serve (demo:small, demo:tiny, a "
+                    "model folder or a Hugging Face id owner/name, fetched by vLLM)")
     p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
                    "(<gpu>/<model>/mlp.csv) for --hardware and --paper "
                    "pang/saber/bucketserve/mcsf (default: the ones packaged with tuned)")
     p.add_argument("--events", help="sim: the same for every run; " + events_help)
     p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
-    p.add_argument("--slo", default="ttft=2,tpot=0.05",
-                   help="SLOs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s)")
+    p.add_argument("--sla", "--slo", dest="slo", default="ttft=2,tpot=0.05",
+                   help="SLAs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s); "
+                        "ttft sets the config's ttft_sla_s, tpot (or tbt) its tbt_sla_s; "
+                        "--slo is the old spelling")
     p.add_argument("--out", required=True, help="report folder")
     p.add_argument("--quick", action="store_true", help="fewer contenders and probes")
     p.add_argument("--seed", type=int, default=0)
@@ -144,7 +147,7 @@ def cmd_bench(args) -> int:
     try:
         slo = Slo.parse(args.slo)
     except ValueError as e:
-        return _fail(f"--slo: {e}")
+        return _fail(f"--sla: {e}")
     from tuned.sim.hardware import engine_defaults
 
     if args.engine == "sim":
@@ -171,6 +174,12 @@ def cmd_bench(args) -> int:
     else:
         if not args.model:
             return _fail("--engine vllm needs --model (e.g. demo:small)")
+        from tuned.demo_model import model_form
+
+        try:  # before any engine starts
+            model_form(args.model)
+        except ValueError as e:
+            return _fail(f"--model: {e}")
         if args.data_dir:
             return _fail("--data-dir is for the simulator's --hardware (--engine sim)")
         if args.events:

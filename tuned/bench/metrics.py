@@ -113,6 +113,8 @@ class RequestResult:
 
 
 _SLO_KEYS = ("ttft", "tpot", "e2el")
+#: other spellings: the config's TBT SLA (tbt_sla_s) is the bench's TPOT SLO
+_SLO_ALIASES = {"tbt": "tpot"}
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ class Slo:
                 hint = " (seconds with '=', not vLLM's KEY:MS)" if ":" in item else ""
                 raise ValueError(f"SLO {item!r}: expected KEY=SECONDS with KEY one of "
                                  f"{allowed}{hint}")
+            key = _SLO_ALIASES.get(key, key)
             if key not in _SLO_KEYS:
                 raise ValueError(f"SLO key {key!r} is not one of {allowed}")
             if key in values:
@@ -151,6 +154,11 @@ class Slo:
                 x = math.nan
             if not (math.isfinite(x) and x > 0):
                 raise ValueError(f"SLO {key}={value!r}: expected a number of seconds > 0")
+            if key == "tpot" and x >= 1:
+                # the same rule as the config's tbt_sla_s, which this value sets
+                raise ValueError(f"SLO tpot={value}: must be below 1 s (probably "
+                                 f"milliseconds: the SLA is in seconds, {value} ms is "
+                                 f"{round(x / 1000, 9):g})")
             values[key] = x
         return cls(**{f"{k}_s": v for k, v in values.items()})
 

@@ -101,6 +101,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if not args.model and not args.url:
         raise UsageError("give --model PATH (start the engine) or --url URL (use a running "
                          "server)")
+    if args.model:
+        from tuned.demo_model import model_form
+
+        try:  # before any engine starts: a missing folder is a usage error
+            model_form(args.model)
+        except ValueError as e:
+            raise UsageError(f"--model: {e}") from None
     out = Path(args.out)
     if out.suffix != ".json":
         raise UsageError(f"--out {args.out!r}: the profile file name must end in .json")
@@ -324,8 +331,9 @@ def register(subparsers) -> None:
         "`tuned profile show FILE` prints a profile. Arguments after -- go to vLLM.")
     p.add_argument("action", nargs="?", choices=["show"], help="show FILE: print a profile")
     p.add_argument("file", nargs="?", help="profile file (for show)")
-    p.add_argument("--model", help="model folder (or demo:tiny / demo:small): start "
-                   "`tuned serve` with a fixed batch cap and profile it")
+    p.add_argument("--model", help="model folder, Hugging Face id (owner/name, fetched by "
+                   "vLLM) or demo:tiny / demo:small: start `tuned serve` with a fixed batch "
+                   "cap and profile it")
     p.add_argument("--url", help="profile an already running OpenAI-compatible server "
                    "instead (e.g. http://127.0.0.1:8000)")
     p.add_argument("--metrics-url", help="with --url: base URL of tuned's endpoint for "

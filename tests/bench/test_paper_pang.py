@@ -94,3 +94,47 @@ def test_checks_hold_each_row_to_table_2s_spread_and_the_note_cites_measured_sta
         "So: tuned-paper misses on TPOT (500 against 20 on TTFT): its steps with a prefill "
         "take 61.0 ms carrying 300 prompt tokens, and 15.0% of the decode tokens come out of "
         "a step over 50 ms.")
+
+
+@pytest.fixture(scope="module")
+def pang_quick():
+    from tuned import log
+
+    old = structlog.get_config()
+    log.configure("warning")
+    try:
+        return pang.run(0, quick=True)
+    finally:
+        structlog.configure(**old)
+
+
+@pytest.mark.slow  # a few minutes of simulation: the full plan's checked runs
+def test_pang_verdict_is_the_full_runs_and_its_shortfall_is_measured(pang_quick):
+    """Quick runs the full plan's checked runs (3000 requests each), so this is the
+    full run's verdict: Table I and Table II row 2 within the paper's spread, the
+    PD-fusion row short, with the stalls that explain it counted in the runs."""
+    res = pang_quick
+    assert [p["gpu_memory_utilization"] for p in res["throughput"]] == [0.9, 0.5]
+    for part in res["throughput"]:
+        assert part["runs"]["tuned-memory"]["completed"] == 3000
+    tight = res["throughput"][1]["runs"]
+    # where vLLM's default overflows the cache, Algorithm 1 avoids most recomputation
+    assert tight["static-256"]["preemptions"] > 3 * tight["tuned-memory"]["preemptions"]
+    row2, pd = res["capacity"]["row2"], res["capacity"]["pd-fusion"]
+    assert row2["workload"]["n"] == pd["workload"]["n"] == 3000
+    assert 0.10 <= row2["paper_gain_vs_default"] <= 0.267
+    assert row2["gain_vs_default"] >= 0.10
+    assert pd["paper_gain_vs_default"] < 0.10
+    assert [c["ok"] for c in res["checks"]] == [True, True, True, False, True, False]
+    # measured at the rate the tolerance asks: vLLM's default misses on TPOT (whole
+    # prompts in a step push it past the SLA), the published algorithm on TTFT (its
+    # SLA-sized chunks prefill less per step than the arrivals bring)
+    d, p = pd["stalls"]["vllm-default"], pd["stalls"]["tuned-paper"]
+    assert d["tpot_miss"] > d["ttft_miss"] and d["over_sla_with_prefill"] == d["over_sla"]
+    assert d["step_ms_with_prefill"] > 50.0
+    assert p["ttft_miss"] > p["tpot_miss"]
+    assert p["prefill_tokens_per_step"] < 0.5 * d["prefill_tokens_per_step"]
+    assert p["mean_waiting"] > 5 * d["mean_waiting"]
+    text = pang.format_table(res)
+    assert "So: vllm-default misses on TPOT" in text
+    assert "tuned-paper misses on TTFT" in text

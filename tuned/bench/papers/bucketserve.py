@@ -79,8 +79,8 @@ PAPER = {"offline_throughput_vs_uellm": 3.58, "server_rps_alpaca_vs_uellm": 1.97
 UELLM_RANGE = (1.975, 3.58)
 DISTSERVE_RANGE = (1.31, 1.93)
 
-QUICK = {"offline_requests": 300, "online_requests": 400, "fcfs_seeds": 3}
-FULL = {"offline_requests": 1000, "online_requests": 1500, "fcfs_seeds": 3}
+QUICK = {"offline_requests": 300, "online_requests": 400}
+FULL = {"offline_requests": 1000, "online_requests": 1500}
 #: tuned's FCFS question is asked over this many seeds (seed, seed + 1, ...)
 FCFS_SEEDS = 3
 
@@ -238,10 +238,10 @@ def _ratios(runs: dict, key: str) -> dict:
 
 
 def fcfs_question(seed: int, plan: dict, data_dir: Path | None = None) -> dict:
-    """tuned's question over ``plan["fcfs_seeds"]`` seeds: bucket / fcfs on the same
+    """tuned's question over :data:`FCFS_SEEDS` seeds: bucket / fcfs on the same
     continuous-batching engine, offline throughput and load at 80 % attainment."""
     per_seed = []
-    for k in range(plan["fcfs_seeds"]):
+    for k in range(FCFS_SEEDS):
         s = seed + k
         off = offline_part(s, plan["offline_requests"], data_dir, systems=("bucket", "fcfs"))
         on = online_part(s, plan["online_requests"], data_dir, systems=("bucket", "fcfs"))

@@ -1,10 +1,9 @@
-"""`tuned bench --paper NAME`: the dispatcher, its files and exit codes, and the
-pang, saber and bucketserve scenarios against their tolerances (multibin:
-test_paper_multibin.py, mcsf: test_paper_mcsf.py)."""
+"""`tuned bench --paper NAME`: the dispatcher, its files and exit codes, and
+the saber scenario against its tolerances (multibin, mcsf, pang and bucketserve:
+their own test_paper_*.py)."""
 
 import io
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from tuned.bench import papers
 from tuned.bench.metrics import RequestResult
 from tuned.bench.papers import mcsf_checks, run_paper
 from tuned.bench.papers import multibin as mb
-from tuned.bench.papers import bucketserve, pang, saber
+from tuned.bench.papers import pang, saber
 from tuned.workloads import RequestSpec
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
@@ -164,69 +163,6 @@ def test_markdown_turns_pipe_runs_into_tables():
         "All figures within tolerance."]
 
 
-# ------------------------------------------------------------------ pang
-
-def test_pang_lognormal_has_the_papers_mean_and_cv_half():
-    assert pang.lognormal(61.5) == "LN(61.5,55.01)"
-    assert pang.workload_spec(256.6, 61.5, 3000) == (
-        "poisson:rate=1,prompt=LN(256.6,229.5),output=LN(61.5,55.01),n=3000")
-
-
-@pytest.fixture(scope="module")
-def pang_quick():
-    from tuned import log
-
-    old = structlog.get_config()
-    log.configure("warning")
-    try:
-        return pang.run(0, quick=True)
-    finally:
-        structlog.configure(**old)
-
-
-@pytest.mark.slow  # about a minute of simulation (four capacity searches)
-def test_pang_quick_meets_its_tolerances(pang_quick):
-    res = pang_quick
-    assert [p["gpu_memory_utilization"] for p in res["throughput"]] == [0.9, 0.5]
-    for part in res["throughput"]:
-        assert part["gain_vs_default"] >= 0.0
-        assert part["runs"]["tuned-memory"]["completed"] == 1000
-    tight = res["throughput"][1]["runs"]
-    # where vLLM's default overflows the cache, Algorithm 1 avoids most recomputation
-    assert tight["static-256"]["preemptions"] > 3 * tight["tuned-memory"]["preemptions"]
-    cap = res["capacity"]
-    assert cap["gain_vs_default"] >= 0.10
-    assert cap["contenders"]["tuned"]["at_capacity"]["attainment"] >= 0.9
-    assert 0.10 <= cap["paper_gain_vs_default"] <= 0.267
-    assert [c["figure"].split(":")[0] for c in res["checks"]] == [
-        "paper's", "paper's", "paper's", "tuned's"]
-    assert all(c["ok"] for c in res["checks"])
-
-
-def test_pang_paper_contender_is_algorithms_1_and_2_as_published():
-    hw = pang.gpu_hardware(pang.HARDWARE)
-    cfg = pang._config(hw, **pang.PAPER_ALGORITHM, tbt_sla_s=0.05)
-    assert (cfg.sla_mode, cfg.token_budget_policy, cfg.admission_guard) == ("paper", "max", "off")
-    assert cfg.batch_policy == "tuned" and cfg.max_num_seqs == 256
-
-
-def test_pang_prefill_stall_exceeds_the_sla_and_the_note_says_so():
-    hw = pang.gpu_hardware(pang.HARDWARE)
-    stall = pang.prefill_stall_ms(hw, 256.6)
-    assert all(alone < 50.0 < mixed for alone, mixed in stall.values())
-    cap = {"paper_gain_vs_default": 0.05, "prefill_stall_ms": stall,
-           "contenders": {"tuned": {"capacity_rps": 9.0}, "tuned-paper": {"capacity_rps": 7.6}}}
-    notes = pang._notes({"throughput": [], "capacity": cap})
-    assert len(notes) == 1
-    assert notes[0].startswith("note: Algorithms 1+2 as published gain +5.0%, below Table II's "
-                               "lowest (+10%).")
-    assert "9.00 qps against 7.60; that gain is tuned's, not the paper's." in notes[0]
-    checks = pang.checks({"throughput": [], "capacity": {**cap, "gain_vs_default": 0.2}})
-    assert [(c["figure"], c["ok"]) for c in checks] == [
-        ("paper's: (b) Algorithms 1+2 as published over vLLM default capacity gain", False),
-        ("tuned's: (b) tuned as shipped over vLLM default capacity gain", True)]
-
-
 # ------------------------------------------------------------------ saber
 
 def _result(rid, arrival, finish, failed=False):
@@ -332,47 +268,6 @@ def test_saber_quick_loses_goodput_because_it_holds_concurrency_down(saber_quick
             assert sa["goodput"] < best["goodput"]
             assert sa["mean_running"] < best["mean_running"]
             assert sa["demoted_share"] > 0.25
-
-
-# ------------------------------------------------------------------ bucketserve
-
-def test_bucketserve_mixed_workload_is_half_short_half_long_in_arrival_order():
-    reqs = bucketserve.mixed_requests(200, 0, rate=4.0)
-    assert [r.request_id for r in reqs][:2] == ["r000000", "r000001"]
-    assert all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:]))
-    long = [r for r in reqs if r.prompt_tokens > 400]
-    assert 80 <= len(long) <= 110     # LongBench-like prompts (mean 2000) among 100 drawn
-    assert all(r.prompt_tokens + r.output_tokens <= bucketserve.MAX_MODEL_LEN for r in reqs)
-
-
-def test_bucketserve_checks_are_the_papers_direction():
-    res = {"offline": {"ratio": 1.02}, "online": {"ratio": 0.97}}
-    checks = bucketserve.checks(res)
-    assert [(c["figure"], c["ok"]) for c in checks] == [
-        ("(a) offline throughput, bucket / fcfs (paper's direction)", True),
-        ("(b) load at 80% attainment, bucket / fcfs (paper's direction)", False)]
-    assert checks[1]["target"] == "> 1 (paper 1.93x over DistServe)"
-
-
-def test_bucketserve_quick_runs_the_shipped_bucket_policy(tmp_path, monkeypatch):
-    from tuned.policies.bucket import BucketPolicy
-
-    modes = set()
-    real = BucketPolicy.order
-
-    def spy(self, waiting, now_s, ctx=None):
-        modes.add(self.mode)
-        return real(self, waiting, now_s, ctx)
-
-    monkeypatch.setattr(BucketPolicy, "order", spy)
-    out = io.StringIO()
-    rc = run_paper("bucketserve", tmp_path, quick=True, seed=0, stdout=out)
-    data = json.loads((tmp_path / "paper-bucketserve.json").read_text())
-    assert modes == {"offline_ljf", "online"}
-    assert rc == (0 if data["passed"] else 1)
-    assert data["offline"]["runs"]["bucket-offline"]["completed"] == 300
-    assert data["online"]["runs"]["fcfs"]["converged"] is True
-    assert "(b) load bucket / fcfs |" in out.getvalue()
 
 
 def test_saber_quick_measures_the_cause_of_the_shortfall(saber_quick):

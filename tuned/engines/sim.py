@@ -43,6 +43,23 @@ jumps to the next arrival.
 ``static_batching=True`` gives seed 001's model instead: a batch is formed only
 when nothing runs (up to the cap, from the queue's order, ignoring the token
 budget) and runs until its last member ends.
+
+``padded=True`` (with ``static_batching``) is a static batcher without a paged
+cache, the baseline of seed 004 (UELLM-like): every member of a batch is padded to
+the batch's longest prompt and computed until the batch's longest output ends (a
+member that finished early still occupies its row), and each member's KV memory is
+reserved at the padded length (longest prompt + largest ``max_tokens`` of the
+batch) when the batch forms, so a batch takes members from the queue's head only
+while their padded reservations fit the cache; it is all released when the batch
+ends. Tokens still stream as they are generated (the reading most favourable to
+the baseline's latency).
+
+``prefilled=True`` makes the engine the decode instance of a prefill/decode split
+(DistServe's disaggregation, seed 004's other baseline): each request arrives with
+its prompt computed elsewhere and its first token sampled (at its arrival, the
+hand-off), so it is admitted needing its prompt's KV blocks and decodes from its
+second token; the KV transfer itself takes no time. A preempted one recomputes its
+prompt here, as vLLM's recompute does.
 """
 
 from __future__ import annotations
@@ -79,7 +96,7 @@ class SimRequest:
                  "priority", "extra_args", "first_token_s", "finish_s", "token_times",
                  "preemptions", "recomputed_tokens", "preempted", "refused_s")
 
-    def __init__(self, spec: RequestSpec, record_tokens: bool) -> None:
+    def __init__(self, spec: RequestSpec, record_tokens: bool, prefilled: bool = False) -> None:
         self.request_id = spec.request_id
         self.arrival_time = spec.arrival_s
         self.num_prompt_tokens = spec.prompt_tokens
@@ -100,6 +117,12 @@ class SimRequest:
         self.recomputed_tokens = 0
         self.preempted = False
         self.refused_s: float | None = None     # when refused at the wait bound
+        if prefilled:      # handed over by a prefill instance with its first token
+            self.num_computed_tokens = spec.prompt_tokens
+            self.num_output_tokens = 1
+            self.first_token_s = spec.arrival_s
+            if self.token_times is not None:
+                self.token_times.append(spec.arrival_s)
 
     @property
     def num_tokens(self) -> int:
@@ -164,6 +187,7 @@ class SimEngine:
 
     def __init__(self, cfg: Config, step_model: StepClock, *, block_size: int,
                  num_gpu_blocks: int, static_batching: bool = False,
+                 padded: bool = False, prefilled: bool = False,
                  record_token_times: bool = False, record_steps: bool = True,
                  max_sim_s: float = 30 * 24 * 3600.0,
                  horizon_s: float | None = None,
@@ -180,7 +204,17 @@ class SimEngine:
         self.drift = drift
         self.block_size = int(block_size)
         self.num_gpu_blocks = int(num_gpu_blocks)
+        if padded and not static_batching:
+            raise ValueError("padded: a padded batcher is a static one (static_batching=True)")
         self.static_batching = static_batching
+        self.padded = padded
+        self.prefilled = prefilled
+        # the padded batch in flight: its rows, padded prompt, decode steps run, and
+        # the blocks its finished members still hold
+        self._pad_rows = 0
+        self._pad_prompt = 0
+        self._pad_steps = 0
+        self._pad_held = 0
         self.record_token_times = record_token_times
         self.record_steps = record_steps
         self.max_sim_s = max_sim_s
@@ -300,8 +334,41 @@ class SimEngine:
         budget, preempted = self._schedule_running(budget, scheduled)
         if preempted or (self.static_batching and self.running):
             return scheduled, preempted
-        self._schedule_waiting(budget, scheduled)
+        if self.padded:
+            self._form_padded_batch(scheduled)
+        else:
+            self._schedule_waiting(budget, scheduled)
         return scheduled, preempted
+
+    def _form_padded_batch(self, scheduled: list[tuple[SimRequest, int]]) -> None:
+        """The padded batcher's admission into an empty engine: from the queue's head,
+        up to the cap, while every member's reservation at the padded length (the
+        longest prompt + the largest ``max_tokens`` so far) fits the free blocks."""
+        q = self.waiting
+        batch: list[SimRequest] = []
+        lp = lo = 0
+        while q and len(batch) < self.cap:
+            r = q.peek_request()
+            p, o = max(lp, r.num_prompt_tokens), max(lo, r.max_tokens)
+            if (len(batch) + 1) * self._blocks_for(p + o) > self.free_blocks:
+                if not batch:
+                    q.pop_request()
+                    self._fail(r, "needs more KV blocks than the cache holds")
+                    continue
+                break
+            q.pop_request()
+            batch.append(r)
+            lp, lo = p, o
+        if not batch:
+            return
+        per = self._blocks_for(lp + lo)
+        for r in batch:
+            self.free_blocks -= per
+            r.num_blocks = per
+            r.preempted = False
+            self.running.append(r)
+            scheduled.append((r, r.num_tokens - r.num_computed_tokens))
+        self._pad_rows, self._pad_prompt, self._pad_steps = len(batch), lp, 0
 
     def _begin_queue_step(self, budget: int) -> None:
         # contract step 2, before the running pass, as the vLLM adapter calls it
@@ -417,7 +484,13 @@ class SimEngine:
         self._ticks_until(end)
         self.now = end
         gen, done = self._emit_tokens(scheduled, end)
-        resident = shape.kv_tokens - self._retire(done, end)
+        freed = self._retire(done, end)
+        resident = shape.kv_tokens - (0 if self.padded else freed)
+        if self.padded:
+            self._pad_steps += 1
+            if not self.running:     # the batch ended: release its rows
+                self.free_blocks += self._pad_held
+                self._pad_held = 0
         n_dec, n_pre, pre_tok = shape.num_decode, shape.num_prefill_reqs, shape.prefill_tokens
         usable = self.num_gpu_blocks - 1      # vLLM's null block is never in use
         used = usable - self.free_blocks
@@ -434,7 +507,12 @@ class SimEngine:
 
     def _step_shape(self, scheduled: Sequence[tuple[SimRequest, int]]) -> StepShape:
         """What the step computes; ``kv_tokens`` counts the running requests' KV
-        after it."""
+        after it (a padded batch: every row at the padded length)."""
+        if self.padded:
+            b, lp, k = self._pad_rows, self._pad_prompt, self._pad_steps
+            if k == 0:
+                return StepShape(0, 0, b * lp, b, b * lp * (lp + 1) / 2, b * lp)
+            return StepShape(b, b * (lp + k - 1), 0, 0, 0.0, b * (lp + k))
         n_dec = n_pre = pre_tok = dec_ctx = 0
         pairs = 0.0
         for r, n in scheduled:
@@ -486,7 +564,11 @@ class SimEngine:
             freed_tokens += r.num_computed_tokens
             self.running.remove(r)
             r.finish_s = end
-            self._free(r)
+            if self.padded:      # its row stays reserved until the batch ends
+                self._pad_held += r.num_blocks
+                r.num_blocks = 0
+            else:
+                self._free(r)
             self.finished.append(FinishedRequest(
                 self.finished.next_seq, end, r.request_id, r.num_prompt_tokens,
                 r.num_output_tokens, r.max_tokens, r.arrival_time, r.preemptions))
@@ -509,7 +591,10 @@ class SimEngine:
         controller ticks, steps) reads top to bottom on purpose, a little over 60
         lines: split, its pieces would pass the loop's local state back and forth."""
         specs = sorted(requests, key=lambda s: (s.arrival_s, s.request_id))
-        reqs = [SimRequest(s, self.record_token_times) for s in specs]
+        if self.prefilled and any(s.output_tokens < 2 for s in specs):
+            raise ValueError("prefilled: every request needs output_tokens >= 2 (its first "
+                             "token came from the prefill instance)")
+        reqs = [SimRequest(s, self.record_token_times, self.prefilled) for s in specs]
         if self.horizon_s is not None and specs:
             # stop a run that cannot keep up: horizon_s after the last arrival
             self.max_sim_s = specs[-1].arrival_s + self.horizon_s

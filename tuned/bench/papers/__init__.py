@@ -12,11 +12,14 @@ checks are a list of ``{"figure", "ours", "target", "ok"}`` under the result's
   :func:`mcsf_checks` holds its tolerance (the average inside the paper's own range
   of per-instance ratios, MC-Benchmark slower, every IP proven optimal, Table 1's
   ratios inside its own spread over 50 runs);
-* ``pang`` (seed 000): Tables I/II, memory-aware throughput and SLA capacity, the
-  published algorithm (the paper's checks) apart from tuned as shipped (tuned's);
+* ``pang`` (seed 000): Tables I/II, memory-aware throughput and SLA capacity on Table
+  II's row 2 and PD-fusion row, the published algorithm (Algorithms 1+2 with the
+  paper's chunk sizing: the paper's checks) apart from tuned as shipped (tuned's);
 * ``saber`` (seed 002): goodput and completion-time CV against the best static cap;
-* ``bucketserve`` (seed 004): the shipped bucket policy against a length-blind queue,
-  offline throughput and the load at 80% SLO attainment (Fig. 5's direction).
+* ``bucketserve`` (seed 004): the shipped bucket policy against the paper's baselines
+  (a padded static batcher, UELLM-like; a prefill/decode split, DistServe-like), offline
+  throughput and the load at 80% SLO attainment inside the spread of the paper's
+  ratios over each; against vLLM's FCFS on the same engine, tuned's question, over seeds.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ Engine A runs one request at a time (cap 1) with a short wait bound that refuses
 (``on_max_wait = "refuse"``); engine B has room. A backlog sent to A directly (clients
 the proxy does not see) outlasts A's bound, so A's queue refuses and its gateway
 answers new requests 429 with ``Retry-After``. While it does, a burst goes through
-nginx, configured as docs/kubernetes.md says (``proxy_next_upstream error timeout
-http_429 non_idempotent``, ``proxy_next_upstream_tries 2``): the burst's requests that
+nginx, configured with the settings docs/kubernetes.md gives (read from it:
+``proxy_next_upstream error timeout http_429 non_idempotent``,
+``proxy_next_upstream_tries 2``, ...): the burst's requests that
 nginx sends to A first come back 429 and are retried on B, before any byte reaches
 the client, streaming ones included. Counted three ways: the client (one 200 with the
 full completion per request), nginx's access log (``$upstream_addr`` /
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -37,6 +39,7 @@ import pytest
 
 from serve_harness import (get_json, get_text, msum, mval, parse_metric_values,
                            tuned_serve_all, wait_for)
+from tuned.engines.gateway import REFUSED_METRIC
 from tuned.netutil import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -85,11 +88,7 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{port};
-        proxy_http_version 1.1;
-        proxy_buffering off;
-        proxy_read_timeout 300s;
-        proxy_next_upstream error timeout http_429 non_idempotent;
-        proxy_next_upstream_tries 2;
+{documented}
         location / {{
             proxy_pass http://engines;
         }}
@@ -103,6 +102,18 @@ http {{
     }}
 }}
 """
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
+
+
+def documented_settings() -> list[str]:
+    """The proxy_* lines (but proxy_pass) of docs/kubernetes.md's nginx example: the
+    test runs what the docs say."""
+    text = DOC.read_text()
+    block = re.search(r"```nginx\n(.*?)```", text[text.index("## Behind a proxy"):], re.S)
+    lines = [ln.strip() for ln in block.group(1).splitlines()]
+    return [ln for ln in lines if ln.startswith("proxy_") and not ln.startswith("proxy_pass")]
 
 
 def nginx_binary() -> str:
@@ -123,7 +134,11 @@ class Nginx:
         # as root, nginx's workers would run as nobody, who cannot enter pytest's tmp
         user = "user root;" if os.geteuid() == 0 else ""
         self.conf = folder / "nginx.conf"
-        self.conf.write_text(NGINX.format(d=folder, user=user, a=a, b=b, port=self.port))
+        settings = documented_settings()
+        assert "proxy_next_upstream error timeout http_429 non_idempotent;" in settings
+        self.conf.write_text(NGINX.format(d=folder, user=user, a=a, b=b, port=self.port,
+                                          documented="\n".join(" " * 8 + ln
+                                                               for ln in settings)))
         self.bin = nginx_binary()
         self.args = [self.bin, "-p", str(folder), "-c", str(self.conf),
                      "-e", str(folder / "error.log")]
@@ -278,6 +293,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
                  and msum(parse_metric_values(a.metrics()), "tuned_requests_finished_total")
                  >= len(direct), timeout_s=60)
         a_engine, b_engine = vllm_finished(a), vllm_finished(b)
+        a_429 = msum(parse_metric_values(get_text(a.base + "/metrics")), REFUSED_METRIC)
         a_values, b_values = parse_metric_values(a.metrics()), parse_metric_values(b.metrics())
 
     burst, control = results[:BURST], results[BURST:]
@@ -293,7 +309,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
           f"({sum(r['stream'] for r in a_first)} of them streaming), "
           f"{BURST - len(a_first)} B 200; control {CONTROL}: {len(control_a)} A 429 passed "
           f"on, {len(control_b)} B 200; engines finished A {a_engine:.0f}, B {b_engine:.0f}; "
-          f"tuned refused A {mval(a_values, 'tuned_requests_refused_total', reason='max_wait'):.0f}"
+          f"A's gateway 429s {a_429:.0f}; tuned refused A {mval(a_values, 'tuned_requests_refused_total', reason='max_wait'):.0f}"
           f", B {mval(b_values, 'tuned_requests_refused_total', reason='max_wait'):.0f}; "
           f"start {t_ready - t_start:.0f} s, run {t_done - t_ready:.0f} s")
 
@@ -324,6 +340,8 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
     assert direct_refused, "the backlog outlasted A's bound"
     assert mval(a_values, "tuned_requests_refused_total", reason="max_wait") == \
         len(direct_refused)
+    # A's gateway counted each 429 it sent: the probes', the burst's, the control's
+    assert a_429 == probes.count(429) + len(a_first) + len(control_a)
     # B's engine finished each burst request once, and the control requests sent to it
     assert b_engine == BURST + len(control_b), (b_engine, BURST, len(control_b))
     assert mval(b_values, "tuned_requests_refused_total", reason="max_wait") == 0

@@ -126,10 +126,11 @@ def nginx_binary() -> str:
 
 
 class Nginx:
-    def __init__(self, folder: Path, a: int, b: int) -> None:
+    def __init__(self, folder: Path, a: str, b: str) -> None:
+        """nginx on a free port in front of engines on ports ``a`` and ``b``."""
         self.dir = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port(avoid=(a, b))
+        self.port = free_port(avoid=(int(a), int(b)))
         self.base = f"http://127.0.0.1:{self.port}"
         # as root, nginx's workers would run as nobody, who cannot enter pytest's tmp
         user = "user root;" if os.geteuid() == 0 else ""
@@ -237,8 +238,8 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
     t_start = time.monotonic()
     setups = [(tmp_path / "a", ENGINE.format(model=tiny_model, seqs=4, cap=1, bound=BOUND_S)),
               (tmp_path / "b", ENGINE.format(model=tiny_model, seqs=16, cap=16, bound=120.0))]
-    with tuned_serve_all(setups, ready_timeout_s=500) as (a, b), Nginx(tmp_path / "nginx", int(a.base.rsplit(":", 1)[1]),
-                                                 int(b.base.rsplit(":", 1)[1])) as proxy:
+    with tuned_serve_all(setups, ready_timeout_s=500) as (a, b), \
+            Nginx(tmp_path / "nginx", a.base.rsplit(":", 1)[1], b.base.rsplit(":", 1)[1]) as proxy:
         model = a.model_id()
         addr = {a.base.removeprefix("http://"): "A", b.base.removeprefix("http://"): "B"}
         t_ready = time.monotonic()
@@ -287,7 +288,10 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
         feeder.join(600)
         direct += backlog
         t_done = time.monotonic()
-        chains = proxy.chains()
+        # nginx logs a request after its answer is complete: the client may be first
+        tags = {r["tag"] for r in results}
+        chains = wait_for("nginx to log every request", lambda: (
+            lambda c: c if tags <= c.keys() else None)(proxy.chains()), timeout_s=30)
         # A's server and tuned have counted every direct request before they are read
         wait_for("A to count the direct requests", lambda: vllm_finished(a) >= len(direct)
                  and msum(parse_metric_values(a.metrics()), "tuned_requests_finished_total")

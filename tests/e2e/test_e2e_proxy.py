@@ -245,18 +245,30 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
         t_ready = time.monotonic()
         direct: list[dict] = []           # every request sent to A without the proxy
 
-        # one backlog request alone on A (the second, warm): how long one takes now
+        # one backlog request alone on A, twice: how long one takes now (the faster)
+        times = []
         for i in range(2):
             t0 = time.monotonic()
             direct.append(complete(a.base, model, [10 + i] * 16, LONG_TOKENS))
-            one_s = time.monotonic() - t0
+            times.append(time.monotonic() - t0)
+        one_s = min(times)
         assert (direct[-1]["finish"], direct[-1]["tokens"]) == ("length", LONG_TOKENS)
-        # enough that the back of the backlog would wait two bounds at cap 1
-        k = min(max(math.ceil(2 * BOUND_S / one_s) + 2, 4), 60)
+        # enough that the back of the backlog would wait four bounds at cap 1: the
+        # margin covers a host that runs faster now than when timed (others' load)
+        k = min(max(math.ceil(4 * BOUND_S / one_s) + 2, 6), 60)
         backlog_args = [(a.base, model, [20 + i] * 16, LONG_TOKENS) for i in range(k)]
         backlog: list = []
-        feeder = threading.Thread(target=lambda: backlog.extend(
-            run_all(complete, backlog_args)), daemon=True)
+
+        def feed() -> None:
+            """Half the backlog now, half half a bound later: the second half is
+            refused half a bound after the first, and A refuses half a bound longer."""
+            later = threading.Thread(target=lambda: (time.sleep(BOUND_S / 2), backlog.extend(
+                run_all(complete, backlog_args[k // 2:]))), daemon=True)
+            later.start()
+            backlog.extend(run_all(complete, backlog_args[:k // 2]))
+            later.join(600)
+
+        feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
 
         # A's queue refuses at the bound; once A's gateway answers a probe 429, the burst

@@ -119,6 +119,32 @@ def tuned_serve(tmp_path: Path, config_text: str, env_extra: dict | None = None,
         _stop(srv.proc)
 
 
+@contextmanager
+def tuned_serve_all(setups: list[tuple[Path, str]], env_extra: dict | None = None,
+                    ready_timeout_s: float = 300.0):
+    """Several ``tuned serve`` at once, one per (folder, config text) in ``setups``:
+    all are started before any is waited for (their start-ups overlap); yields the
+    Servers in order, then stops them all. A server whose metrics port was taken is
+    restarted once on fresh ports, as :func:`tuned_serve` does."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(env_extra or {})
+    servers: list[Server] = []
+    try:
+        for folder, text in setups:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            servers.append(_start(Path(folder), text, env))
+        for i, (folder, text) in enumerate(setups):
+            if not _wait_ready(servers[i], ready_timeout_s, last_try=False):
+                _stop(servers[i].proc)
+                servers[i] = _start(Path(folder), text, env)
+                _wait_ready(servers[i], ready_timeout_s, last_try=True)
+        yield servers
+    finally:
+        for srv in servers:
+            _stop(srv.proc)
+
+
 def start_server(tmp_path: Path, config_text: str, env: dict, *, port: int | None = None,
                  metrics_port: int | None = None) -> Server:
     """Start ``tuned serve`` (not waiting for it) on ``port`` / ``metrics_port`` (free

@@ -4,6 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
+# nginx, for the two-engine proxy test (tests/e2e/test_e2e_proxy.py): Debian's package,
+# installed only when missing, as root or with a password-less sudo.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  if [ "$(id -u)" -eq 0 ]; then as_root=(); else as_root=(sudo -n); fi
+  if command -v apt-get >/dev/null 2>&1 && "${as_root[@]}" true 2>/dev/null; then
+    echo "[test] installing nginx (apt-get) for the proxy test"
+    "${as_root[@]}" apt-get update -qq
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx
+  else
+    echo "[test] nginx is missing and cannot be installed here (needs apt-get and root):" \
+      "the proxy test will fail" >&2
+  fi
+fi
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 "$@"
 rc=$?

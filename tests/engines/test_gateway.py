@@ -81,6 +81,25 @@ def test_refusing_answers_429_with_retry_after(endpoint):
     assert mw.refused == 2
 
 
+def test_each_429_is_counted_in_the_process_registry(endpoint):
+    """What vLLM's /metrics exports (its default registry, in one API server)."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    def count() -> float:
+        return REGISTRY.get_sample_value(gateway.REFUSED_METRIC) or 0.0
+
+    _Admission.state = {"refusing": True, "retry_after_s": 2}
+    before = count()
+    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    assert [call(mw)[0], call(mw, path="/v1/responses")[0], call(mw, "GET", "/v1/models")[0]] \
+        == [429, 429, 200]
+    assert count() == before + 2
+    # one counter per process, however many middleware objects vLLM builds
+    warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    assert call(mw)[0] == 429 and count() == before + 3
+    assert f"\n{gateway.REFUSED_METRIC} {before + 3}\n" in generate_latest(REGISTRY).decode()
+
+
 def test_not_refusing_or_no_endpoint_lets_requests_through(endpoint):
     _Admission.state = {"refusing": False}
     assert call(warm(gateway.RefuseWhenOverloaded(None, url=endpoint)))[:1] == (200,)
@@ -122,3 +141,47 @@ def test_controller_says_refusing_for_one_bound_after_a_refusal():
                      FakeEngine(), Metrics(), clock=lambda: t[0])
     off._note_refusals({"refused": 3}, t[0])
     assert off.admission_json()["refusing"] is False
+
+
+#: vLLM's POST routes that make no engine request (the gateway lets them through)
+NOT_QUEUED = {
+    "/tokenize", "/detokenize", "/v1/messages/count_tokens", "/v1/completions/render",
+    "/v1/chat/completions/render", "/v1/messages/render", "/v1/responses/render",
+    "/cohere/v2/chat/render", "/v1/completions/derender", "/v1/chat/completions/derender",
+    "/v1/responses/{response_id}/cancel", "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter", "/ping", "/abort_requests", "/pause", "/resume", "/sleep",
+    "/wake_up", "/release_kv_cache_memory", "/reset_prefix_cache", "/reset_mm_cache",
+    "/reset_encoder_cache", "/start_profile", "/stop_profile", "/collective_rpc",
+    "/scale_elastic_ep", "/is_scaling_elastic_ep", "/fault_tolerance/apply",
+    "/init_weight_transfer_engine", "/start_weight_update", "/finish_weight_update",
+    "/start_draft_weight_update", "/update_weights", "/update_weight_version",
+    "/shutdown_weight_transfer_engine", "/weight_checker",
+}
+
+
+def vllm_post_routes() -> set[str]:
+    """The POST routes declared in the installed vLLM's API server source."""
+    import re
+    from pathlib import Path
+
+    import vllm
+
+    root = Path(vllm.__file__).parent / "entrypoints"
+    return {m.group(1) for f in root.rglob("*.py")
+            for m in re.finditer(r'\.(?:post|api_route)\(\s*"(/[^"]*)"', f.read_text())}
+
+
+def test_every_vllm_route_that_queues_in_the_engine_is_refused(endpoint):
+    """A new vLLM route fails here until it is sorted into gateway.PATHS (its request
+    queues in the engine) or NOT_QUEUED; a route vLLM dropped fails too."""
+    routes = vllm_post_routes()
+    assert gateway.PATHS <= routes, sorted(gateway.PATHS - routes)
+    assert not gateway.PATHS & NOT_QUEUED
+    assert routes - gateway.PATHS - NOT_QUEUED == set()
+    # every one of them is refused while the queue refuses; the others pass
+    _Admission.state = {"refusing": True, "retry_after_s": 2}
+    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    assert {p: call(mw, path=p)[0] for p in sorted(gateway.PATHS)} == \
+        dict.fromkeys(sorted(gateway.PATHS), 429)
+    assert {p: call(mw, path=p)[0] for p in sorted(NOT_QUEUED)} == \
+        dict.fromkeys(sorted(NOT_QUEUED), 200)

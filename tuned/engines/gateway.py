@@ -6,9 +6,13 @@ tuned's waiting queue refuses a request still waiting at ``max_wait_s``
 finish reason ``abort``. Under a sustained overload that is late: the request has
 waited the whole bound first. This ASGI middleware, loaded into vLLM's API server
 with ``--middleware tuned.engines.gateway.RefuseWhenOverloaded`` (`tuned serve` adds
-it), answers new completion and chat requests with 429 and ``Retry-After`` at once
+it), answers new requests for the engine (completions, chat, responses and the other
+generation and pooling routes: :data:`PATHS`) with 429 and ``Retry-After`` at once
 while the queue has refused one within the last bound, as an overloaded gateway does,
-so the client can retry elsewhere; the engine never sees them. It reads the state
+so the client or a proxy in front can retry elsewhere; the engine never sees them.
+The 429 is the whole answer, sent before the app runs: a streaming request is refused
+before any byte of its stream, so a proxy can still pass it to another server
+(docs/kubernetes.md, "Behind a proxy"). It reads the state
 from tuned's endpoint (``GET /admission``), at most every :data:`POLL_S` seconds, and
 lets every request through when the endpoint does not answer (it never refuses on a
 guess). A request never waits for the endpoint: a stale answer is refreshed in the
@@ -32,9 +36,42 @@ from typing import Any
 
 #: how long one answer of the endpoint is used
 POLL_S = 0.5
-#: the requests it may refuse (POST only): the ones that queue in the engine
-PATHS = ("/v1/completions", "/v1/chat/completions")
+#: the requests it may refuse (POST only): every route of vLLM's API server whose
+#: request queues in the engine -- generation in each API flavour, then pooling
+#: (tests/engines/test_gateway.py checks the list against vLLM's routes). Not here:
+#: render, tokenize and token counting, LoRA and admin routes (no engine request).
+PATHS = frozenset((
+    "/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
+    "/v1/responses", "/v1/messages", "/cohere/v2/chat", "/inference/v1/generate",
+    "/invocations", "/generative_scoring", "/v1/systemone",
+    "/v1/audio/transcriptions", "/v1/audio/translations",
+    "/v1/embeddings", "/v2/embed", "/pooling", "/classify",
+    "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+))
 URL_ENV = "TUNED_ADMISSION_URL"
+#: the counter of 429s, on vLLM's own ``/metrics`` (this process's registry)
+REFUSED_METRIC = "tuned_gateway_refused_total"
+_refused_counter: Any = None
+
+
+def refused_counter():
+    """The process's counter of requests answered 429 (made once: vLLM's server may
+    build its middleware stack more than once). In vLLM's default registry, so its
+    API server's ``/metrics`` exports it beside vLLM's series; with several API
+    servers vLLM sets up prometheus_client's multiprocess mode before starting them,
+    and their counts add up there."""
+    global _refused_counter
+    if _refused_counter is None:
+        from prometheus_client import REGISTRY, Counter
+
+        try:
+            _refused_counter = Counter(REFUSED_METRIC.removesuffix("_total"),
+                                       "Requests vLLM's API server answered HTTP 429 "
+                                       "because tuned's queue was refusing at its wait "
+                                       "bound (tuned's gateway middleware)")
+        except ValueError:      # registered already, by an earlier import of this module
+            _refused_counter = REGISTRY._names_to_collectors[REFUSED_METRIC]
+    return _refused_counter
 
 
 def admission_url(argv: list[str] | None = None, environ: dict | None = None) -> str | None:
@@ -99,6 +136,10 @@ class RefuseWhenOverloaded:
             state = self._admission()
             if state and state.get("refusing"):
                 self.refused += 1
+                try:
+                    refused_counter().inc()
+                except Exception:   # a metric never stands between a client and its answer
+                    pass
                 retry = max(int(state.get("retry_after_s") or 1), 1)
                 body = json.dumps({"error": {
                     "message": f"overloaded: requests are waiting past max_wait_s "

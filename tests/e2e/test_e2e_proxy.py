@@ -1,0 +1,363 @@
+"""Behind a proxy, as fleets run it (issue 30): nginx in front of two `tuned serve`
+engines retries on the overloaded one's 429 and the other serves the request; none
+lost, none served twice.
+
+Engine A runs one request at a time (cap 1) with a short wait bound that refuses
+(``on_max_wait = "refuse"``); engine B has room. A backlog sent to A directly (clients
+the proxy does not see) outlasts A's bound, so A's queue refuses and its gateway
+answers new requests 429 with ``Retry-After``. While it does, a burst goes through
+nginx, configured with the settings docs/kubernetes.md gives (read from it:
+``proxy_next_upstream error timeout http_429 non_idempotent``,
+``proxy_next_upstream_tries 2``, ...): the burst's requests that
+nginx sends to A first come back 429 and are retried on B, before any byte reaches
+the client, streaming ones included. Counted three ways: the client (one 200 with the
+full completion per request), nginx's access log (``$upstream_addr`` /
+``$upstream_status``: ``A, B`` / ``429, 200`` chains) and each engine's vLLM
+(``vllm:request_success_total``: A's engine never saw a burst request, B's saw each
+once). A control location without ``http_429`` passes A's 429 and its
+``Retry-After`` to the client.
+
+The backlog is sized from a request timed in the test, so that it outlasts the bound
+whatever this host's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from serve_harness import (get_json, get_text, msum, mval, parse_metric_values,
+                           tuned_serve_all, wait_for)
+from tuned.engines.gateway import REFUSED_METRIC
+from tuned.netutil import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+BOUND_S = 4.0          # A's wait bound (max_wait_s)
+LONG_TOKENS = 256      # each backlog request's length
+BURST = 16             # requests through the retrying proxy (every other one streams)
+CONTROL = 4            # requests through the control location (no retry on 429)
+BURST_TOKENS = 8
+
+ENGINE = ('model = "{model}"\nmax_num_seqs = {seqs}\nmax_num_batched_tokens = 512\n'
+          'max_model_len = 512\nnum_gpu_blocks = 128\ninterval_s = 0.25\n'
+          'b_min = {cap}\nb_max = {cap}\nfallback_cap = {cap}\nbatch_policy = "static"\n'
+          'token_budget_policy = "max"\nadmission_guard = "off"\nttft_sla_s = 1.0\n'
+          'max_wait_s = {bound}\non_max_wait = "refuse"\nlog_level = "warning"\n'
+          'vllm_args = ["--enforce-eager"]\n')   # no compile: two engines start on a small host
+
+NGINX = """\
+worker_processes 1;
+pid {d}/nginx.pid;
+{user}
+events {{ worker_connections 512; }}
+http {{
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    log_format chains '$http_x_tag $status "$upstream_addr" "$upstream_status"';
+    access_log {d}/access.log chains;
+    # max_fails=0: every request takes its own round-robin pick (no passive
+    # health check taking A out after its first 429), so half the burst meets A
+    upstream engines {{
+        server 127.0.0.1:{a} max_fails=0;
+        server 127.0.0.1:{b} max_fails=0;
+    }}
+    # the same two engines with a round robin of their own: the streaming requests
+    # and the control requests each meet A first in turn
+    upstream engines_stream {{
+        server 127.0.0.1:{a} max_fails=0;
+        server 127.0.0.1:{b} max_fails=0;
+    }}
+    upstream engines_control {{
+        server 127.0.0.1:{a} max_fails=0;
+        server 127.0.0.1:{b} max_fails=0;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+{documented}
+        location / {{
+            proxy_pass http://engines;
+        }}
+        location /stream/ {{
+            proxy_pass http://engines_stream/;
+        }}
+        location /control/ {{
+            proxy_pass http://engines_control/;
+            proxy_next_upstream error timeout;
+        }}
+    }}
+}}
+"""
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
+
+
+def documented_settings() -> list[str]:
+    """The proxy_* lines (but proxy_pass) of docs/kubernetes.md's nginx example: the
+    test runs what the docs say."""
+    text = DOC.read_text()
+    block = re.search(r"```nginx\n(.*?)```", text[text.index("## Behind a proxy"):], re.S)
+    lines = [ln.strip() for ln in block.group(1).splitlines()]
+    return [ln for ln in lines if ln.startswith("proxy_") and not ln.startswith("proxy_pass")]
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK)
+                                      else None)
+    if not found:
+        pytest.fail("nginx not found: tools/test.sh installs Debian's nginx package "
+                    "(apt-get install nginx)")
+    return found
+
+
+class Nginx:
+    def __init__(self, folder: Path, a: str, b: str) -> None:
+        """nginx on a free port in front of engines on ports ``a`` and ``b``."""
+        self.dir = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port(avoid=(int(a), int(b)))
+        self.base = f"http://127.0.0.1:{self.port}"
+        # as root, nginx's workers would run as nobody, who cannot enter pytest's tmp
+        user = "user root;" if os.geteuid() == 0 else ""
+        self.conf = folder / "nginx.conf"
+        settings = documented_settings()
+        assert "proxy_next_upstream error timeout http_429 non_idempotent;" in settings
+        self.conf.write_text(NGINX.format(d=folder, user=user, a=a, b=b, port=self.port,
+                                          documented="\n".join(" " * 8 + ln
+                                                               for ln in settings)))
+        self.bin = nginx_binary()
+        self.args = [self.bin, "-p", str(folder), "-c", str(self.conf),
+                     "-e", str(folder / "error.log")]
+
+    def __enter__(self) -> "Nginx":
+        check = subprocess.run([*self.args, "-t"], capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stderr     # http_429 needs nginx >= 1.11.13
+        self.proc = subprocess.Popen([*self.args, "-g", "daemon off;"])
+        wait_for("nginx to listen", lambda: _answers(self.base + "/v1/models"), 30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+    def chains(self) -> dict[str, tuple[str, list[str], list[str]]]:
+        """{tag: (final status, upstream addresses, upstream statuses)} of the
+        access log; a tag logged twice fails."""
+        out: dict = {}
+        for line in (self.dir / "access.log").read_text().splitlines():
+            head, addrs, _, statuses, _ = line.split('"')
+            tag, status = head.split()
+            if tag == "-":          # not one of the test's requests
+                continue
+            assert tag not in out, f"{tag} logged twice"
+            out[tag] = (status, addrs.split(", "), statuses.split(", "))
+        return out
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def complete(url: str, model: str, prompt: list[int], max_tokens: int, *, tag: str = "",
+             stream: bool = False, timeout: float = 300.0) -> dict:
+    """One completion: {status, retry_after, finish, tokens}; a stream is read to its
+    end (its usage from the last chunk)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "X-Tag": tag})
+    out = {"tag": tag, "stream": stream, "status": None, "retry_after": None,
+           "finish": None, "tokens": None}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out["status"] = r.status
+            if not stream:
+                doc = json.loads(r.read())
+                out["finish"] = doc["choices"][0]["finish_reason"]
+                out["tokens"] = doc["usage"]["completion_tokens"]
+                return out
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for c in chunk.get("choices") or []:
+                    out["finish"] = c.get("finish_reason") or out["finish"]
+                if chunk.get("usage"):
+                    out["tokens"] = chunk["usage"]["completion_tokens"]
+    except urllib.error.HTTPError as e:
+        out["status"], out["retry_after"] = e.code, e.headers.get("Retry-After")
+        e.read()
+    return out
+
+
+def run_all(fn, args: list[tuple]) -> list[dict]:
+    """``fn(*a)`` for every ``a`` at once, one thread each; the results in order."""
+    results: list = [None] * len(args)
+
+    def one(i: int) -> None:
+        results[i] = fn(*args[i])
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(args))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    return results
+
+
+def vllm_finished(srv) -> float:
+    """Requests the server's engine finished (every finish reason: served or refused)."""
+    return msum(parse_metric_values(get_text(srv.base + "/metrics")),
+                "vllm:request_success_total")
+
+
+def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_model):
+    t_start = time.monotonic()
+    setups = [(tmp_path / "a", ENGINE.format(model=tiny_model, seqs=4, cap=1, bound=BOUND_S)),
+              (tmp_path / "b", ENGINE.format(model=tiny_model, seqs=16, cap=16, bound=120.0))]
+    with tuned_serve_all(setups, ready_timeout_s=500) as (a, b), \
+            Nginx(tmp_path / "nginx", a.base.rsplit(":", 1)[1], b.base.rsplit(":", 1)[1]) as proxy:
+        model = a.model_id()
+        addr = {a.base.removeprefix("http://"): "A", b.base.removeprefix("http://"): "B"}
+        t_ready = time.monotonic()
+        direct: list[dict] = []           # every request sent to A without the proxy
+
+        # one backlog request alone on A, twice: how long one takes now (the faster)
+        times = []
+        for i in range(2):
+            t0 = time.monotonic()
+            direct.append(complete(a.base, model, [10 + i] * 16, LONG_TOKENS))
+            times.append(time.monotonic() - t0)
+        one_s = min(times)
+        assert (direct[-1]["finish"], direct[-1]["tokens"]) == ("length", LONG_TOKENS)
+        # enough that the back of the backlog would wait four bounds at cap 1: the
+        # margin covers a host that runs faster now than when timed (others' load)
+        k = min(max(math.ceil(4 * BOUND_S / one_s) + 2, 6), 60)
+        backlog_args = [(a.base, model, [20 + i] * 16, LONG_TOKENS) for i in range(k)]
+        backlog: list = []
+
+        def feed() -> None:
+            """Half the backlog now, half half a bound later: the second half is
+            refused half a bound after the first, and A refuses half a bound longer."""
+            later = threading.Thread(target=lambda: (time.sleep(BOUND_S / 2), backlog.extend(
+                run_all(complete, backlog_args[k // 2:]))), daemon=True)
+            later.start()
+            backlog.extend(run_all(complete, backlog_args[:k // 2]))
+            later.join(600)
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+
+        # A's queue refuses at the bound; once A's gateway answers a probe 429, the burst
+        wait_for("A's queue to refuse", lambda: get_json(f"{a.endpoint}/admission")["refusing"],
+                 timeout_s=4 * BOUND_S + 120, every_s=0.1)
+        # an empty body: A's gateway answers 429 once it has read the state, vLLM 400
+        # before that; either way it never reaches A's engine
+        probes: list[int] = []
+
+        def gateway_refuses() -> bool:
+            req = urllib.request.Request(a.base + "/v1/completions", data=b"{}",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=30).close()
+                probes.append(200)
+            except urllib.error.HTTPError as e:
+                probes.append(e.code)
+            return probes[-1] == 429
+
+        wait_for("A's gateway to answer 429", gateway_refuses, timeout_s=BOUND_S, every_s=0.05)
+        assert set(probes) <= {400, 429}, probes
+        burst_args = [(proxy.base + ("/stream" if i % 2 else ""), model, [30 + i] * 8,
+                       BURST_TOKENS, f"burst-{i}", i % 2 == 1) for i in range(BURST)]
+        control_args = [(proxy.base + "/control", model, [60 + i] * 8, BURST_TOKENS,
+                         f"control-{i}", False) for i in range(CONTROL)]
+        results = run_all(lambda url, m, p, n, tag, stream: complete(url, m, p, n, tag=tag,
+                                                                     stream=stream),
+                          burst_args + control_args)
+        feeder.join(600)
+        direct += backlog
+        t_done = time.monotonic()
+        # nginx logs a request after its answer is complete: the client may be first
+        tags = {r["tag"] for r in results}
+        chains = wait_for("nginx to log every request", lambda: (
+            lambda c: c if tags <= c.keys() else None)(proxy.chains()), timeout_s=30)
+        # A's server and tuned have counted every direct request before they are read
+        wait_for("A to count the direct requests", lambda: vllm_finished(a) >= len(direct)
+                 and msum(parse_metric_values(a.metrics()), "tuned_requests_finished_total")
+                 >= len(direct), timeout_s=60)
+        a_engine, b_engine = vllm_finished(a), vllm_finished(b)
+        a_429 = msum(parse_metric_values(get_text(a.base + "/metrics")), REFUSED_METRIC)
+        a_values, b_values = parse_metric_values(a.metrics()), parse_metric_values(b.metrics())
+
+    burst, control = results[:BURST], results[BURST:]
+    first = {r["tag"]: addr[chains[r["tag"]][1][0]] for r in burst + control
+             if r["tag"] in chains}
+    a_first = [r for r in burst if first.get(r["tag"]) == "A"]
+    control_a = [r for r in control if first.get(r["tag"]) == "A"]
+    control_b = [r for r in control if first.get(r["tag"]) == "B"]
+    direct_refused = [r for r in direct if r["finish"] == "abort"]
+    print(f"\none backlog request {one_s:.2f} s alone on A; backlog {k}; direct to A: "
+          f"{len(direct)} ({len(direct_refused)} refused at the bound); gateway probes "
+          f"{probes}; burst {BURST}: {len(a_first)} A 429 -> B 200 "
+          f"({sum(r['stream'] for r in a_first)} of them streaming), "
+          f"{BURST - len(a_first)} B 200; control {CONTROL}: {len(control_a)} A 429 passed "
+          f"on, {len(control_b)} B 200; engines finished A {a_engine:.0f}, B {b_engine:.0f}; "
+          f"A's gateway 429s {a_429:.0f}; tuned refused A {mval(a_values, 'tuned_requests_refused_total', reason='max_wait'):.0f}"
+          f", B {mval(b_values, 'tuned_requests_refused_total', reason='max_wait'):.0f}; "
+          f"start {t_ready - t_start:.0f} s, run {t_done - t_ready:.0f} s")
+
+    # the client: every burst request answered once, 200, the whole completion
+    assert [(r["status"], r["finish"], r["tokens"]) for r in burst] == \
+        [(200, "length", BURST_TOKENS)] * BURST, burst
+    # nginx: one line per request, final 200; A first means A 429 then B 200
+    assert sorted(t for t in chains if t.startswith("burst-")) == \
+        sorted(r["tag"] for r in burst)
+    for r in burst:
+        status, ups, codes = chains[r["tag"]]
+        route = tuple(addr[u] for u in ups)
+        assert (status, route, tuple(codes)) in {("200", ("B",), ("200",)),
+                                                 ("200", ("A", "B"), ("429", "200"))}, \
+            (r, chains[r["tag"]])
+    # each round robin sends every other request to A first: streaming ones were
+    # retried too (A's 429 came before any byte of a stream)
+    assert len(a_first) >= BURST // 4, a_first
+    assert any(r["stream"] for r in a_first) and any(not r["stream"] for r in a_first)
+    # the control location passes A's 429 and its Retry-After (2 x ttft_sla_s) on
+    assert control_a and all((r["status"], r["retry_after"]) == (429, "2") for r in control_a)
+    assert len(control_a) + len(control_b) == CONTROL
+    assert all((r["status"], r["tokens"]) == (200, BURST_TOKENS) for r in control_b)
+    # A's engine never saw a burst or control request: it finished exactly the direct
+    # requests (all let in before the queue refused: served, or refused at the bound)
+    assert [r["status"] for r in direct] == [200] * len(direct)
+    assert a_engine == len(direct), (a_engine, len(direct))
+    assert direct_refused, "the backlog outlasted A's bound"
+    assert mval(a_values, "tuned_requests_refused_total", reason="max_wait") == \
+        len(direct_refused)
+    # A's gateway counted each 429 it sent: the probes', the burst's, the control's
+    assert a_429 == probes.count(429) + len(a_first) + len(control_a)
+    # B's engine finished each burst request once, and the control requests sent to it
+    assert b_engine == BURST + len(control_b), (b_engine, BURST, len(control_b))
+    assert mval(b_values, "tuned_requests_refused_total", reason="max_wait") == 0

@@ -199,10 +199,12 @@ def test_a_documented_model_is_what_the_help_says_model_takes():
 
 def exported_names() -> set[str]:
     """The names a Prometheus query uses for each series tuned's metrics module
-    declares (whether or not a labelled family has a child yet)."""
+    declares (whether or not a labelled family has a child yet), and the gateway's
+    counter, which vLLM's own /metrics carries."""
+    from tuned.engines.gateway import REFUSED_METRIC
     from tuned.metrics import Metrics
 
-    names = set()
+    names = {REFUSED_METRIC}
     for fam in Metrics().exported.collect():
         if fam.type == "counter":
             names.add(fam.name + "_total")

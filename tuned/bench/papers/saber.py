@@ -73,9 +73,8 @@ Here (:func:`run`):
   quick and full runs; under the result's ``"testbed"``, never in its checks): the
   same profile, contenders and workloads on :func:`testbed_hardware`, a100-llama2-7b
   with a 2.5B model's layers and its one-request step kept, whose speed falls less
-  with load. Algorithm 1's second condition forbids concurrency where v(L) falls
-  steeply, and the paper's curve is not published, so this asks whether a flatter
-  one is the testbed difference. Run twice: with Table I's SLAs, and with SLAs
+  with load. The paper's curve is not published, so this asks whether a flatter one
+  changes the direction (every reading, no extras). Run twice: with Table I's SLAs, and with SLAs
   re-derived on the testbed the paper's way (:func:`calibrated_slas`), since a
   flatter curve serves the same load faster and Table I's SLAs leave its regime.
   The same again on :data:`MEASURED_TESTBED` (``"testbed_measured"``): the shape of

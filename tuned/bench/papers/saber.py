@@ -138,7 +138,6 @@ READINGS = {"saber": "as executed (any() is a boolean), the shipped default",
             "saber-off": "no second clause"}
 #: the checked reading: the shipped default
 DEFAULT = "saber"
-CURRENT = "saber-current"
 #: the admission windows swept with the shipped reading (SaberPolicy.WINDOW, 16, is
 #: the "saber" contender itself); the paper gives no value
 WINDOWS = (4, 8, 16, 32, 64, 128)

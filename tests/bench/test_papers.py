@@ -191,33 +191,69 @@ def test_cv_is_population_sigma_over_mean():
     assert saber.cv([2.0]) is None
 
 
-def test_saber_checks_count_mixes():
-    def mix(sg, bg, scv, bcv):
-        return {"saber_goodput_avg": sg, "best_static_goodput_avg": bg, "saber_cv": scv,
-                "best_static_cv": bcv}
+def _mix(best, **goodput):
+    return {"best_static_goodput_avg": best,
+            "readings": {k.replace("_", "-"): {"goodput_avg": g, "cv": None}
+                         for k, g in goodput.items()}}
 
-    res = {"mixes": {"W1": mix(0.5, 0.4, 0.3, 0.5), "W2": mix(0.9, 0.9, 0.2, 0.1),
-                     "W3": mix(0.3, 0.6, 0.1, 0.2)}}
+
+def test_saber_checks_the_shipped_reading_against_the_papers_direction():
+    res = {"mixes": {"W1": _mix(0.50, saber=0.51, saber_recorded=0.2),
+                     "W2": _mix(0.90, saber=0.834, saber_recorded=0.95),
+                     "W3": _mix(0.60, saber=0.60, saber_recorded=0.9)}}
     got = saber.checks(res)
-    assert [(c["ours"], c["ok"]) for c in got] == [("2 of 3 (W1, W2)", True),
-                                                  ("2 of 3 (W1, W3)", True)]
+    assert [(c["figure"].split(": ")[1], c["ours"], c["target"].split(" (")[0], c["ok"])
+            for c in got] == [
+        ("W1 goodput gain over best static, mean over RPS (points)", "+1.0", "> 0", True),
+        ("W2 goodput gain over best static, mean over RPS (points)", "-6.6", ">= -6.7", True),
+        ("W3 goodput gain over best static, mean over RPS (points)", "+0.0", "> 0", False)]
+    assert all(c["figure"].startswith("paper's, as executed") for c in got)
+    res["mixes"]["W2"] = _mix(0.90, saber=0.832)
+    assert [c["ok"] for c in saber.checks(res)] == [True, False, False]
 
 
-def test_saber_checks_each_reading_of_the_algorithm_separately():
-    def mix(best, best_cv, literal, current):
-        return {"best_static_goodput_avg": best, "best_static_cv": best_cv,
-                "readings": {"saber": {"goodput_avg": literal[0], "cv": literal[1]},
-                             "saber-current": {"goodput_avg": current[0], "cv": current[1]}}}
+def test_saber_per_task_average_run_is_not_capped_at_the_exact_length():
+    from tuned.workloads import SABER_TASKS
 
-    res = {"mixes": {"W1": mix(0.5, 0.3, (0.4, 0.2), (0.6, 0.4)),
-                     "W2": mix(0.9, 0.2, (0.3, 0.1), (0.9, 0.1)),
-                     "W3": mix(0.6, 0.2, (0.2, 0.3), (0.7, 0.1))}}
-    got = saber.checks(res)
-    assert [(c["figure"].split(":")[0], c["ours"], c["ok"]) for c in got] == [
-        ("paper's, as written (recorded speeds)", "0 of 3 (none)", False),
-        ("paper's, as written (recorded speeds)", "2 of 3 (W1, W2)", True),
-        ("paper's, running requests' current speed", "3 of 3 (W1, W2, W3)", True),
-        ("paper's, running requests' current speed", "2 of 3 (W2, W3)", True)]
+    specs = [RequestSpec("a", 0.0, 100, 20, 20, "generation", 8.0),
+             RequestSpec("b", 0.1, 4000, 200, 200, "qna", 1.0)]
+    got, hints = saber.task_average(specs)
+    assert [(r.max_tokens, r.output_tokens) for r in got] == [(3996, 20), (200, 200)]
+    assert hints == {"a": {"tuned_output_tokens": round(SABER_TASKS["generation"].output_mean)},
+                     "b": {"tuned_output_tokens": round(SABER_TASKS["qna"].output_mean)}}
+
+
+def test_saber_hints_reach_the_policy_uncapped(tmp_path, monkeypatch):
+    """The per-task average run's hint is what SABER plans with, above the exact length."""
+    from tuned.curves.profile import save_profile
+    from tuned.policies.saber import SaberPolicy
+    from tuned.sim.hardware import gpu_hardware
+
+    hw = gpu_hardware(saber.HARDWARE)
+    seen = {}
+    real = SaberPolicy.admit
+
+    def spy(self, cand, running, admitted, ctx):
+        seen[cand.request_id] = (cand.max_tokens, self.remaining_tokens(cand))
+        return real(self, cand, running, admitted, ctx)
+
+    monkeypatch.setattr(SaberPolicy, "admit", spy)
+    prof = saber.speed_profile(hw, 0, levels=(1, 2, 4))
+    save_profile(prof, str(tmp_path / "p.json"))
+    specs = [RequestSpec("a", 0.0, 50, 20, 20, "generation", 8.0)]
+    avg, hints = saber.task_average(specs)
+    cfg = saber._saber_config(hw, str(tmp_path / "p.json"), use_predicted=True)
+    out = saber._one(cfg, hw, avg, hints)
+    assert out["goodput"] == 1.0
+    assert seen == {"a": (saber.MAX_MODEL_LEN - 50, hints["a"]["tuned_output_tokens"])}
+
+
+def test_saber_pooled_cv_is_over_every_request():
+    rows = [{"ratio_mean": 1.0, "ratio_n": 2, "ratio_sumsq": 1.0 + 1.0},      # 1, 1
+            {"ratio_mean": 3.0, "ratio_n": 2, "ratio_sumsq": 4.0 + 16.0}]     # 2, 4
+    # requests 1, 1, 2, 4: mean 2, population sigma sqrt(1.5)
+    assert saber.pooled_cv(rows) == pytest.approx(1.5 ** 0.5 / 2)
+    assert saber.cv([1.0, 3.0]) == pytest.approx(0.5)     # per-RPS means: the figure
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +268,7 @@ def saber_quick():
         structlog.configure(**old)
 
 
+@pytest.mark.slow  # the quick plan: about a minute of simulation (22 contenders)
 def test_saber_quick_runs_every_mix_and_rate_with_a_fitted_profile(saber_quick):
     res = saber_quick
     prof = res["profile"]
@@ -241,6 +278,7 @@ def test_saber_quick_runs_every_mix_and_rate_with_a_fitted_profile(saber_quick):
         rows = res["mixes"][mix]["per_rate"]
         assert [r["rps"] for r in rows] == [5.0, 10.0, 20.0]
         for r in rows:
+            assert len(r["contenders"]) == 10 + 4 + 5 + 3
             for c in r["contenders"].values():
                 assert 0.0 <= c["goodput"] <= 1.0 and c["unfinished"] == 0
             best = r["contenders"][r["best_static"]]["goodput"]
@@ -248,71 +286,33 @@ def test_saber_quick_runs_every_mix_and_rate_with_a_fitted_profile(saber_quick):
                                for k in saber.STATIC_CAPS)
 
 
-@pytest.mark.xfail(strict=True, reason="SABER's Algorithm 1 loses to the best static cap on "
-                   "every mix in this simulator, read as written (recorded speeds) or with "
-                   "running requests' current speed: its second condition holds the load "
-                   "down on this speed curve; without it the policy matches the best static "
-                   "(docs/papers.md, saber)")
+@pytest.mark.slow
 def test_saber_quick_meets_its_tolerances(saber_quick):
-    assert all(c["ok"] for c in saber_quick["checks"])
+    """The shipped reading (as executed, window 16) gains on W1 and W3 and stays within
+    the paper's W2 spread; the full run agrees in direction (docs/papers.md, saber)."""
+    assert [c["ok"] for c in saber_quick["checks"]] == [True, True, True]
+    mixes = saber_quick["mixes"]
+    assert saber.gain_points(mixes["W1"]) > 5 and saber.gain_points(mixes["W3"]) > 0
 
 
-def test_saber_quick_loses_goodput_because_it_holds_concurrency_down(saber_quick):
-    """What the xfail above is about, pinned: at 10 and 20 RPS SABER runs fewer
-    requests at once than the best static cap and demotes a large share."""
-    for mix in ("W1", "W2", "W3"):
-        for r in saber_quick["mixes"][mix]["per_rate"]:
-            if r["rps"] < 10:
-                continue
-            sa, best = r["contenders"]["saber"], r["contenders"][r["best_static"]]
-            assert sa["goodput"] < best["goodput"]
-            assert sa["mean_running"] < best["mean_running"]
-            assert sa["demoted_share"] > 0.25
-
-
-def test_saber_quick_measures_the_cause_of_the_shortfall(saber_quick):
-    res = saber_quick
-    # the SLAs re-derived on this testbed the paper's way are Table I's regime
-    assert set(res["calibrated_slas_s"]) == {"generation", "qna", "summary", "translation"}
-    for task, sla in res["calibrated_slas_s"].items():
-        assert 0.5 * res["table1_slas_s"][task] <= sla <= 1.5 * res["table1_slas_s"][task]
-    for mix in ("W1", "W2", "W3"):
-        s = res["mixes"][mix]
-        # without the running-request condition the same policy gains back most of the
-        # goodput the published one loses to the best static cap
-        assert s["diagnostic_goodput_avg"] > s["saber_goodput_avg"]
-        assert (s["best_static_goodput_avg"] - s["diagnostic_goodput_avg"]
-                < 0.25 * (s["best_static_goodput_avg"] - s["saber_goodput_avg"]))
-        # reading the condition with running requests' current speed recovers part of
-        # it, not all: the condition itself, not the recorded value, holds the load
-        cur = s["readings"]["saber-current"]["goodput_avg"]
-        assert s["saber_goodput_avg"] < cur < s["diagnostic_goodput_avg"]
+@pytest.mark.slow
+def test_saber_quick_readings_side_by_side(saber_quick):
+    """Pinned: the recorded reading ratchets concurrency down and loses on every mix;
+    the current reading loses less; as executed equals no second clause here (the
+    profile never predicts below 1 tok/s)."""
+    for mix, s in saber_quick["mixes"].items():
+        g = {name: saber.gain_points(s, name) for name in saber.READINGS}
+        assert g["saber-recorded"] < g["saber-current"] <= g["saber"], mix
+        assert g["saber-recorded"] < -10, mix
+        assert s["readings"]["saber"] == s["readings"]["saber-off"], mix
         for r in s["per_rate"]:
-            assert r["best_static"].startswith("static-")
-    text = saber.format_table(res)
-    assert "note: measured cause: without Algorithm 1's second condition" in text
+            if r["rps"] >= 10:
+                c = r["contenders"]
+                assert c["saber-recorded"]["mean_running"] < c["saber"]["mean_running"]
+    text = saber.format_table(saber_quick)
+    assert ("W1 / W2 / W3 goodput gain over best static per RPS, mean over RPS (points), "
+            "line 10 as executed (any() is a boolean), the shipped default (checked) | ") in text
+    assert "gain (points) by admission window" in text
+    assert "CV investigation" in text
 
 
-def test_saber_protect_running_off_checks_only_the_candidates_own_speed():
-    from tuned.policies.queues import AdmitContext, ReqInfo
-    from tuned.policies.saber import SaberPolicy
-
-    ctx = AdmitContext(now_s=10.0, kv_capacity_tokens=10_000, kv_free_tokens=10_000, cap=64,
-                       speed_tok_s=lambda n: 100.0 / n)
-    run = ReqInfo("a", 9.0, 10, 100, 100, deadline_s=11.0)     # recorded 100 / 2 = 50 tok/s
-    cand = ReqInfo("b", 10.0, 10, 40, 40, deadline_s=11.0)     # needs 40 tok/s; v(2) = 50
-    strict, lax = SaberPolicy(), SaberPolicy(protect_running=False)
-    for p in (strict, lax):
-        p.on_admitted(run, 9.0)
-    assert strict.admit(cand, [run], [], ctx).admit is True          # 50 >= 50
-    late = ReqInfo("c", 9.5, 10, 60, 60, deadline_s=10.5)            # recorded 60 tok/s
-    for p in (strict, lax):
-        p.on_admitted(late, 9.5)
-    v = strict.admit(cand, [run, late], [], ctx)
-    assert v == (False, "saber: v(3) = 33.3 tok/s < required 40.0 tok/s")
-    cand2 = ReqInfo("d", 10.0, 10, 20, 20, deadline_s=11.0)          # needs 20 tok/s
-    assert strict.admit(cand2, [run, late], [], ctx) == (
-        False, "saber: v(3) = 33.3 tok/s would break running c (needs 60.0 tok/s)")
-    assert lax.admit(cand2, [run, late], [], ctx).admit is True
-    with pytest.raises(ValueError, match="unknown option"):
-        SaberPolicy.from_options({"protect": False})

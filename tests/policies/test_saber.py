@@ -60,7 +60,7 @@ def test_demotion_boundary_and_refresh_time():
 
 def test_admission_checks_own_and_running_required_speeds():
     # r1 admitted at t=0 needing 300 tokens by t=10 -> recorded 30 tok/s
-    p = SaberPolicy(window=1)
+    p = SaberPolicy(window=1, running_check="recorded")
     r1 = R("r1", 300, 10.0)
     p.on_admitted(r1, 0.0)
     r2 = R("r2", 100, 10.0)
@@ -81,7 +81,7 @@ def test_admission_checks_own_and_running_required_speeds():
 def test_recorded_speed_not_current_speed_protects_running():
     # r1 recorded 30 tok/s at admission; at t=5 it would need 60 tok/s, but SABER
     # compares against the recorded value: v(3) = 33.3 >= 30 -> admit
-    p = SaberPolicy()
+    p = SaberPolicy(running_check="recorded")
     r1 = R("r1", 300, 10.0)
     p.on_admitted(r1, 0.0)
     assert p.admit(R("c", 50, 10.0), [r1, R("r2", 1, None)], [], ctx(5.0)).admit
@@ -142,7 +142,7 @@ def test_default_deadline_option():
 
 
 def test_unrecorded_running_request_uses_current_speed_and_expired_is_ignored():
-    p = SaberPolicy()
+    p = SaberPolicy(running_check="recorded")
     c = R("c", 100, 10.0)                         # needs 10 tok/s at t=0
     # running u was admitted under another policy: current need 600/10 = 60 > v(2) = 50
     v = p.admit(c, [R("u", 600, 10.0)], [], ctx(0.0))
@@ -151,7 +151,7 @@ def test_unrecorded_running_request_uses_current_speed_and_expired_is_ignored():
     assert p.admit(c, [R("u", 600, -1.0)], [], ctx(0.0)).admit
 
 
-def test_running_speed_current_protects_what_a_running_request_needs_now():
+def test_running_check_current_protects_what_a_running_request_needs_now():
     # a: 100 tokens by t=2, admitted at t=0 -> recorded 50 tok/s; b has no deadline.
     # At t=1 with 2 running the candidate would make it v(3) = 33.3 tok/s.
     cand = R("c", 10, 10.0, t=1.0)                       # needs 10/9 tok/s
@@ -160,7 +160,7 @@ def test_running_speed_current_protects_what_a_running_request_needs_now():
     for out in (80, 60, 10):      # a ahead of pace, on pace but tight, behind pace
         a = R("a", 100, 2.0, out=out)
         for mode in ("recorded", "current"):
-            p = SaberPolicy(window=1, running_speed=mode)
+            p = SaberPolicy(window=1, running_check=mode)
             p.on_admitted(R("a", 100, 2.0), 0.0)
             p.on_admitted(b, 0.0)
             verdicts[out, mode] = p.admit(cand, [a, b], [], ctx(1.0))
@@ -177,8 +177,98 @@ def test_running_speed_current_protects_what_a_running_request_needs_now():
     assert verdicts[10, "current"] == (True, "saber: v(3) = 33.3 tok/s >= required 1.1 tok/s")
 
 
-def test_running_speed_option_is_checked():
-    assert SaberPolicy.from_options({"running_speed": "current"}).running_speed == "current"
-    with pytest.raises(ValueError, match="running_speed must be one of recorded, current, "
-                                         "got 'now'"):
-        SaberPolicy.from_options({"running_speed": "now"})
+def test_options_are_checked_naming_the_field_and_the_allowed_values():
+    p = SaberPolicy.from_options({"running_check": "current", "window": 64})
+    assert (p.running_check, p.window, p.demoted) == ("current", 64, "last")
+    assert (SaberPolicy().running_check, SaberPolicy().window) == ("executed", 16)
+    bad = [({"running_check": "now"}, "saber: running_check must be one of executed, "
+                                      "recorded, current, off, got 'now'"),
+           ({"window": 0}, "saber: window must be an integer >= 1, got 0"),
+           ({"window": 2.5}, "saber: window must be an integer >= 1, got 2.5"),
+           ({"window": True}, "saber: window must be an integer >= 1, got True"),
+           ({"demoted": "first"}, "saber: demoted must be one of last, in_order, got 'first'"),
+           ({"default_deadline_s": -1}, "saber: default_deadline_s must be a number of "
+                                        "seconds >= 0, got -1")]
+    for opts, msg in bad:
+        with pytest.raises(ValueError) as e:
+            SaberPolicy.from_options(opts)
+        assert str(e.value) == msg
+
+
+def test_config_names_the_queue_option_and_exits_2_on_a_bad_reading(tmp_path, capsys):
+    from tuned import cli
+    from tuned.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as e:
+        validate({"queue_policy": "saber", "queue_options": {"running_check": "any"}})
+    assert str(e.value).strip().endswith(
+        "queue_options: must be valid for queue_policy 'saber': saber: running_check must "
+        "be one of executed, recorded, current, off, got 'any'")
+    cfg = tmp_path / "tuned.toml"
+    cfg.write_text('queue_policy = "saber"\n[queue_options]\nwindow = 0\n')
+    assert cli.main(["check-config", str(cfg)]) == 2
+    assert "saber: window must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+# a decreasing speed curve, 100/n tok/s: three requests admitted one after another, each
+# recording what it needed at its admission; the readings part on the fourth
+def _three_running(mode):
+    p = SaberPolicy(window=1, running_check=mode)
+    run = []
+    for i, (tokens, t) in enumerate(((100, 0.0), (150, 0.5), (200, 1.0))):
+        r = R(f"r{i}", tokens, 10.0, t=t)
+        p.on_admitted(r, t)
+        run.append(r)
+    return p, run
+
+
+def test_readings_part_on_a_decreasing_speed_curve():
+    # recorded: r0 10 tok/s, r1 150/9.5 = 15.8, r2 200/9 = 22.2 tok/s. At t=2 with r0
+    # half done (50 of 100 tokens) a candidate needing 10/8 tok/s asks for v(4) = 25.
+    cand = R("c", 10, 10.0, t=2.0)
+    got = {}
+    for mode in SaberPolicy.RUNNING_CHECKS:
+        p, run = _three_running(mode)
+        run[0] = R("r0", 100, 10.0, out=50)
+        got[mode] = p.admit(cand, run, [], ctx(2.0)), p.admit(cand, run + [R("x", 1, None)],
+                                                              [], ctx(2.0))
+    ok = (True, "saber: v(4) = 25.0 tok/s >= required 1.2 tok/s")
+    # at 3 running everyone admits (v(4) = 25 >= 22.2 recorded)
+    assert {m: v[0] for m, v in got.items()} == {m: ok for m in got}
+    # at 4 running: v(5) = 20 < r2's recorded 22.2: the recorded reading refuses
+    assert got["recorded"][1] == (
+        False, "saber: v(5) = 20.0 tok/s would break running r2 (needs 22.2 tok/s)")
+    # current: r2 needs 200/8 = 25 tok/s now, on pace at v(4) = 25: protected
+    assert got["current"][1] == (
+        False, "saber: v(5) = 20.0 tok/s would break running r2 (needs 25.0 tok/s)")
+    # as executed: v(5) = 20 < any(...) = True (1)? no: admitted; off: no clause at all
+    for mode in ("executed", "off"):
+        assert got[mode][1] == (True, "saber: v(5) = 20.0 tok/s >= required 1.2 tok/s")
+
+
+def test_executed_reading_compares_with_a_boolean():
+    # v(n) = 0.9 / n: below 1 tok/s from the first request on
+    slow = lambda n: 0.9 / n  # noqa: E731
+    cand = R("c", 1, 100.0)                           # needs 0.01 tok/s
+    p, run = _three_running("executed")
+    v = p.admit(cand, run, [], ctx(0.0, fn=slow))
+    assert v == (False, "saber: v(4) = 0.2 tok/s < any(running required speeds) = True")
+    # running requests that recorded nothing (best effort, no deadline): any() is False
+    q = SaberPolicy(running_check="executed")
+    idle = [R("n", 5, None)]
+    q.on_admitted(idle[0], 0.0)
+    assert q.admit(cand, idle, [], ctx(0.0, fn=slow)).admit is True
+    # off: never a second clause
+    p_off, run = _three_running("off")
+    assert p_off.admit(cand, run, [], ctx(0.0, fn=slow)).admit is True
+
+
+def test_demoted_in_order_keeps_the_arrival_place():
+    late = R("late", 5, 0.0, t=0.0)                   # expired at once -> demoted
+    a, b = R("a", 10, 100.0, t=1.0), R("b", 10, 100.0, t=2.0)
+    for mode, first in (("last", ["a", "b", "late"]), ("in_order", ["late", "a", "b"])):
+        p = SaberPolicy(window=1, demoted=mode)
+        ordered = p.order([b, a, late], 0.0, ctx(0.0))
+        assert [r.request_id for r in ordered] == first and p.is_low("late")
+        sel = p.select(ordered, [], [], ctx(0.0))
+        assert sel.chosen.request_id == first[0]

@@ -32,16 +32,34 @@ Mapping onto vLLM:
 * A running request admitted before this policy was active (or this step) has no
   recorded speed; its current required speed is used instead, and ignored once
   its deadline passed.
-* ``running_speed``: the paper "records this request's required generation speed
-  to meet SLA with the current timestamp" (Section IV-C) and line 10 compares
-  v(L + 1) with that recorded value (``"recorded"``, the default, as written). In
-  a continuous batch a running request's need changes as it runs: ahead of pace
-  it relaxes, behind it grows. ``"current"`` protects what each running request
-  needs now, (planned tokens − generated) / (deadline − now), and only while it
-  is on pace at the present load (need ≤ v(L)): a request already behind would
-  miss whether or not the candidate joins, so the admission does not "cause" its
-  violation (the paper's wording of the condition). Best-effort requests (from
-  the LPQ) and requests without a deadline protect nothing in either mode.
+* ``running_check``: the readings of line 10's second clause,
+  ``predSpd < any(actReq.reqSpd)``:
+
+  - ``"executed"`` (the default): as the pseudo-code executes. ``any(...)`` is a
+    boolean, so the clause compares v(L + 1) with True (1) when some running request
+    recorded a nonzero required speed, else with False (0): it refuses only when the
+    predicted speed is below 1 tok/s. Only the first clause (the candidate's own
+    speed) acts in practice. This is the reading that reproduces the paper's
+    direction on the saber scenario (``docs/papers.md``, saber).
+  - ``"recorded"``: v(L + 1) at least the largest required speed any running request
+    recorded at its admission (Section IV-C: "records this request's required
+    generation speed ... with the current timestamp"). On any decreasing speed curve
+    this ratchets concurrency down: a request admitted at load L needed at most
+    v(L + 1), and while it runs no admission may push the prediction below that.
+  - ``"current"``: each running request's need now, (planned tokens − generated) /
+    (deadline − now), protected only while it is on pace at the present load
+    (need ≤ v(L)): a request already behind would miss whether or not the candidate
+    joins, so the admission does not "cause" its violation (the paper's wording).
+  - ``"off"``: no second clause. Differs from ``"executed"`` only when v(L + 1) < 1
+    tok/s, so the two are not identical for every profile.
+
+  Best-effort requests (from the LPQ) and requests without a deadline record 0 and
+  protect nothing in any reading.
+* ``demoted``: where demoted requests are served. ``"last"`` (Algorithm 1, lines
+  17–20): only when the HPQ is empty. ``"in_order"``: they keep their arrival place
+  and are admitted without a speed check when reached, a one-tier queue; a
+  diagnostic of what the two-tier ordering does to the spread of completion time,
+  not the paper's.
 """
 
 from __future__ import annotations
@@ -55,35 +73,43 @@ from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 class SaberPolicy(QueuePolicy):
     """Two-tier queue with speed-based admission; see the module doc.
 
-    Options: ``window`` (head requests sampled per attempt), ``default_deadline_s``
-    (relative deadline for requests without one; 0 = none), ``use_predicted``,
-    ``protect_running`` (Algorithm 1's second condition, on by default: v(L + 1) at
-    least every running request's required speed; off checks only the candidate's
-    own, a diagnostic of what that condition costs), ``running_speed`` (which
-    required speed of a running request that condition protects: ``"recorded"``,
-    the one recorded at its admission, as written; ``"current"``, the one it needs
-    now; see the module doc).
+    Options: ``window`` (head requests sampled per attempt, Algorithm 1's windowSize;
+    the paper gives no value, 16 reproduces its direction on the saber scenario),
+    ``default_deadline_s`` (relative deadline for requests without one; 0 = none),
+    ``use_predicted``, ``running_check`` (the reading of line 10's second clause:
+    ``"executed"``, ``"recorded"``, ``"current"`` or ``"off"``; see the module doc),
+    ``demoted`` (``"last"``, the paper's two-tier queue, or ``"in_order"``, a
+    diagnostic).
     """
 
     name = "saber"
-    uses_running_progress = True     # running_speed = "current" reads output_tokens
-    RUNNING_SPEEDS = ("recorded", "current")
+    uses_running_progress = True     # running_check = "current" reads output_tokens
+    RUNNING_CHECKS = ("executed", "recorded", "current", "off")
+    DEMOTED = ("last", "in_order")
+    #: the default window (module doc; docs/papers.md, saber: the window sweep)
+    WINDOW = 16
 
-    def __init__(self, *, window: int = 4, default_deadline_s: float = 0.0,
-                 use_predicted: bool = False, protect_running: bool = True,
-                 running_speed: str = "recorded", rng=None) -> None:
+    def __init__(self, *, window: int = WINDOW, default_deadline_s: float = 0.0,
+                 use_predicted: bool = False, running_check: str = "executed",
+                 demoted: str = "last", rng=None) -> None:
         super().__init__(rng=rng)
-        if window < 1 or default_deadline_s < 0:
-            raise ValueError(f"saber: need window >= 1 and default_deadline_s >= 0, "
-                             f"got window={window!r}, default_deadline_s={default_deadline_s!r}")
-        if running_speed not in self.RUNNING_SPEEDS:
-            raise ValueError(f"saber: running_speed must be one of "
-                             f"{', '.join(self.RUNNING_SPEEDS)}, got {running_speed!r}")
-        self.running_speed = running_speed
-        self.window = int(window)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"saber: window must be an integer >= 1, got {window!r}")
+        if isinstance(default_deadline_s, bool) or not isinstance(
+                default_deadline_s, (int, float)) or not default_deadline_s >= 0:
+            raise ValueError(f"saber: default_deadline_s must be a number of seconds >= 0, "
+                             f"got {default_deadline_s!r}")
+        if running_check not in self.RUNNING_CHECKS:
+            raise ValueError(f"saber: running_check must be one of "
+                             f"{', '.join(self.RUNNING_CHECKS)}, got {running_check!r}")
+        if demoted not in self.DEMOTED:
+            raise ValueError(f"saber: demoted must be one of {', '.join(self.DEMOTED)}, "
+                             f"got {demoted!r}")
+        self.running_check = running_check
+        self.demoted = demoted
+        self.window = window
         self.default_deadline_s = float(default_deadline_s)
         self.use_predicted = bool(use_predicted)
-        self.protect_running = bool(protect_running)
         self._low: dict[str, int] = {}          # demoted request id -> demotion sequence
         self._demote_seq = 0
         self._recorded: dict[str, float] = {}   # running request id -> required tok/s
@@ -148,9 +174,12 @@ class SaberPolicy(QueuePolicy):
         return t
 
     def order_key(self, info: ReqInfo) -> tuple[int, float]:
-        """HPQ (tier 0) in arrival order, then LPQ (tier 1) in demotion order."""
+        """HPQ (tier 0) in arrival order, then LPQ (tier 1) in demotion order; with
+        ``demoted = "in_order"`` one tier in arrival order."""
         seq = self._low.get(info.request_id)
-        return (0, info.arrival_s) if seq is None else (1, float(seq))
+        if seq is None or self.demoted == "in_order":
+            return (0, info.arrival_s)
+        return (1, float(seq))
 
     def observe_arrival(self, info: ReqInfo) -> None:
         # a newcomer may already be infeasible: make the next refresh reorder
@@ -188,8 +217,11 @@ class SaberPolicy(QueuePolicy):
 
     def candidates(self, ordered: Sequence[ReqInfo], ctx: AdmitContext) -> Sequence[ReqInfo]:
         """A random order of the first ``window`` HPQ requests; the LPQ head once the
-        HPQ is empty."""
-        high = [r for r in ordered[: self.window] if r.request_id not in self._low]
+        HPQ is empty (``demoted = "in_order"``: the first ``window`` requests)."""
+        if self.demoted == "in_order":
+            high = list(ordered[: self.window])
+        else:
+            high = [r for r in ordered[: self.window] if r.request_id not in self._low]
         if not high:
             return ordered[:1]
         if ctx.speed_tok_s is None:
@@ -210,23 +242,48 @@ class SaberPolicy(QueuePolicy):
         if pred < need:
             return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s < required "
                                   f"{need:.1f} tok/s")
-        worst_id, worst = None, 0.0
-        current = self.running_speed == "current"
+        check = self.running_check
+        if check != "off":
+            refused = self._running_refusal(pred, load, (*running, *admitted_this_step), ctx)
+            if refused is not None:
+                return refused
+        return Verdict(True, f"saber: v({load + 1}) = {pred:.1f} tok/s >= required "
+                             f"{need:.1f} tok/s")
+
+    def _running_need(self, r: ReqInfo, now_s: float) -> float:
+        """The required speed line 10 reads for running request ``r``: the one recorded
+        at its admission, or its current one when it has none (admitted before this
+        policy was active)."""
+        s = self._recorded.get(r.request_id)
+        return self.required_speed(r, now_s) if s is None else s
+
+    def _running_refusal(self, pred: float, load: int, running: Sequence[ReqInfo],
+                         ctx: AdmitContext) -> Verdict | None:
+        """Line 10's second clause under ``running_check``; a refusal or None."""
+        now = ctx.now_s
+        if self.running_check == "executed":
+            # any(actReq.reqSpd) is a bool: predSpd < True is predSpd < 1
+            flag = any(self._running_need(r, now) for r in running)
+            if pred < flag:
+                return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s < "
+                                      f"any(running required speeds) = {flag}")
+            return None
+        current = self.running_check == "current"
         # "current": a running request already behind pace at the present load would
         # miss whether or not the candidate joins; the admission does not cause it
         behind = ctx.speed_tok_s(max(load, 1)) if current else math.inf
-        for r in (*running, *admitted_this_step) if self.protect_running else ():
-            s = self._recorded.get(r.request_id)
-            if s is None or (current and s > 0.0):
-                s = self.required_speed(r, ctx.now_s)
+        worst_id, worst = None, 0.0
+        for r in running:
+            s = self._running_need(r, now)
+            if current and s > 0.0:
+                s = self.required_speed(r, now)
             # a running request past its deadline has no SLA left to protect
             if s > worst and math.isfinite(s) and s <= behind:
                 worst_id, worst = r.request_id, s
         if pred < worst:
-            return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s would break running "
-                                  f"{worst_id} (needs {worst:.1f} tok/s)")
-        return Verdict(True, f"saber: v({load + 1}) = {pred:.1f} tok/s >= required "
-                             f"{need:.1f} tok/s")
+            return Verdict(False, f"saber: v({load + 1}) = {pred:.1f} tok/s would break "
+                                  f"running {worst_id} (needs {worst:.1f} tok/s)")
+        return None
 
     # ------------------------------------------------------------ events
     def on_admitted(self, info: ReqInfo, now_s: float) -> None:

@@ -279,14 +279,27 @@ def summarize(draws: Sequence[dict[str, dict]]) -> dict:
             "rows": rows, "row_ranges": {k: v for k, v in ROW_RANGES.items() if k in rows}}
 
 
-def run_table1(seed: int, seeds: int = SEEDS, data_dir: Path | None = None,
-               contenders: Sequence[str] = CONTENDERS) -> dict:
-    """Every contender on ``seeds`` workload draws of scenario seed ``seed``
-    (:func:`run_draw`), summarised by :func:`summarize`."""
+def _draw_job(job: tuple) -> dict:
     from tuned.sim.hardware import gpu_hardware
 
-    hw = gpu_hardware(HARDWARE, data_dir)
-    return summarize([run_draw(seed, i, hw, contenders) for i in range(seeds)])
+    seed, i, data_dir, contenders = job
+    return run_draw(seed, i, gpu_hardware(HARDWARE, data_dir), contenders)
+
+
+def run_table1(seed: int, seeds: int = SEEDS, data_dir: Path | None = None,
+               contenders: Sequence[str] = CONTENDERS, jobs: int | None = None) -> dict:
+    """Every contender on ``seeds`` workload draws of scenario seed ``seed``
+    (:func:`run_draw`), summarised by :func:`summarize`. The draws are independent and
+    seeded: ``jobs`` processes (default the CPU count) run them, in draw order."""
+    import multiprocessing
+    import os
+
+    work = [(seed, i, data_dir, tuple(contenders)) for i in range(seeds)]
+    jobs = min(jobs or os.cpu_count() or 1, seeds)
+    if jobs <= 1:
+        return summarize([_draw_job(w) for w in work])
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        return summarize(pool.map(_draw_job, work))
 
 
 def table1_checks(t1: dict) -> list[dict]:

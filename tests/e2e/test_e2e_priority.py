@@ -14,6 +14,9 @@ tuned's /steps by distinct prompt lengths):
 * ``fcfs`` with ``late_after_s``: tuned's queue installed, fcfs order: the same;
 * ``mcsf``: tuned's queue, shortest predicted output first within a priority level:
   the -10 request still first, the three priority-10 ones shortest first.
+
+The server also gets ``--async-scheduling``, which vLLM's CPU build turns off: tuned
+then runs on vLLM's synchronous ``Scheduler`` (the last test reads it from the log).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def base_config(model) -> str:
     return (f'model = "{model}"\nmax_num_seqs = 1\nmax_num_batched_tokens = 1024\n'
             f"max_model_len = 1024\nnum_gpu_blocks = 11\ninterval_s = 0.25\n"
             f"stale_after_s = 5.0\nb_min = 1\nb_max = 1\nfallback_cap = 1\n"
-            f'vllm_args = ["--enforce-eager", "--scheduling-policy", "priority"]\n')
+            f'vllm_args = ["--enforce-eager", "--scheduling-policy", "priority", '
+            f'"--async-scheduling"]\n')
 
 
 @pytest.fixture(scope="module")
@@ -125,20 +129,32 @@ def run_issue_measurement(c: Ctx) -> list[str]:
 def test_vllms_own_priority_queue(ctx):
     """fcfs without options keeps vLLM's queue: plain vLLM's priority order."""
     use_policy(ctx, "fcfs")
-    assert not queue_installed(ctx)
     assert run_issue_measurement(ctx) == ["long", "hi", "lo1", "lo2", "lo3"]
+    settle(ctx)
+    assert not queue_installed(ctx)
 
 
 def test_tuned_queue_fcfs_honours_priority(ctx):
     """tuned's queue installed (fcfs with a lateness option): the -10 request
     overtakes the three queued priority-10 ones, which keep arrival order."""
     use_policy(ctx, "fcfs", "late_after_s = 1000.0")
-    assert queue_installed(ctx)
     assert run_issue_measurement(ctx) == ["long", "hi", "lo1", "lo2", "lo3"]
+    settle(ctx)     # the queue is installed at the first step after the reload
+    assert queue_installed(ctx)
 
 
 def test_tuned_queue_mcsf_orders_within_a_priority_level(ctx):
     """mcsf: priority first, then shortest predicted output within the level."""
     use_policy(ctx, "mcsf")
-    assert queue_installed(ctx)
     assert run_issue_measurement(ctx) == ["long", "hi", "lo3", "lo2", "lo1"]
+    settle(ctx)     # the queue is installed at the first step after the reload
+    assert queue_installed(ctx)
+
+
+def test_async_scheduling_is_turned_off_by_the_cpu_build(ctx):
+    """--async-scheduling was passed; vLLM's CPU platform sets it off and tuned runs
+    on the synchronous base (``AsyncScheduler`` on a GPU)."""
+    from serve_harness import log_events
+
+    started = log_events(ctx.srv.log_path, "tuned_started")
+    assert [e["scheduler"] for e in started] == ["Scheduler"], started

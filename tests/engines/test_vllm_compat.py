@@ -36,3 +36,20 @@ def test_without_drafts_the_record_is_unchanged(sched):
     got = _record(sched, {"a": 1, "c": 20}, {}, [[1], []])
     assert (got.num_decode, got.num_prefill_reqs, got.prefill_tokens,
             got.scheduled_tokens, got.generated_tokens) == (1, 1, 20, 21, 1)
+
+
+def test_the_cpu_build_turns_async_scheduling_off(tiny_model):
+    """vLLM's CPU platform sets --async-scheduling off while it builds the config,
+    before the scheduler (tuned's TunedScheduler picks its base from the result:
+    test_vllm_scheduler.py::test_variant_follows_async_flag)."""
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256,
+                         enable_chunked_prefill=True, is_encoder_decoder=False,
+                         async_scheduling=True)
+    assert sc.async_scheduling is True
+    vc = VllmConfig(scheduler_config=sc,
+                    model_config=ModelConfig(model=str(tiny_model), dtype="float32", seed=0,
+                                             max_model_len=256, skip_tokenizer_init=True),
+                    cache_config=CacheConfig(block_size=16))
+    assert vc.scheduler_config.async_scheduling is False      # vLLM's CpuPlatform

@@ -242,7 +242,7 @@ def run_aborts(t: Target) -> dict:
     fill: list = [None] * MAX_NUM_SEQS
 
     def one(i):
-        fill[i] = complete(t, prompt=prompt_ids(200 + i, 20), max_tokens=300,
+        fill[i] = complete(t, prompt=prompt_ids(200 + i, 20), max_tokens=1000,
                            temperature=1.0, ignore_eos=True)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(MAX_NUM_SEQS)]
@@ -462,7 +462,7 @@ def test_aborts_at_every_stage(runs):
     plain, tuned = part(runs, "aborts")
     for side in (plain, tuned):
         assert side["waiting"]["seen"]["closed_early"]
-        assert [usage(r)[1] for r in side["waiting"]["fill"]] == [300] * MAX_NUM_SEQS
+        assert [usage(r)[1] for r in side["waiting"]["fill"]] == [1000] * MAX_NUM_SEQS
         assert side["prefill"]["seen"]["closed_early"]
         assert side["decoding"]["seen"]["chunks"] == 5
     # tuned's ring: the long prompt was left partway through its prefill

@@ -37,6 +37,17 @@ The admission guard (:mod:`tuned.core.admission`) wraps whatever the policy
 chooses: the chosen request waits while its prefill would push a running request
 over its TPOT or a prefilling cohort over its TTFT.
 
+Priority scheduling (``priority_first``, vLLM's ``--scheduling-policy priority``):
+a request's ``priority`` comes first, the smaller value first as vLLM's
+``PriorityRequestQueue`` orders; the policy orders and gates only the requests of
+the most urgent level waiting, and a lower level waits until that level is empty
+(the policy never admits a less urgent request past a more urgent one). Within a
+level: preempted requests first (most recently preempted first), then an aged
+request of that level (the wait bound), then the policy's order, whose ties keep
+arrival order. vLLM's own queue orders a level by arrival alone, preempted requests
+included; its preemption of running requests for a more urgent one
+(``Scheduler.schedule`` when KV blocks run out) is vLLM's and unchanged.
+
 All methods are for the engine's scheduling thread; ``stats`` and
 :meth:`QueueCore.snapshot` may be read from another thread.
 
@@ -49,6 +60,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -90,6 +102,10 @@ class LiveOrder(Protocol):
     def order(self, now_s: float, ctx: AdmitContext | None = None) -> list[ReqInfo]: ...
 
 
+def _priority(r: Any) -> int:
+    return r.priority
+
+
 def live_order_of(policy: QueuePolicy) -> LiveOrder | None:
     make = getattr(policy, "live_order", None)
     return make() if make is not None else None
@@ -114,6 +130,8 @@ class QueueCore(Generic[R]):
     it onto that clock (vLLM stamps arrivals with wall time, its scheduler runs on
     the monotonic clock): a number, or a callable read as each request is taken in
     (so that a wall-clock step between two arrivals shifts neither).
+    ``priority_first``: a request's ``priority`` (smaller first) before the policy's
+    order, as the module docstring says.
     """
 
     def __init__(self, policy: QueuePolicy, predictor: OutputLengthPredictor | None = None, *,
@@ -121,8 +139,11 @@ class QueueCore(Generic[R]):
                  on_warning: Callable[[str, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  arrival_offset_s: float | Callable[[], float] = 0.0,
-                 wait_bound: WaitBound | None = None) -> None:
+                 wait_bound: WaitBound | None = None,
+                 priority_first: bool = False) -> None:
         self.policy = policy
+        #: order by ``priority`` first (vLLM's --scheduling-policy priority)
+        self.priority_first = bool(priority_first)
         self.wait_bound = wait_bound                 # around whatever the policy orders
         self._max_prompt = 0                         # the largest prompt seen (bounds the
                                                      # wait bound's leads)
@@ -141,7 +162,7 @@ class QueueCore(Generic[R]):
         self._pinned: dict[str, int] = {}            # preempted: id -> key (smaller = front)
         self._pin_counter = 0
         self._order: list[ReqInfo] | None = None     # cached policy order of _unpinned
-        self._live = live_order_of(policy)           # mirrors _unpinned, when offered
+        self._live = self._live_order()              # mirrors _unpinned, when offered
         self._ctx: AdmitContext | None = None
         self._running: list[R] = []
         self._n_running_at_gate: int | None = None
@@ -398,13 +419,16 @@ class QueueCore(Generic[R]):
         return len(self._waiting)
 
     def __iter__(self) -> Iterator[R]:
-        """Every waiting request: pinned first, then the policy order."""
-        for rid in sorted(self._pinned, key=self._pinned.__getitem__):
-            yield self._waiting[rid]
-        for info in list(self._ordered(self._context())):
-            req = self._waiting.get(info.request_id)
-            if req is not None:
-                yield req
+        """Every waiting request: pinned first, then the policy order (under
+        priority_first, level by level: the level's pinned ones, then its order)."""
+        pinned = [self._waiting[rid] for rid in sorted(self._pinned, key=self._pin_rank)]
+        ordered = [req for info in list(self._ordered(self._context()))
+                   if (req := self._waiting.get(info.request_id)) is not None]
+        if self.priority_first:
+            yield from heapq.merge(pinned, ordered, key=lambda r: r.priority)
+        else:
+            yield from pinned
+            yield from ordered
 
     def __contains__(self, request: object) -> bool:
         return getattr(request, "request_id", None) in self._waiting
@@ -461,7 +485,10 @@ class QueueCore(Generic[R]):
         policy's order is a keyed sort (after equal keys, as a stable re-sort would
         place it), else by recomputing the order when next needed."""
         if self._order is not None and self.policy.order_key(info) is not None:
-            bisect.insort_right(self._order, info, key=self.policy.order_key)
+            key = self.policy.order_key
+            if self.priority_first:
+                key = lambda r: (r.priority, self.policy.order_key(r))  # noqa: E731
+            bisect.insort_right(self._order, info, key=key)
             self._head_valid = False
         else:
             self._invalidate_order()
@@ -474,11 +501,25 @@ class QueueCore(Generic[R]):
         if self._order is None:
             self._order = (self._live.order(ctx.now_s, ctx) if self._live is not None else
                            self.policy.order(list(self._unpinned.values()), ctx.now_s, ctx))
+            if self.priority_first:     # stable: the policy's order within a level
+                self._order.sort(key=_priority)
         return self._order
+
+    def _pin_rank(self, rid: str) -> Any:
+        """Sort key of a pinned request: its pin (most recently preempted first),
+        under priority_first after its priority."""
+        if self.priority_first:
+            return self._waiting[rid].priority, self._pinned[rid]
+        return self._pinned[rid]
+
+    def _live_order(self) -> LiveOrder | None:
+        # a live order is the policy's alone: under priority_first the order is
+        # re-sorted by priority, so the plain policy order is used instead
+        return None if self.priority_first else live_order_of(self.policy)
 
     def _rebuild_live(self) -> None:
         self._invalidate_order()        # the cached order is the old live order's list
-        self._live = live_order_of(self.policy)
+        self._live = self._live_order()
         if self._live is not None:
             for info in self._unpinned.values():
                 self._live.add(info)
@@ -530,17 +571,27 @@ class QueueCore(Generic[R]):
             self._n_running_at_gate = len(self._running)
         if not self._waiting:
             return None
-        if self._pinned:
-            rid = min(self._pinned, key=self._pinned.__getitem__)
-            self._head = self._waiting[rid]
-            self.last_verdict = Verdict(True, "preempted request resumes first")
-            return self._head
         ctx = self._context()
-        aged = self.wait_bound.aged_head(ctx.now_s) if self.wait_bound is not None else None
+        ordered = self._ordered(ctx) if self._unpinned and (
+            self.priority_first or not self._pinned) else []
+        if self._pinned:
+            rid = min(self._pinned, key=self._pin_rank)
+            if not (self.priority_first and ordered
+                    and ordered[0].priority < self._waiting[rid].priority):
+                self._head = self._waiting[rid]
+                self.last_verdict = Verdict(True, "preempted request resumes first")
+                return self._head
+        eligible = None
+        if self.priority_first and ordered:
+            # the policy chooses within the most urgent level only
+            top = ordered[0].priority
+            ordered = ordered[:bisect.bisect_right(ordered, top, key=_priority)]
+            eligible = lambda rid: self._unpinned[rid].priority == top  # noqa: E731
+        aged = (self.wait_bound.aged_head(ctx.now_s, eligible)
+                if self.wait_bound is not None else None)
         if aged is not None:
             return self._guarded_head(self._unpinned[aged], ctx, Verdict(
                 True, f"waited {self.wait_bound.age_after_s:g} s or more: its turn by age"))
-        ordered = self._ordered(ctx)
         running, admitted = self._running_views()
         sel = self.policy.select(ordered, running, admitted, ctx)
         for info in sel.refused:

@@ -93,11 +93,16 @@ class WaitBound:
             heapq.heappush(heap, entry)
         return out
 
-    def aged_head(self, now_s: float) -> str | None:
+    def aged_head(self, now_s: float,
+                  eligible: Callable[[str], bool] | None = None) -> str | None:
         """The oldest waiting request when it has waited ``age_after_s`` or more
-        (it goes before the policy's choice), else None."""
+        (it goes before the policy's choice), else None; None too when
+        ``eligible(id)`` says it may not go now (under priority scheduling, a request
+        of a less urgent level than the one being served: it is not counted aged)."""
         top = self._top()
         if top is None or now_s - top[0] < self.age_after_s:
+            return None
+        if eligible is not None and not eligible(top[1]):
             return None
         rid = top[1]
         if rid not in self._aged_ids:

@@ -254,9 +254,20 @@ class _TunedMixin:
         if not nst:
             return
         n_dec = 0
-        for v in nst.values():
-            if v == 1:
-                n_dec += 1
+        drafts = 0
+        spec = so.scheduled_spec_decode_tokens
+        if spec:
+            # speculative decoding: a decoding request verifies its draft tokens in the
+            # same step; it is still one decode, and its drafts are no prompt tokens
+            for rid, v in nst.items():
+                k = len(spec.get(rid, ()))
+                if v - k == 1:
+                    n_dec += 1
+                    drafts += k
+        else:
+            for v in nst.values():
+                if v == 1:
+                    n_dec += 1
         total = so.total_num_scheduled_tokens
         gen = 0
         for t in mro.sampled_token_ids or ():
@@ -269,7 +280,8 @@ class _TunedMixin:
         if hasattr(self.waiting, "step_done"):
             self.waiting.step_done(n_dec, len(so.preempted_req_ids or ()))
         self.steps.append(StepSample(
-            self.steps.next_seq, now, step_s, n_dec, len(nst) - n_dec, total - n_dec, total,
+            self.steps.next_seq, now, step_s, n_dec, len(nst) - n_dec, total - n_dec - drafts,
+            total,
             gen, used / self._kv_usable_blocks, used, resident, running, waiting,
             len(so.preempted_req_ids or ())))
 

@@ -6,7 +6,10 @@ replaces the scheduler's ``self.waiting``. Everything it does is the engine-neut
 uses the queue); this module only maps vLLM's objects onto it: where a request's
 hints live (``sampling_params.extra_args``), which finished statuses are true
 samples of the output length, which requests of vLLM's own queue were preempted,
-and the scheduler's KV numbers for the :class:`AdmitContext`.
+and the scheduler's KV numbers for the :class:`AdmitContext`. Under vLLM's
+``--scheduling-policy priority`` (``scheduler_config.policy``) the queue orders by a
+request's ``priority`` first (``QueueCore``'s ``priority_first``), and its fallback is
+vLLM's ``PriorityRequestQueue``, not the FCFS one.
 
 It is also the guard around everything vLLM calls on its waiting queue: see
 :class:`PolicyQueue`.
@@ -18,7 +21,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from vllm.v1.core.sched.request_queue import FCFSRequestQueue, RequestQueue
+from vllm.v1.core.sched.request_queue import (FCFSRequestQueue, PriorityRequestQueue,
+                                               RequestQueue)
 from vllm.v1.request import Request, RequestStatus
 
 from tuned.core.queue import QueueCore
@@ -40,7 +44,8 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
     from tuned's code (policy, predictor, hints, logging), reports it to
     ``on_fault(where, exc)`` (the scheduler's :class:`~tuned.core.steppath.StepPathGuard`;
     ``where`` is the method's name) and switches the queue to :attr:`fallback`, a
-    vLLM ``FCFSRequestQueue``, without losing a request: the waiting ones move over,
+    vLLM ``FCFSRequestQueue`` (``PriorityRequestQueue`` under priority scheduling,
+    the queue vLLM itself would run), without losing a request: the waiting ones move over,
     preempted (pinned) ones first, then the rest in arrival order, and a request
     being added when the fault hit is kept. vLLM's own contract errors (``IndexError``
     from an empty queue, ``ValueError`` for a request not in it) pass through as
@@ -53,8 +58,8 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._on_fault = on_fault
-        #: vLLM's FCFS queue while tuned's order is suspended by a fault, else None
-        self.fallback: FCFSRequestQueue | None = None
+        #: vLLM's own queue while tuned's order is suspended by a fault, else None
+        self.fallback: FCFSRequestQueue | PriorityRequestQueue | None = None
 
     def extra_args(self, request: Request) -> Mapping[str, Any] | None:
         sp = request.sampling_params
@@ -71,15 +76,17 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
         request being added when the fault hit) is added if it is not among them."""
         fb = self.fallback
         if fb is None:
-            fb = FCFSRequestQueue()
+            fb = PriorityRequestQueue() if self.priority_first else FCFSRequestQueue()
             try:
-                fb.extend(self._salvage())
+                reqs = self._salvage()
             except Exception:
-                fb.extend(list(self._waiting.values()))
+                reqs = list(self._waiting.values())
+            for r in reqs:
+                fb.add_request(r)
             self._clear_waiting()
             self.fallback = fb
         if keep is not None and all(r is not keep for r in fb):
-            fb.append(keep)
+            fb.add_request(keep)
 
     def restore(self) -> bool:
         """Put the fallback's requests back under the policy (preempted ones pinned
@@ -189,8 +196,8 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
                 return
             except Exception as e:
                 self._fault("prepend_request", e)
-                if request in self.fallback:
-                    self.fallback.remove(request)
+                if any(r is request for r in self.fallback):
+                    self.fallback.remove_request(request)
         self.fallback.prepend_request(request)
 
     def prepend_requests(self, requests: Iterable[Request]) -> None:
@@ -202,8 +209,7 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
             except Exception as e:
                 self._fault("prepend_requests", e)
                 back = {id(r) for r in requests}
-                for r in [r for r in self.fallback if id(r) in back]:
-                    self.fallback.remove(r)
+                self.fallback.remove_requests([r for r in self.fallback if id(r) in back])
         self.fallback.prepend_requests(requests)
 
     def remove_request(self, request: Request) -> None:
@@ -276,12 +282,25 @@ def make_policy_queue(name: str, options: Mapping[str, Any] | None,
                       on_warning: Callable[[str, str], None] | None = None,
                       on_fault: Callable[[str, BaseException], None] | None = None,
                       clock: Callable[[], float] = time.monotonic,
-                      arrival_offset_s: float | Callable[[], float] = 0.0) -> PolicyQueue:
+                      arrival_offset_s: float | Callable[[], float] = 0.0,
+                      priority_first: bool = False) -> PolicyQueue:
     """A :class:`PolicyQueue` for the registered policy ``name`` built from ``options``
-    (``ValueError`` on an unknown name or option)."""
+    (``ValueError`` on an unknown name or option); ``priority_first`` orders by a
+    request's priority first (vLLM's priority scheduling)."""
     return PolicyQueue(make_policy(name, options, rng_seed), predictor,
                        class_deadlines_s=class_deadlines_s, on_warning=on_warning, clock=clock,
-                       arrival_offset_s=arrival_offset_s, on_fault=on_fault)
+                       arrival_offset_s=arrival_offset_s, on_fault=on_fault,
+                       priority_first=priority_first)
+
+
+def priority_scheduling(scheduler: Any) -> bool:
+    """Whether the engine runs vLLM's ``--scheduling-policy priority`` (its
+    ``scheduler_config.policy``)."""
+    sc = getattr(getattr(scheduler, "vllm_config", None), "scheduler_config", None)
+    if sc is None:
+        sc = getattr(scheduler, "scheduler_config", None)
+    policy = getattr(sc, "policy", "fcfs")
+    return str(getattr(policy, "value", policy)).lower() == "priority"
 
 
 def wall_offset_s(wall: Callable[[], float] = time.time,
@@ -348,7 +367,8 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
 
     If it already is one, the policy is switched in place (live reload); otherwise
     the requests of vLLM's queue move over in their order, preempted ones pinned in
-    front. Reads ``cfg.queue_spec()`` (the policy's options, ``late_after_s`` from
+    front; under vLLM's priority scheduling (:func:`priority_scheduling`) the new
+    queue orders by priority first. Reads ``cfg.queue_spec()`` (the policy's options, ``late_after_s`` from
     ``ttft_sla_s`` for fcfs) or ``cfg.queue_options`` (mapping of options for the policy),
     ``cfg.class_deadlines_s`` (SLA table) and ``cfg.queue_seed`` when the config
     has them. Scheduler thread only, like :meth:`PolicyQueue.switch_policy`. A queue
@@ -368,7 +388,8 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
         return q
     new = make_policy_queue(name, options, predictor, seed, class_deadlines_s=classes,
                             on_warning=on_warning, on_fault=on_fault,
-                            arrival_offset_s=wall_offset_s)
+                            arrival_offset_s=wall_offset_s,
+                            priority_first=priority_scheduling(scheduler))
     old = list(q)
     preempted = [r for r in old if r.status == RequestStatus.PREEMPTED]
     for r in old:

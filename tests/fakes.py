@@ -209,3 +209,32 @@ class QueuedReq:
     num_output_tokens: int = 0
     priority: int = 0
     extra_args: dict = field(default_factory=dict)
+
+
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """tuned's CLI in-process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from tuned import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
+
+
+class TokenStepModel:
+    """A simulator step clock: 1 ms per token a step computes (every prompt token and
+    every decode row)."""
+
+    name = "token"
+
+    def step_s(self, shape) -> float:
+        return 1e-3 * (shape.prefill_tokens + shape.num_decode)
+
+    def describe(self) -> dict:
+        return {"kind": "token"}

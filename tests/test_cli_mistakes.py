@@ -4,7 +4,6 @@ different outcome). No engine is started: each mistake is caught before that."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import subprocess
@@ -13,22 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from fakes import run_main
 from tuned import cli
 from tuned import config as config_mod
 from tuned.opscli import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_main(argv: list[str]) -> tuple[int, str, str]:
-    """tuned's CLI in-process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
 
 
 def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:

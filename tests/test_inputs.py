@@ -4,7 +4,6 @@ or a hang), long values are cut, and the reload token is never written to a file
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuned import cli
+from fakes import run_main
 from tuned import config as config_mod
 from tuned.engines.sim import SimEngine, SimulationError
 from tuned.inputs import UserError, clip, clip_text, read_text
@@ -27,17 +26,6 @@ SHIPPED_PROFILE = ROOT / "profiles" / "demo-small-cpu.json"
 FAST = settings(derandomize=True, database=None, max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
-
-
-def run_main(argv: list[str]) -> tuple[int, str, str]:
-    """tuned's CLI in-process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
 
 
 def check(path, watchdog_s=None) -> tuple[int, str]:

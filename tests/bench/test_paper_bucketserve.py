@@ -7,23 +7,11 @@ import json
 
 import pytest
 
+from fakes import TokenStepModel
 from tuned.bench.papers import bucketserve, run_paper
-from tuned.sim.stepmodel import StepShape
 from tuned.workloads import RequestSpec
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
-
-
-class TokenStepModel:
-    """1 ms per token a step computes."""
-
-    name = "token"
-
-    def step_s(self, shape: StepShape) -> float:
-        return 1e-3 * (shape.prefill_tokens + shape.num_decode)
-
-    def describe(self) -> dict:
-        return {"kind": "token"}
 
 
 class TinyHardware:

@@ -6,22 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from fakes import TokenStepModel
 from tuned import config as config_mod
 from tuned.engines.sim import SimEngine
-from tuned.sim.stepmodel import StepShape
 from tuned.workloads import RequestSpec
-
-
-class TokenStepModel:
-    """1 ms per token a step computes (every prompt token and every decode row)."""
-
-    name = "token"
-
-    def step_s(self, shape: StepShape) -> float:
-        return 1e-3 * (shape.prefill_tokens + shape.num_decode)
-
-    def describe(self) -> dict:
-        return {"kind": "token"}
 
 
 SPECS = [RequestSpec("r0", 0.0, 10, 2, 2), RequestSpec("r1", 0.0, 30, 5, 5),

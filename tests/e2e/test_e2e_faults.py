@@ -583,7 +583,8 @@ def test_metrics_port_taken_and_nvml_init_failure(tmp_path, tiny_model):
         model = srv.model_id()
         for n in (4, 9):
             status, out = post(f"{srv.api}/completions", {
-                "model": model, "prompt": [5, 6, 7], "max_tokens": n, "ignore_eos": True})
+                "model": model, "prompt": list(range(5, 37)), "max_tokens": n,
+                "ignore_eos": True})
             assert status == 200 and out["usage"]["completion_tokens"] == n
         failed = log_events(srv.log_path, "endpoint_failed")
         assert len(failed) == 1, failed

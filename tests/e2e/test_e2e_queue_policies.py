@@ -485,7 +485,7 @@ def test_malformed_hints_are_served_and_counted(ctx):
              ({"tuned_output_tokens": 12, "tuned_deadline_s": 30}, 12)]   # valid: no warning
     for xargs, n in cases:
         status, out = post(f"{c.srv.api}/completions",
-                           {"model": c.model, "prompt": [11, 12, 13, 14], "max_tokens": n,
+                           {"model": c.model, "prompt": list(range(11, 43)), "max_tokens": n,
                             "ignore_eos": True, "vllm_xargs": xargs})
         assert status == 200
         assert out["usage"]["completion_tokens"] == n, (xargs, out["usage"])

@@ -331,13 +331,15 @@ def msum(values: dict, name: str, **labels) -> float:
                if n == name and labels.items() <= dict(lb).items())
 
 
-def wait_for(what: str, fn, timeout_s: float = 120.0, every_s: float = 0.05):
+def wait_for(what, fn, timeout_s: float = 120.0, every_s: float = 0.05):
     """Poll ``fn`` until it returns something true (returned); an assertion naming
-    ``what`` after ``timeout_s``."""
+    ``what`` after ``timeout_s`` (a callable ``what`` is called then, to name what was
+    seen)."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = fn()
         if got:
             return got
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"gave up waiting for {what() if callable(what) else what}")
         time.sleep(every_s)

@@ -18,7 +18,7 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   fi
 fi
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -222,6 +222,29 @@ def stream_until(t: Target, body: dict, ready, abort_after_chunks: int | None,
     return seen
 
 
+def stream_tokens(t: Target, body: dict, first: threading.Event) -> dict:
+    """Stream a completion to its end: {finish, tokens}; ``first`` is set when its
+    first token arrives."""
+    import httpx2
+
+    body = {"model": t.model, "stream": True, "stream_options": {"include_usage": True},
+            **body}
+    out = {"finish": None, "tokens": None}
+    with httpx2.Client(timeout=600) as client:
+        with client.stream("POST", f"{t.base}/v1/completions", json=body) as r:
+            assert r.status_code == 200, r.status_code
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for c in chunk.get("choices") or []:
+                    first.set()
+                    out["finish"] = c.get("finish_reason") or out["finish"]
+                if chunk.get("usage"):
+                    out["tokens"] = chunk["usage"]["completion_tokens"]
+    return out
+
+
 def idle(t: Target) -> bool:
     m = t.vllm_metrics()
     run = sum(v for (n, _), v in m.items() if n == "vllm:num_requests_running")
@@ -234,31 +257,41 @@ def run_aborts(t: Target) -> dict:
     """A client disconnect at each stage: waiting, mid-prefill, decoding."""
     out: dict = {}
     g = lambda name: t.vllm_gauge(name)  # noqa: E731
-    # waiting: four long requests fill the engine, a fifth waits, its client leaves.
-    # The four sample: greedy output of the random model repeats itself, and ngram
-    # drafts would then finish them a few tokens a step. Unseeded: a seeded request
-    # whose prompt is prefilled in chunks kills the CPU build's engine (see
+    # waiting: four long requests fill the engine (max_num_seqs), a fifth waits, its
+    # client leaves. The four stream, so the test knows without polling that they
+    # run: vLLM's /metrics, polled while four streams run on two busy cores, answered
+    # late enough here that the four had finished before any poll saw them. The four
+    # sample: greedy output of the random model repeats itself, and ngram drafts
+    # would then finish them a few tokens a step. Unseeded: a seeded request whose
+    # prompt is prefilled in chunks kills the CPU build's engine (see
     # test_n_greater_than_one_and_best_of)
     fill: list = [None] * MAX_NUM_SEQS
+    first_token = [threading.Event() for _ in range(MAX_NUM_SEQS)]
+    done_at: list = [None] * MAX_NUM_SEQS
 
     def one(i):
-        fill[i] = complete(t, prompt=prompt_ids(200 + i, 20), max_tokens=1000,
-                           temperature=1.0, ignore_eos=True)
+        fill[i] = stream_tokens(t, {"prompt": prompt_ids(200 + i, 20), "max_tokens": 1000,
+                                    "temperature": 1.0, "ignore_eos": True},
+                                first_token[i])
+        done_at[i] = time.monotonic()
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(MAX_NUM_SEQS)]
     for th in threads:
         th.start()
-    # (tuned's cap may be below max_num_seqs here, after the preemption part taught
-    # its memory bound: some of the four may wait too; the fifth waits either way)
-    in_engine = lambda: (g("vllm:num_requests_running")  # noqa: E731
-                         + g("vllm:num_requests_waiting"))
-    wait_for("the four in the engine", lambda: in_engine() == MAX_NUM_SEQS, every_s=0.005)
+    for ev in first_token:
+        assert ev.wait(120), "a filler's first token within 120 s"
+    # the four run: the fifth waits. Its client leaves once vLLM's gauges count five
+    # in the engine, or after 2 s (it reached the server; either way it never ran)
+    sent = time.monotonic()
     w = stream_until(t, {"prompt": prompt_ids(210, 20), "max_tokens": 50},
-                     lambda: in_engine() == MAX_NUM_SEQS + 1, None)
+                     lambda: time.monotonic() - sent > 2.0 or (
+                         g("vllm:num_requests_running") + g("vllm:num_requests_waiting")
+                         >= MAX_NUM_SEQS + 1), None)
+    w["left_at"] = time.monotonic()
     wait_for("the waiting one gone", lambda: g("vllm:num_requests_waiting") == 0, 60)
     for th in threads:
         th.join(600)
-    out["waiting"] = {"seen": w, "fill": fill}
+    out["waiting"] = {"seen": w, "fill": fill, "fillers_done_at": done_at}
     wait_for("idle after the waiting abort", lambda: idle(t), 60)
     # mid-prefill: a LONG_PROMPT-token prompt prefills BUDGET tokens a step; the client
     # leaves halfway through the time such a prompt takes to its first token (timed
@@ -458,17 +491,17 @@ def test_preemption_and_recompute(runs):
     assert tuned["ring_preempted"] > 0        # tuned's step ring saw them too
 
 
-@pytest.mark.xfail(reason="open (docs/compatibility.md, Aborts): with tuned inside, the "
-                   "waiting stage's four fillers were not all seen in vLLM's running + waiting "
-                   "gauges within 120 s in 3 of 4 runs, also with the aborts run before the "
-                   "preemption part; plain vLLM passes", strict=False)
 def test_aborts_at_every_stage(runs):
     plain, tuned = part(runs, "aborts")
-    for side in (plain, tuned):
-        assert side["waiting"]["seen"]["closed_early"]
-        assert [usage(r)[1] for r in side["waiting"]["fill"]] == [1000] * MAX_NUM_SEQS
-        assert side["prefill"]["seen"]["closed_early"]
-        assert side["decoding"]["seen"]["chunks"] == 5
+    for name, side in (("plain", plain), ("tuned", tuned)):
+        w = side["waiting"]
+        # the fifth's client left before any token, while the four still ran
+        assert (w["seen"]["closed_early"], w["seen"]["chunks"]) == (True, 0), (name, w)
+        assert w["seen"]["left_at"] < min(w["fillers_done_at"]), (name, w)
+        assert [(r["finish"], r["tokens"]) for r in w["fill"]] == \
+            [("length", 1000)] * MAX_NUM_SEQS, (name, w["fill"])
+        assert side["prefill"]["seen"]["closed_early"], (name, side["prefill"])
+        assert side["decoding"]["seen"]["chunks"] == 5, (name, side["decoding"])
     # tuned's ring: the long prompt was left partway through its prefill
     assert 0 < tuned["prefill"]["prefilled"] < LONG_PROMPT, tuned["prefill"]
     assert texts(plain["after"]) == texts(tuned["after"])

@@ -10,7 +10,7 @@ and dynamic edges together, is checked against every layers contract of
 
 Run as ``python tests/import_graph.py ROOT`` (ROOT holds ``pyproject.toml`` and
 ``tuned/``, and is put first on ``sys.path``): prints one line per problem, exit 1 if
-any. ``tests/test_layers.py`` runs it on the repository and on planted copies.
+any. ``tests/package/test_layers.py`` runs it on the repository and on planted copies.
 """
 
 from __future__ import annotations

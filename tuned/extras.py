@@ -2,7 +2,7 @@
 
 ``pip install 'tuned-llm[bench]'`` adds plotting, the HTTP and OpenAI clients and
 progress bars; what vLLM's EngineCore loads from tuned needs none of them
-(tests/test_package_data.py follows its imports). :func:`bench_extra_error` is the
+(tests/package/test_package_data.py follows its imports). :func:`bench_extra_error` is the
 one line a command that needs the extra prints when it is missing.
 """
 

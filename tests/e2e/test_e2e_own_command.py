@@ -30,7 +30,7 @@ import urllib.request
 import pytest
 
 from serve_harness import dtype_args, get_json
-from test_docs_own_command import documented_command
+from doc_readers import documented_command
 from tuned import launch
 from tuned.netutil import free_port
 

@@ -1,5 +1,5 @@
 """vLLM's ``--scheduling-policy priority`` with tuned inside, on the real CPU engine:
-the issue's measurement. One request at a time (``max_num_seqs = 1``, tuned's cap
+the priority measurement. One request at a time (``max_num_seqs = 1``, tuned's cap
 1): a long request running, three requests at priority 10 queued behind it, then one
 at priority -10. The -10 one must run right after the long one, before the three
 others, as vLLM's own priority queue runs it.
@@ -84,7 +84,7 @@ def telemetry(c: Ctx) -> dict:
     return c.srv.decisions(0)["telemetry"]
 
 
-def run_issue_measurement(c: Ctx) -> list[str]:
+def run_priority_measurement(c: Ctx) -> list[str]:
     """The long request admitted and running, then the engine paused while three
     priority-10 requests and one priority -10 request queue behind it; the admission
     order after the resume, by name."""
@@ -129,7 +129,7 @@ def run_issue_measurement(c: Ctx) -> list[str]:
 def test_vllms_own_priority_queue(ctx):
     """fcfs without options keeps vLLM's queue: plain vLLM's priority order."""
     use_policy(ctx, "fcfs")
-    assert run_issue_measurement(ctx) == ["long", "hi", "lo1", "lo2", "lo3"]
+    assert run_priority_measurement(ctx) == ["long", "hi", "lo1", "lo2", "lo3"]
     settle(ctx)
     assert not queue_installed(ctx)
 
@@ -138,7 +138,7 @@ def test_tuned_queue_fcfs_honours_priority(ctx):
     """tuned's queue installed (fcfs with a lateness option): the -10 request
     overtakes the three queued priority-10 ones, which keep arrival order."""
     use_policy(ctx, "fcfs", "late_after_s = 1000.0")
-    assert run_issue_measurement(ctx) == ["long", "hi", "lo1", "lo2", "lo3"]
+    assert run_priority_measurement(ctx) == ["long", "hi", "lo1", "lo2", "lo3"]
     settle(ctx)     # the queue is installed at the first step after the reload
     assert queue_installed(ctx)
 
@@ -146,7 +146,7 @@ def test_tuned_queue_fcfs_honours_priority(ctx):
 def test_tuned_queue_mcsf_orders_within_a_priority_level(ctx):
     """mcsf: priority first, then shortest predicted output within the level."""
     use_policy(ctx, "mcsf")
-    assert run_issue_measurement(ctx) == ["long", "hi", "lo3", "lo2", "lo1"]
+    assert run_priority_measurement(ctx) == ["long", "hi", "lo3", "lo2", "lo1"]
     settle(ctx)     # the queue is installed at the first step after the reload
     assert queue_installed(ctx)
 

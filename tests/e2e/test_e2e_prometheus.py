@@ -20,8 +20,8 @@ import pytest
 
 from prom_harness import prometheus, promtool  # noqa: F401  (fixtures)
 from serve_harness import Load, tuned_serve
-from test_dashboard import _grafana_to_promql, all_queries, guide_queries, \
-    guide_scrape_configs, load as load_dashboard
+from doc_readers import all_queries, grafana_to_promql as _grafana_to_promql, guide_queries, \
+    guide_scrape_configs, load_dashboard
 
 pytestmark = pytest.mark.slow
 

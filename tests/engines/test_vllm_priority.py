@@ -50,7 +50,7 @@ def admit_all(q, running, limit=100):
     return out
 
 
-def test_the_issue_measurement_at_the_queue():
+def test_a_late_high_priority_request_goes_next_then_the_policy_order_within_its_level():
     # one long request running, three at priority 10 queued, then one at -10: the
     # -10 one is next; the three follow in the policy's order within their level
     for name, rest in (("fcfs", ["lo1", "lo2", "lo3"]), ("mcsf", ["lo3", "lo2", "lo1"])):

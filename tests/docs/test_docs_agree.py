@@ -8,7 +8,7 @@
   its sample name: ``_total`` for counters, ``_info`` for info; a histogram by its
   family name too) or a request hint key tuned reads.
 
-(tests/test_docs_own_command.py checks docs/kubernetes.md's vLLM command line.)"""
+(tests/docs/test_docs_own_command.py checks docs/kubernetes.md's vLLM command line.)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 
 from tuned import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "RELIABILITY.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: hint keys RELIABILITY.md shows misspelt on purpose (what tuned does with a typo)
 MISSPELT_ON_PURPOSE = {"tuned_deadlin_s", "tuned_x"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "tuned.service"
 INSTALLER = ROOT / "tools" / "install-systemd.sh"
 SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"

@@ -19,7 +19,7 @@ from tuned.sim.hardware import gpu_hardware
 from tuned.core.ring import StepSample
 from tuned.workloads import parse_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "demo-small-cpu.json"
 SPEC = "poisson:rate=5,prompt=U(16,256),output=U(16,128),n=40"
 CONFIG = "max_num_seqs = 16\nmax_num_batched_tokens = 512\ntbt_sla_s = 0.03\n"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from doc_readers import (DASHBOARD, all_queries, grafana_to_promql as _grafana_to_promql,
+                         guide_queries, guide_scrape_configs, load_dashboard as load)
 from prom_harness import prometheus  # noqa: F401  (fixture)
-
-DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "tuned-grafana.json"
 
 # PromQL functions, aggregations and keywords the dashboard may use.
 PROMQL_WORDS = {
@@ -80,22 +80,6 @@ def vllm_definitions() -> dict[str, str]:
 def vllm_exported() -> set[str]:
     """Every sample name vLLM's Prometheus logger registers (:func:`vllm_definitions`)."""
     return set().union(*(sample_names(n, t) for n, t in vllm_definitions().items()))
-
-
-def load() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
-def all_queries(dash: dict) -> list[tuple[str, str]]:
-    """(where, PromQL) for every panel target and annotation."""
-    out = []
-    for p in dash["panels"]:
-        for t in p.get("targets", []):
-            out.append((f"panel {p['title']!r} {t['refId']}", t["expr"]))
-    for a in dash["annotations"]["list"]:
-        if "expr" in a:
-            out.append((f"annotation {a['name']!r}", a["expr"]))
-    return out
 
 
 def name_patterns(expr: str) -> set[str]:
@@ -266,53 +250,12 @@ def test_dashboard_structure():
             assert axis_word[unit] in re.split(r"[ ,;()]+", p["title"]), p["title"]
 
 
-def _grafana_to_promql(expr: str, **values: str) -> str:
-    """A dashboard query as Grafana sends it: each variable ".*" (All) unless given."""
-    for var in ("job", "server", "engine", "vllm_job"):
-        expr = expr.replace(f'"${var}"', '"%s"' % values.get(var, ".*"))
-    return expr.replace("$__rate_interval", "15s")
-
-
-GUIDE = DASHBOARD.parents[1] / "docs" / "operator-guide.md"
-
-
-def guide_block(lang: str) -> str:
-    """The first ``lang`` code block of the operator guide's Metrics section."""
-    text = GUIDE.read_text()
-    text = text[text.index("\n## Metrics"):]
-    return re.search(rf"```{lang}\n(.*?)```", text, re.S).group(1)
-
-
-def guide_queries() -> dict[str, str]:
-    """The guide's "Useful queries": {comment: query}, a query's continuation lines
-    (indented) joined to it."""
-    out, comment = {}, ""
-    for line in guide_block("promql").splitlines():
-        if line.startswith("# "):
-            comment = (comment + " " + line[2:]) if comment and comment not in out else line[2:]
-        elif line.startswith("  ") and comment in out:
-            out[comment] += " " + line.strip()
-        elif line.strip():
-            out[comment] = line.strip()
-    return out
-
-
 def test_guide_queries_are_read_whole():
     q = guide_queries()
     assert len(q) == 7, list(q)
     beside = next(v for k, v in q.items() if k.startswith("tuned's cap (sequences) beside"))
     assert beside.startswith("label_replace(max by (server, engine)") and " or " in beside
     assert all(v.count("(") == v.count(")") for v in q.values()), q
-
-
-def guide_scrape_configs(targets: dict[str, list[str]]) -> list[dict]:
-    """The guide's scrape config with ``targets`` ({job: [host:port]}) in place of the
-    documented ones; its relabelling kept as written."""
-    import yaml
-
-    jobs = yaml.safe_load(guide_block("yaml"))["scrape_configs"]
-    assert sorted(j["job_name"] for j in jobs) == sorted(targets)
-    return [dict(j, static_configs=[{"targets": targets[j["job_name"]]}]) for j in jobs]
 
 
 class FakeVllm:

@@ -25,7 +25,7 @@ from tuned.policies.batch import Decision
 from tuned.core.predictor import parse_request_hints
 from tuned.telemetry.nvml import NvmlSampler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 

@@ -12,7 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from test_docs_own_command import DOC_CONFIG, DOC_MODEL, _block, _flag, documented_command
+from doc_readers import DOC_CONFIG, DOC_MODEL, doc_block as _block, documented_command, \
+    flag_value as _flag
 from tuned import config as config_mod
 from tuned.config import engine_problems
 from tuned.opscli import config_problems

@@ -19,7 +19,7 @@ from tuned.metrics import Endpoint, Metrics
 from tuned.netutil import free_port
 from serve_harness import unit_command
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ from tuned import cli, extras
 from tuned.data import data_files, data_root, measured_dir, trace_names, trace_path, vidur_dir
 from tuned.sim.gpu import MEASURED_HARDWARE, VIDUR_HARDWARE, profile_relpath
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_data_files_hold_what_the_code_reads():

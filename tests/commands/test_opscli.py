@@ -20,7 +20,7 @@ import pytest
 from tuned import config as config_mod
 from tuned import opscli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
 EXAMPLE = ROOT / "systemd" / "tuned.toml.example"
 

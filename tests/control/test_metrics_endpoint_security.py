@@ -283,7 +283,7 @@ def test_request_records_carry_lengths_not_text():
 
 
 def test_controller_json_has_no_request_text(tmp_path):
-    """A controller on the fake engine (tests/test_controller.py's), fed finished requests
+    """A controller on the fake engine (tests/control/test_controller.py's), fed finished requests
     and steps: /decisions and /steps over HTTP carry no text-bearing key and no string
     beyond ids, reasons and config names."""
     from fakes import FakeEngine

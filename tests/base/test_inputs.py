@@ -21,7 +21,7 @@ from tuned.opscli import check_config
 from tuned.sim.hardware import gpu_hardware
 from tuned.workloads import RequestSpec, WorkloadError, parse_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_PROFILE = ROOT / "profiles" / "demo-small-cpu.json"
 FAST = settings(derandomize=True, database=None, max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

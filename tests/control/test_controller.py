@@ -307,7 +307,7 @@ def test_shipped_profile_gives_the_first_cap_before_telemetry():
     decision (no step sample, no finished request yet) is the profile's prediction."""
     from tuned.curves.profile import load_profile
 
-    path = Path(__file__).resolve().parents[1] / "profiles" / "demo-small-cpu.json"
+    path = Path(__file__).resolve().parents[2] / "profiles" / "demo-small-cpu.json"
     prof = load_profile(path)
     cfg = config.validate({"profile": str(path), "tbt_sla_s": 0.025, "max_num_seqs": 32})
     eng = FakeEngine(ceiling=32)

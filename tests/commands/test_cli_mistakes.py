@@ -17,7 +17,7 @@ from tuned import cli
 from tuned import config as config_mod
 from tuned.opscli import check_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:

@@ -143,7 +143,7 @@ def test_child_process_can_notify(notify_socket):
     code = ("import os, sys; from tuned.sdnotify import from_environ; "
             "sys.exit(0 if from_environ(os.environ).ready('child') else 1)")
     env = dict(os.environ, NOTIFY_SOCKET=path)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
     assert r.returncode == 0

@@ -10,7 +10,7 @@ from tuned import config as config_mod
 from tuned.demo_model import model_form
 from tuned.opscli import config_problems
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "systemd" / "examples").glob("*.toml"))
 
 

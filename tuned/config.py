@@ -440,9 +440,11 @@ def policy_problems(values: Mapping[str, Any]) -> list[str]:
         if spec is None:
             if kind == "batch" and _PLUGIN.fullmatch(name):
                 continue   # a package.module:Class plugin reads its own options
+            left_out = "; ".join(catalog.skipped())
             problems.append(f"{kind}_policy: must be "
                             f"{_range_text(FIELDS[f'{kind}_policy'].metadata)}, "
-                            f"got {clip(name)}{did_you_mean(name, catalog.names(kind))}")
+                            f"got {clip(name)}{did_you_mean(name, catalog.names(kind))}"
+                            + (f" (policies left out: {left_out})" if left_out else ""))
             continue
         problems += [clip_text(p, 2 * CLIP_CHARS)
                      for p in spec.option_problems(options, f"{kind}_options")]

@@ -231,3 +231,30 @@ def test_the_bench_field_is_the_declared_runs():
     mcsf = config_mod.validate({"queue_policy": "mcsf"})
     assert "tuned-mcsf" not in [c.name for c in runner.contenders(
         mcsf, default_seqs=256, default_tokens=2048, caps=[8])]
+
+
+def test_a_broken_third_party_declaration_is_left_out_and_named(tmp_path):
+    """One unreadable third-party declaration does not make every config invalid: it is
+    left out, and a config naming it is told why."""
+    (tmp_path / "brokenpol.py").write_text("import os\nPOLICY = {'name': os.name}\n")
+    dist = tmp_path / "brokenpol-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenpol\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[tuned.policies]\nbroken = brokenpol\n")
+    code = textwrap.dedent("""
+        from tuned import config
+        config.validate({})
+        try:
+            config.validate({"batch_policy": "broken"})
+        except config.ConfigError as e:
+            print(e.problems)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}"),
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    names = ", ".join(catalog.names("batch"))
+    assert r.stdout.strip() == str([
+        f"batch_policy: must be one of {names} or package.module:Class, got 'broken' "
+        "(policies left out: broken (brokenpol): brokenpol: POLICY must hold plain "
+        "literals; 'os' is not a top-level constant of the module)"])

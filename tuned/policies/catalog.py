@@ -332,23 +332,43 @@ def _entry_point_modules() -> list[tuple[str, str]]:
 
 
 @functools.lru_cache(maxsize=1)
-def specs() -> tuple[PolicySpec, ...]:
-    """Every policy declared, built-in ones first, each kind by (order, name)."""
+def _read() -> tuple[tuple[PolicySpec, ...], tuple[str, ...]]:
     found: list[PolicySpec] = []
-    for module, path in _builtin_modules():
+    for module, path in _builtin_modules():     # a bad built-in one is tuned's bug: raise
         found += [_spec(d, module, "tuned")
                   for d in read_declarations(path.read_text(encoding="utf-8"), module)]
+    seen = {(s.kind, s.name): s.module for s in found}
+    skipped: list[str] = []
     for ep_name, module in _entry_point_modules():
-        found += [_spec(d, module, ep_name)
-                  for d in read_declarations(_module_source(module), module)]
-    seen: dict[tuple[str, str], str] = {}
-    for s in found:
-        if (s.kind, s.name) in seen:
-            raise CatalogError(f"{s.module}: {s.kind} policy {s.name!r} is already "
-                               f"declared by {seen[s.kind, s.name]}")
-        seen[s.kind, s.name] = s.module
-    return tuple(sorted(found, key=lambda s: (s.source != "tuned", KINDS.index(s.kind),
-                                              s.order, s.name)))
+        # a third-party declaration that cannot be read is left out and named, so that
+        # one broken package does not make every config invalid
+        try:
+            specs_ = [_spec(d, module, ep_name)
+                      for d in read_declarations(_module_source(module), module)]
+        except (CatalogError, OSError, SyntaxError, UnicodeDecodeError, ImportError) as e:
+            skipped.append(clip_text(f"{ep_name} ({module}): {e}", 240))
+            continue
+        for s in specs_:
+            if (s.kind, s.name) in seen:
+                skipped.append(f"{ep_name} ({module}): {s.kind} policy {s.name!r} is "
+                               f"already declared by {seen[s.kind, s.name]}")
+                continue
+            seen[s.kind, s.name] = s.module
+            found.append(s)
+    order = sorted(found, key=lambda s: (s.source != "tuned", KINDS.index(s.kind),
+                                         s.order, s.name))
+    return tuple(order), tuple(skipped)
+
+
+def specs() -> tuple[PolicySpec, ...]:
+    """Every policy declared, built-in ones first, each kind by (order, name)."""
+    return _read()[0]
+
+
+def skipped() -> tuple[str, ...]:
+    """The third-party declarations left out (unreadable, or a name already taken),
+    one line each."""
+    return _read()[1]
 
 
 def of_kind(kind: str) -> tuple[PolicySpec, ...]:

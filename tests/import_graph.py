@@ -6,7 +6,9 @@ policy registry's ``"module:Class"`` table and the command list go through
 of its own modules (``"tuned.policies.fcfs"`` or ``"tuned.policies.fcfs:FCFSPolicy"``)
 is taken here as an import by the module that holds it, and the whole graph, static
 and dynamic edges together, is checked against every layers contract of
-``pyproject.toml`` and for circles inside every package.
+``pyproject.toml`` and for circles inside every package. The policy registry also
+imports every module that declares a policy (``POLICY``), found by the catalog rather
+than named: those loads are added as edges too.
 
 Run as ``python tests/import_graph.py ROOT`` (ROOT holds ``pyproject.toml`` and
 ``tuned/``, and is put first on ``sys.path``): prints one line per problem, exit 1 if
@@ -63,6 +65,25 @@ def dynamic_imports(root: Path, modules: set[str]) -> set[tuple[str, str]]:
     return edges
 
 
+#: the module that imports, by name, every module declaring a policy (POLICY or POLICIES
+#: at top level), as tuned.policies.catalog lists them: no string names them
+POLICY_LOADER = "tuned.policies.registry"
+
+
+def declared_policy_loads(root: Path, modules: set[str]) -> set[tuple[str, str]]:
+    """(registry, module) for each module of ``tuned.policies`` that declares a policy:
+    the registry finds them through the catalog and imports them by name."""
+    edges = set()
+    for path in sorted((root / "tuned" / "policies").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        names = {t.id for node in tree.body if isinstance(node, ast.Assign)
+                 for t in node.targets if isinstance(t, ast.Name)}
+        module = _module_name(root, path)
+        if names & {"POLICY", "POLICIES"} and module in modules and POLICY_LOADER in modules:
+            edges.add((POLICY_LOADER, module))
+    return edges
+
+
 def _layer(spec: str, grimp):
     independent = "|" in spec or ":" not in spec
     names = [n.strip() for n in re.split(r"[|:]", spec)]
@@ -75,7 +96,7 @@ def problems(root: Path) -> list[str]:
 
     graph = grimp.build_graph("tuned", exclude_type_checking_imports=True)
     modules = set(graph.modules)
-    dynamic = dynamic_imports(root, modules)
+    dynamic = dynamic_imports(root, modules) | declared_policy_loads(root, modules)
     for importer, imported in dynamic:
         graph.add_import(importer=importer, imported=imported)
     out = []

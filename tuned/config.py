@@ -27,25 +27,32 @@ from typing import Any
 
 from tuned.demo_model import DEMO_MAX_MODEL_LEN, model_form
 from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
-# the one registry of policy names (tuned.policies.registry)
-from tuned.policies.registry import BATCH_POLICIES
-from tuned.policies.registry import QUEUE_POLICIES as _QUEUE_POLICY_CLASSES
+# the policies' names and option schemas, read as data: no policy code is imported
+from tuned.policies import catalog
 
 SLA_MODES = ("evidence", "paper")
 SLA_STATISTICS = ("mean", "p90")
 TOKEN_BUDGET_POLICIES = ("sla", "max")
 WAIT_BOUND_MODES = ("refuse", "serve", "off")
 ADMISSION_GUARDS = ("tpot", "off")
-QUEUE_POLICIES = tuple(_QUEUE_POLICY_CLASSES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def __getattr__(name: str) -> Any:
+    # the policy names, from the catalog when first asked
+    if name == "BATCH_POLICIES":
+        return catalog.names("batch")
+    if name == "QUEUE_POLICIES":
+        return catalog.names("queue")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
        choices: tuple | None = None, restart: bool = False, optional: bool = False,
-       secret: bool = False, hi_open: bool = False):
+       secret: bool = False, hi_open: bool = False, policies: str | None = None):
     meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "restart": restart,
             "optional": optional, "default": default, "secret": secret,
-            "hi_open": hi_open}
+            "hi_open": hi_open, "policies": policies}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=meta)
     return field(default=default, metadata=meta, repr=not secret)
@@ -157,10 +164,10 @@ class Config:
     sla_statistic: str = _f("mean", "what is held to tbt_sla_s: the mean decode step time "
                             "(mean) or its 90th percentile (p90) over tbt_window_s",
                             choices=SLA_STATISTICS)
-    batch_policy: str = _f("tuned", "batch-size policy: tuned (min of the memory and SLA "
-                           "bounds), memory (Algorithm 1 alone), sla (Algorithm 2 alone), "
-                           "trtllm (TensorRT-LLM's dynamic batch tuner), static (the "
-                           "ceiling, never moved), or package.module:Class (your own)")
+    batch_policy: str = _f("tuned", "batch-size policy: a batch policy listed below, or "
+                           "package.module:Class (your own)", policies="batch")
+    batch_options: dict = _f({}, "options of the batch policy (a TOML table; each "
+                             "policy's options are listed below)")
     token_budget_policy: str = _f("sla", "per-step token budget: sla (the largest prefill "
                                   "chunk that keeps the predicted step time within "
                                   "tbt_sla_s) or max (max_num_batched_tokens)",
@@ -174,9 +181,11 @@ class Config:
                               choices=ADMISSION_GUARDS)
 
     # --- policies and curves ---
-    queue_policy: str = _f("fcfs", "waiting-queue and admission policy", choices=QUEUE_POLICIES)
-    queue_options: dict = _f({}, "options of the queue policy (a TOML table; see "
-                             "docs/operator-guide.md), e.g. {reserve_fraction = 0.05} for mcsf")
+    queue_policy: str = _f("fcfs", "waiting-queue and admission policy (listed below)",
+                           policies="queue")
+    queue_options: dict = _f({}, "options of the queue policy (a TOML table; each "
+                             "policy's options are listed below), e.g. "
+                             "{reserve_fraction = 0.05} for mcsf")
     class_deadlines_s: dict = _f({}, "SLA table: request class (vllm_xargs tuned_class) -> "
                                  "deadline in seconds, for saber")
     queue_seed: int = _f(0, "seed of the queue policies' random choices", lo=0, hi=2**31 - 1)
@@ -244,6 +253,7 @@ class Config:
         d = dataclasses.asdict(self)
         d["vllm_args"] = list(self.vllm_args)
         d["queue_options"] = dict(self.queue_options)
+        d["batch_options"] = dict(self.batch_options)
         d["class_deadlines_s"] = dict(self.class_deadlines_s)
         return d
 
@@ -270,6 +280,9 @@ def _type_name(t: Any) -> str:
 
 
 def _range_text(meta: dict) -> str:
+    if meta.get("policies"):
+        return "one of " + ", ".join(catalog.names(meta["policies"])) + (
+            " or package.module:Class" if meta["policies"] == "batch" else "")
     if meta["choices"]:
         return "one of " + ", ".join(meta["choices"])
     lo, hi = meta["lo"], meta["hi"]
@@ -397,6 +410,7 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
             values[key] = checked
     if "\x00" in values.get("profile", ""):
         problems.append("profile: must be a file path, got a string with a NUL character")
+    problems += policy_problems(values)
     if problems:
         raise ConfigError(problems, source)
     if values.get("profile") and base_dir is not None:
@@ -411,6 +425,30 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
 
 
 _PLUGIN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def policy_problems(values: Mapping[str, Any]) -> list[str]:
+    """The policy fields of checked ``values`` (missing ones at their defaults) held to
+    the policies' declarations (:mod:`tuned.policies.catalog`): the names, then each
+    option of ``batch_options`` / ``queue_options`` against its schema. Reads the
+    declarations as data; no policy is imported or built."""
+    problems = []
+    for kind in ("batch", "queue"):
+        name = values.get(f"{kind}_policy", FIELDS[f"{kind}_policy"].metadata["default"])
+        options = values.get(f"{kind}_options", {})
+        spec = catalog.find(kind, name)
+        if spec is None:
+            if kind == "batch" and _PLUGIN.fullmatch(name):
+                continue   # a package.module:Class plugin reads its own options
+            left_out = "; ".join(catalog.skipped())
+            problems.append(f"{kind}_policy: must be "
+                            f"{_range_text(FIELDS[f'{kind}_policy'].metadata)}, "
+                            f"got {clip(name)}{did_you_mean(name, catalog.names(kind))}"
+                            + (f" (policies left out: {left_out})" if left_out else ""))
+            continue
+        problems += [clip_text(p, 2 * CLIP_CHARS)
+                     for p in spec.option_problems(options, f"{kind}_options")]
+    return problems
 
 
 def cross_field_problems(cfg: Config) -> list[str]:
@@ -437,21 +475,11 @@ def cross_field_problems(cfg: Config) -> list[str]:
                         f"step time), got {cfg.tbt_sla_auto:g}")
     if cfg.sla_enabled and cfg.eps_d_s >= cfg.tbt_sla_s:
         problems.append(f"eps_d_s: must be < tbt_sla_s ({cfg.tbt_sla_s:g}), got {cfg.eps_d_s:g}")
-    if cfg.batch_policy not in BATCH_POLICIES and not _PLUGIN.fullmatch(cfg.batch_policy):
-        problems.append(f"batch_policy: must be one of {', '.join(BATCH_POLICIES)} or "
-                        f"package.module:Class, got {clip(cfg.batch_policy)}")
     for cls, secs in cfg.class_deadlines_s.items():
         if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not _finite(secs) \
                 or not secs > 0:
             problems.append(f"class_deadlines_s.{clip_text(cls)}: must be a number of "
                             f"seconds > 0, got {clip(secs)}")
-    try:
-        from tuned.policies.queues import make_policy
-
-        make_policy(*cfg.queue_spec())
-    except (ValueError, TypeError, OverflowError) as e:
-        problems.append(f"queue_options: must be valid for queue_policy "
-                        f"{cfg.queue_policy!r}: {clip_text(str(e), 2 * CLIP_CHARS)}")
     if cfg.profile and not Path(cfg.profile).is_file():
         problems.append(f"profile: must be an existing file, not found: "
                         f"{clip_text(cfg.profile)}")
@@ -777,4 +805,6 @@ def explain() -> str:
         flag = " [restart]" if meta["restart"] else ""
         lines.append(f"{name} ({f.type}, default {meta['default']!r}{', ' + rng if rng else ''})"
                      f"{flag}: {meta['doc']}")
+    lines += ["", "Policies (batch_policy, queue_policy) and their options (batch_options, "
+              "queue_options):", catalog.explain()]
     return "\n".join(lines)

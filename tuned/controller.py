@@ -41,7 +41,7 @@ from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.binding import cap_binding
-from tuned.policies.registry import build_batch_policy
+from tuned.policies.registry import build_batch_policy, wants_step_fit
 from tuned.telemetry.nvml import NvmlSampler, free_bytes, free_fraction
 
 __all__ = ["Controller", "EngineView", "Fallback"]
@@ -366,7 +366,7 @@ class Controller:
         cfg = self.cfg
         due = self._step_fit is None or now - self._fit_t >= STEP_FIT_EVERY_S
         if (due and (cfg.sla_enabled or cfg.tbt_sla_auto)
-                and (cfg.batch_policy in ("tuned", "sla") or cfg.guards_admission
+                and (wants_step_fit(cfg.batch_policy) or cfg.guards_admission
                      or getattr(self.policy, "wants_step_fit", False))):
             self._fit_t = now
             fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES))

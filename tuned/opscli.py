@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from tuned import config as config_mod
 from tuned import sdnotify
 from tuned.inputs import CLIP_CHARS, clip_text
+from tuned.policies import catalog
 
 DEFAULT_URL = "http://127.0.0.1:9464"
 EXIT_OK, EXIT_INVALID, EXIT_UNREACHABLE, EXIT_BAD_ANSWER = 0, 2, 3, 4
@@ -34,28 +35,11 @@ EXIT_RESTART_NEEDED = 5
 #: how long `tuned reload` waits for each engine rank's answer by default
 RELOAD_TIMEOUT_S = 60.0
 
-# One line per decision reason: what the operator should read into it.
+# One line per decision reason: what the operator should read into it. The policies'
+# own reasons come with their declarations (tuned.policies.catalog); these are the
+# composition's and the controller's.
 REASONS = {
-    "initial": "no decode step in the TBT window yet (start-up or idle): SLA search kept",
-    "profile_initial": "first decision, read off the profile's TBT curve at the SLA",
-    "memory": "the KV-cache memory bound (seed 000 Alg. 1) is the tighter limit",
-    "memory_no_data": "fewer than min_demand_samples finished requests: memory bound held",
-    "sla_over": "TBT above SLA + eps_d_s: the SLA search moves down",
-    "sla_under": "TBT below SLA - eps_d_s: the SLA search moves up",
-    "sla_hold": "TBT within the SLA tolerance: the search narrows around the batch",
-    "hold_no_queue": "nothing waiting or nothing running: memory bound held",
-    "no_memory_bound": "batch_policy = sla: the SLA bound alone decides",
-    "sla_over_prefill": "TBT over the SLA but decode-only steps within it: prefill chunks "
-                        "caused it, the token budget shrinks, the cap holds",
-    "sla_idle": "the cap was not binding (nothing waited at the cap): SLA search kept",
-    "sla_over_settling": "TBT still over the SLA on a window that holds the steps of the "
-                         "last fall: the search waits for the window to turn over",
-    "sla_expand": "TBT under the SLA at a collapsed search interval while the cap binds: "
-                  "the upper end grows by a quarter",
-    "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
-                      "memory bound and full token budget maximise throughput",
-    "static": "batch_policy = static: the ceiling, never moved",
-    "trtllm": "batch_policy = trtllm: TensorRT-LLM's dynamic batch-size tuner",
+    **catalog.reasons(),
     "budget_room": "the cap was above the SLA-sized token budget: it yields to the "
                    "budget less one chunk (never below the running count)",
     "cap_raise_hold": "the policy wants a higher cap; held at the applied one until the "

@@ -27,8 +27,12 @@ def test_pairs_and_ablations_are_named_and_configured():
     field = runner.contenders(_base(), default_seqs=8, default_tokens=2048, caps=[2, 8],
                               budgets=[256, 2048], quick=True)
     by = {c.name: c for c in field}
+    # the peers are the runs the policies declare (tuned.policies.catalog): trtllm and
+    # sglang, in that order, and any policy added since
+    peers = [r.name for r in runner.policy_runs("peer")]
+    assert [p for p in peers if p in ("trtllm", "sglang")] == ["trtllm", "sglang"]
     assert [c.name for c in field] == [
-        "vllm-default", "static-2@256", "static-2", "static-8@256", "trtllm", "sglang",
+        "vllm-default", "static-2@256", "static-2", "static-8@256", *peers,
         "tuned", "tuned-cap-only", "tuned-budget-only", "tuned-queue-only",
         "tuned-guard-only"]
     for name, cap, budget in (("vllm-default", 8, 2048), ("static-2@256", 2, 256),

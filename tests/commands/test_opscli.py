@@ -129,8 +129,13 @@ def test_check_config_unreadable_inputs_never_traceback(tmp_path, case):
 def test_check_config_explain_lists_every_key():
     code, out, err = check(explain=True)
     assert code == 0 and err == ""
-    keys = [line.split(" ", 1)[0] for line in out.splitlines()]
+    fields, policies = out.split("\n\n", 1)
+    keys = [line.split(" ", 1)[0] for line in fields.splitlines()]
     assert keys == list(config_mod.FIELDS)
+    # then every declared policy with its options (tuned.policies.catalog)
+    assert "queue_policy = saber: deadline-aware two-tier admission (seed 002)" in policies
+    assert ("  queue_options.window (int, default 16, an integer >= 1): waiting requests "
+            "one admission attempt may try") in policies
     assert "max_num_seqs (int, default 32" in out
     restart_lines = [ln for ln in out.splitlines() if "[restart]" in ln]
     assert [ln.split(" ", 1)[0] for ln in restart_lines] == list(config_mod.RESTART_FIELDS)
@@ -404,7 +409,8 @@ def test_every_reason_the_policies_emit_is_explained():
 
     # every reason literal in the batch policies' sources has an explanation
     root = Path(opscli.__file__).parent
-    src = "".join((root / "policies" / f).read_text() for f in ("batch.py", "registry.py"))
+    src = "".join((root / "policies" / f).read_text()
+                  for f in ("batch.py", "static.py", "trtllm.py"))
     emitted = set(re.findall(r'reason(?:=|, | = )"([a-z_]+)"', src))
     emitted |= set(re.findall(r'"(sla_[a-z_]+|memory[a-z_]*|hold_[a-z_]+)"', src))
     emitted |= {"profile_initial", "floor_running"}

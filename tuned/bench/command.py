@@ -30,6 +30,7 @@ from typing import Any
 from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.inputs import CLIP_CHARS, clip_text
+from tuned.policies import catalog
 from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
 
@@ -39,13 +40,19 @@ CAPACITY_HEAD_S = 600.0
 _JOB: dict[str, Any] = {}
 
 
+def _runs(kind: str) -> str:
+    """The bench runs of ``kind`` the policies declare (tuned.policies.catalog)."""
+    return ", ".join(r.name for s in catalog.specs() for r in s.bench if r.kind == kind)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="tuned against static (cap, token budget) pairs and peers' rules, "
         "side by side",
         description=__doc__.split("\n\n")[0] + " Runs tuned, its ablations, vLLM's "
-        "default, a sweep of static (cap, token budget) pairs, TensorRT-LLM's and SGLang's "
-        "rules on the same arrivals.")
+        "default, a sweep of static (cap, token budget) pairs and the peers' rules ("
+        + _runs("peer") + ") on the same arrivals; without --quick also "
+        + _runs("tuned") + " and tuned-paper.")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     hw = p.add_mutually_exclusive_group()
     hw.add_argument("--hardware", help="sim: a GPU-shaped step-time model: " + hardware_help())

@@ -12,16 +12,20 @@ A :class:`Contender` is a name, a kind (``static``, ``peer``, ``tuned``,
   from :func:`sweep_budgets`, named ``static-<cap>`` at vLLM's default budget and
   ``static-<cap>@<budget>`` at another; the best pair in hindsight is picked per
   metric by the report, and so is the best cap at the default budget;
-* ``trtllm``: TensorRT-LLM's dynamic batch-size tuner as the batch policy;
-* ``sglang``: SGLang's new_token_ratio admission as the queue policy, cap at the ceiling;
+* the peers: each policy's declared ``peer`` runs (:func:`policy_runs`), at the full
+  token budget without tuned's TTFT ordering or guard -- ``trtllm`` (TensorRT-LLM's
+  dynamic batch-size tuner as the batch policy), ``sglang`` (SGLang's new_token_ratio
+  admission as the queue policy, cap at the ceiling), and any policy added since;
 * ``tuned`` (memory and SLA bounds, token budget against the SLA, and with a TTFT
   SLO the fcfs queue serving requests that can still make it before late ones);
 * the ablations (:data:`ABLATIONS`, kind ``ablation``), each one of tuned's levers
   alone against the static pair it holds fixed: ``tuned-cap-only``,
   ``tuned-budget-only``, ``tuned-queue-only``, ``tuned-guard-only``
   (:func:`ablations`), so that the report can say which lever produced a gain;
-* without ``--quick``: ``tuned-memory``, ``tuned-sla``, ``tuned-paper`` (Algorithm 2
-  as published) and ``tuned-<queue policy>`` for mcsf, multibin, bucket, saber.
+* without ``--quick``: each policy's declared ``tuned`` runs (``tuned-memory``,
+  ``tuned-sla``, then ``tuned-<queue policy>`` for mcsf, multibin, bucket, saber),
+  each left out when the base config already runs it, and ``tuned-paper``
+  (Algorithm 2 as published) after the batch policies'.
 
 Engines: :class:`SimBench` runs a contender on the simulator; the real-engine one is
 :mod:`tuned.bench.live`. Both return a :class:`RunOutput`.
@@ -36,6 +40,7 @@ from typing import Any
 from tuned import config as config_mod
 from tuned.bench.metrics import CAPACITY_TARGET, RequestResult
 from tuned.config import Config
+from tuned.policies import catalog
 
 
 @dataclass(frozen=True)
@@ -166,24 +171,19 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
     peer_tokens = dict(max_num_batched_tokens=max(default_tokens, ceiling + base.min_chunk_tokens),
                        token_budget_policy="max", ttft_sla_s=0.0, admission_guard="off",
                        on_max_wait="off")
-    if peers:
-        out.append(Contender("trtllm", "peer", _with(base, batch_policy="trtllm",
-                                                       queue_policy="fcfs", queue_options={},
-                                                       **peer_tokens)))
-        out.append(Contender("sglang", "peer", _with(base, batch_policy="static",
-                                                       queue_policy="sglang",
-                                                       queue_options={}, **peer_tokens)))
+    if peers:   # the peers' rules the policies declare, at the full token budget
+        out += [Contender(r.name, "peer", _with(base, **{**peer_tokens, **r.config}))
+                for r in policy_runs("peer")]
     out.append(Contender("tuned", "tuned", base))
     if ablate:
         out += ablations(base)
-    if not quick:
-        out.append(Contender("tuned-memory", "tuned", _with(base, batch_policy="memory")))
-        out.append(Contender("tuned-sla", "tuned", _with(base, batch_policy="sla")))
-        out.append(Contender("tuned-paper", "tuned", _with(base, sla_mode="paper")))
-        for q in ("mcsf", "multibin", "bucket", "saber"):
-            if q != base.queue_policy:
-                out.append(Contender(f"tuned-{q}", "tuned",
-                                     _with(base, queue_policy=q, queue_options={})))
+    if not quick:   # tuned with another of its policies, and Algorithm 2 as published
+        for kind in ("batch", "queue"):
+            out += [Contender(r.name, "tuned", _with(base, **r.config))
+                    for r in policy_runs("tuned", kind)
+                    if any(getattr(base, k) != v for k, v in r.config.items())]
+            if kind == "batch":
+                out.append(Contender("tuned-paper", "tuned", _with(base, sla_mode="paper")))
     if only:
         known = {c.name for c in out}
         missing = [n for n in only if n not in known]
@@ -192,6 +192,14 @@ def contenders(base: Config, *, default_seqs: int, default_tokens: int, quick: b
                              f"(known: {', '.join(c.name for c in out)})")
         out = [c for c in out if c.name in only]
     return out
+
+
+def policy_runs(kind: str, policy_kind: str | None = None) -> list[catalog.BenchRun]:
+    """The bench runs of ``kind`` (``peer`` or ``tuned``) the policies declare
+    (:mod:`tuned.policies.catalog`), batch policies first; ``policy_kind`` keeps
+    those of batch or queue policies only."""
+    return [r for s in catalog.specs() if policy_kind in (None, s.kind)
+            for r in s.bench if r.kind == kind]
 
 
 def ablations(base: Config) -> list[Contender]:

@@ -40,6 +40,7 @@ import math
 import sys
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 from tuned.core.types import Decision, Observation, StepModel
 
@@ -471,3 +472,110 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
         d["sla_s"] = pol.sla.sla_s
         d["search"] = [pol.sla.low, pol.sla.high]
     return d
+
+
+# ------------------------------------------------------------------ as a named policy
+
+def feasibility_patience(cfg: Any) -> int:
+    """Ticks of measured violation before an SLA is declared infeasible: more than one
+    TBT window's worth, so that the steps of the last strike were not yet run at the
+    first. A window is seen by ``tbt_window_s / interval_s`` ticks in a row, so three
+    strikes at short ticks would read one slow window three times and set aside an
+    SLA that the steps before and after it met. At least 3."""
+    return max(3, math.ceil(cfg.tbt_window_s / cfg.interval_s) + 1)
+
+
+def settle_ticks(cfg: Any) -> int:
+    """Ticks after a fall of the SLA search before the next one: the TBT window's
+    length in ticks less the tick of the fall, so that the steps which caused a fall
+    have left the window before they can cause another."""
+    return max(0, math.ceil(round(cfg.tbt_window_s / cfg.interval_s, 9)) - 1)
+
+
+def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
+           profile: Any) -> tuple[BatchPolicy, str | None]:
+    """Seed 000's policy for ``batch_policy`` ``name`` (tuned: both bounds, memory:
+    Algorithm 1 alone, sla: Algorithm 2 alone) and the reason of its first decision
+    when the profile warm-starts it."""
+    b_max = min(cfg.effective_b_max, ceiling)
+    sla = None
+    first_reason = None
+    paper = cfg.sla_mode == "paper"
+    if cfg.sla_enabled and name in ("tuned", "sla"):
+        if paper:
+            sla = SlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta, cfg.b_min, b_max)
+        else:
+            sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
+                                   cfg.b_min, b_max, statistic=cfg.sla_statistic,
+                                   settle_ticks=settle_ticks(cfg))
+        if profile is not None:
+            # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
+            sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))
+            first_reason = "profile_initial"
+    memory = (MemoryBound(cfg.eps_m, b_max, cfg.min_demand_samples)
+              if name in ("tuned", "memory") else None)
+    policy = BatchPolicy(
+        ceiling=ceiling, b_min=cfg.b_min, b_max=b_max, memory=memory, sla=sla,
+        max_num_batched_tokens=max_num_batched_tokens,
+        min_chunk_tokens=cfg.min_chunk_tokens,
+        step_model=profile.step_model() if profile is not None else None,
+        feasibility=(None if paper or sla is None else
+                     Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha,
+                                 patience=feasibility_patience(cfg))))
+    return policy, first_reason
+
+
+def build_tuned(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, profile: Any = None,
+                **_: Any) -> tuple[BatchPolicy, str | None]:
+    return _build("tuned", cfg, ceiling=ceiling,
+                  max_num_batched_tokens=max_num_batched_tokens, profile=profile)
+
+
+def build_memory(cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
+                 profile: Any = None, **_: Any) -> tuple[BatchPolicy, str | None]:
+    return _build("memory", cfg, ceiling=ceiling,
+                  max_num_batched_tokens=max_num_batched_tokens, profile=profile)
+
+
+def build_sla(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, profile: Any = None,
+              **_: Any) -> tuple[BatchPolicy, str | None]:
+    return _build("sla", cfg, ceiling=ceiling,
+                  max_num_batched_tokens=max_num_batched_tokens, profile=profile)
+
+
+#: the reasons every seed-000 policy emits (tuned.policies.catalog reads this)
+SEED000_REASONS = {
+    "initial": "no decode step in the TBT window yet (start-up or idle): SLA search kept",
+    "profile_initial": "first decision, read off the profile's TBT curve at the SLA",
+    "memory": "the KV-cache memory bound (seed 000 Alg. 1) is the tighter limit",
+    "memory_no_data": "fewer than min_demand_samples finished requests: memory bound held",
+    "sla_over": "TBT above SLA + eps_d_s: the SLA search moves down",
+    "sla_under": "TBT below SLA - eps_d_s: the SLA search moves up",
+    "sla_hold": "TBT within the SLA tolerance: the search narrows around the batch",
+    "hold_no_queue": "nothing waiting or nothing running: memory bound held",
+    "no_memory_bound": "batch_policy = sla: the SLA bound alone decides",
+    "sla_over_prefill": "TBT over the SLA but decode-only steps within it: prefill chunks "
+                        "caused it, the token budget shrinks, the cap holds",
+    "sla_idle": "the cap was not binding (nothing waited at the cap): SLA search kept",
+    "sla_over_settling": "TBT still over the SLA on a window that holds the steps of the "
+                         "last fall: the search waits for the window to turn over",
+    "sla_expand": "TBT under the SLA at a collapsed search interval while the cap binds: "
+                  "the upper end grows by a quarter",
+    "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
+                      "memory bound and full token budget maximise throughput",
+}
+
+#: what tuned knows of these policies without importing this module
+#: (:mod:`tuned.policies.catalog`); their options are the config's own fields
+POLICIES = [
+    {"name": "tuned", "kind": "batch", "build": "build_tuned", "order": 10,
+     "summary": "min of the memory and SLA bounds", "step_fit": True,
+     "reasons": SEED000_REASONS},
+    {"name": "memory", "kind": "batch", "build": "build_memory", "order": 20,
+     "summary": "Algorithm 1 alone", "budget_sla": False, "reasons": SEED000_REASONS,
+     "bench": [{"name": "tuned-memory", "kind": "tuned",
+                "config": {"batch_policy": "memory"}}]},
+    {"name": "sla", "kind": "batch", "build": "build_sla", "order": 30,
+     "summary": "Algorithm 2 alone", "step_fit": True, "reasons": SEED000_REASONS,
+     "bench": [{"name": "tuned-sla", "kind": "tuned", "config": {"batch_policy": "sla"}}]},
+]

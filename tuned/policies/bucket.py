@@ -231,3 +231,28 @@ class BucketPolicy(QueuePolicy):
                                   f"{self.safe_fraction:g} x {ctx.kv_free_tokens} free tokens")
         return Verdict(True, f"bucket: bucket {b + 1} of {len(self.bounds)}, "
                              f"{total} <= {limit:g} safe tokens")
+
+
+#: what tuned knows of this policy without importing it (tuned.policies.catalog)
+POLICY = {
+    "name": "bucket", "kind": "queue", "build": "BucketPolicy", "order": 40,
+    "summary": "adaptive length buckets and a safe batch size (seed 004)",
+    "options": {
+        "mode": {"type": "str", "default": "online", "choices": MODES,
+                 "doc": "online, or offline shortest / longest bucket first"},
+        "theta": {"type": "float", "default": 0.5, "lo": 0.0, "hi": 1.0, "hi_open": True,
+                  "doc": "bucket split threshold"},
+        "max_len_tokens": {"type": "int", "default": 0, "lo": 0,
+                           "doc": "longest sequence bucketed (0 = the longest seen)"},
+        "safe_fraction": {"type": "float", "default": 0.9, "lo": 0.0, "hi": 1.0,
+                          "lo_open": True, "doc": "share of free memory planned with"},
+        "one_bucket_per_step": {"type": "bool", "default": True,
+                                "doc": "admit from one bucket per engine step"},
+        "min_width_tokens": {"type": "int", "default": 2, "lo": 1,
+                             "doc": "narrowest bucket in tokens"},
+        "adjust_interval_s": {"type": "float", "default": 0.1, "lo": 0.0,
+                              "doc": "seconds between bucket adjustments"},
+    },
+    "bench": [{"name": "tuned-bucket", "kind": "tuned",
+               "config": {"queue_policy": "bucket", "queue_options": {}}}],
+}

@@ -326,3 +326,16 @@ class TieredOrder:
                 moved.append(info)
             heapq.heappop(heap)                   # moved, or stale (left / re-added)
         return moved
+
+
+#: what tuned knows of this policy without importing it (tuned.policies.catalog)
+POLICY = {
+    "name": "fcfs", "kind": "queue", "build": "FCFSPolicy", "order": 10,
+    "summary": "arrival order; with ttft_sla_s, late requests after those that can "
+               "still make it",
+    "options": {
+        "late_after_s": {"type": "float", "default": 0.0, "lo": 0.0,
+                         "doc": "a request waiting longer is late and served after the "
+                                "on-time ones (0 = off; default ttft_sla_s)"},
+    },
+}

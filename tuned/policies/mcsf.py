@@ -178,3 +178,20 @@ class MCSFPolicy(QueuePolicy):
             return Verdict(True, f"mcsf: fits, peak {peak} <= M={m} {unit} at +{d} steps")
         return Verdict(False, f"mcsf: KV look-ahead overflow, {peak} > M={m} {unit} "
                               f"at +{d} steps")
+
+
+#: what tuned knows of this policy without importing it (tuned.policies.catalog)
+POLICY = {
+    "name": "mcsf", "kind": "queue", "build": "MCSFPolicy", "order": 20,
+    "summary": "memory-constrained shortest first (seed 003)",
+    "options": {
+        "reserve_fraction": {"type": "float", "default": "auto", "lo": 0.0, "hi": 1.0,
+                             "hi_open": True, "also": ["auto"],
+                             "doc": "share of the KV cache kept free for under-predicted "
+                                    "outputs (auto: the measured under-prediction)"},
+        "overestimate": {"type": "bool", "default": True,
+                         "doc": "plan with an over-estimating output prediction"},
+    },
+    "bench": [{"name": "tuned-mcsf", "kind": "tuned",
+               "config": {"queue_policy": "mcsf", "queue_options": {}}}],
+}

@@ -234,3 +234,27 @@ class MultiBinPolicy(QueuePolicy):
 
     def forget(self, request_id: str) -> None:
         self._bin_of_id.pop(request_id, None)
+
+
+#: what tuned knows of this policy without importing it (tuned.policies.catalog)
+POLICY = {
+    "name": "multibin", "kind": "queue", "build": "MultiBinPolicy", "order": 30,
+    "summary": "length bins served bin by bin (seed 001)",
+    "options": {
+        "k": {"type": "int", "default": 4, "lo": 0, "hi": 4096, "at_most": "k_max",
+              "doc": "number of bins (0 = the smallest k reaching target_fraction)"},
+        "target_fraction": {"type": "float", "default": 0.9, "lo": 0.0, "hi": 1.0,
+                            "lo_open": True, "hi_open": True,
+                            "doc": "throughput target of the automatic k"},
+        "k_max": {"type": "int", "default": 16, "lo": 1, "hi": 4096,
+                  "doc": "largest k the automatic choice may take"},
+        "window": {"type": "int", "default": 512, "lo": 1, "hi": 1048576,
+                   "doc": "recent predictions the bin boundaries are quantiles of"},
+        "max_wait_s": {"type": "float", "default": 30.0, "lo": 0.0,
+                       "doc": "starvation bound: a bin waiting longer is served next"},
+        "one_bin_per_step": {"type": "bool", "default": True,
+                             "doc": "admit from one bin per engine step"},
+    },
+    "bench": [{"name": "tuned-multibin", "kind": "tuned",
+               "config": {"queue_policy": "multibin", "queue_options": {}}}],
+}

@@ -300,3 +300,25 @@ class SaberPolicy(QueuePolicy):
         self._low.pop(request_id, None)
         self._recorded.pop(request_id, None)
         self._t_demote.pop(request_id, None)
+
+
+#: what tuned knows of this policy without importing it (tuned.policies.catalog)
+POLICY = {
+    "name": "saber", "kind": "queue", "build": "SaberPolicy", "order": 50,
+    "summary": "deadline-aware two-tier admission (seed 002)",
+    "options": {
+        "window": {"type": "int", "default": 16, "lo": 1,
+                   "doc": "waiting requests one admission attempt may try"},
+        "default_deadline_s": {"type": "float", "default": 0.0, "lo": 0.0,
+                               "doc": "deadline of a request without a class (0 = none)"},
+        "use_predicted": {"type": "bool", "default": False,
+                          "doc": "plan with the predicted output instead of max_tokens"},
+        "running_check": {"type": "str", "default": "executed",
+                          "choices": ["executed", "recorded", "current", "off"],
+                          "doc": "how running requests' speeds are checked"},
+        "demoted": {"type": "str", "default": "last", "choices": ["last", "in_order"],
+                    "doc": "where demoted requests are served"},
+    },
+    "bench": [{"name": "tuned-saber", "kind": "tuned",
+               "config": {"queue_policy": "saber", "queue_options": {}}}],
+}

@@ -261,3 +261,30 @@ class SglangPolicy(QueuePolicy):
 __all__ = ["CLIP_MAX_NEW_TOKENS", "INIT_NEW_TOKEN_RATIO", "MIN_NEW_TOKEN_RATIO_FACTOR",
            "NEW_TOKEN_RATIO_DECAY_STEPS", "NewTokenRatio", "RETRACT_DECODE_STEPS",
            "SglangPolicy", "ratio_after_retract"]
+
+
+#: what tuned knows of this policy without importing it (tuned.policies.catalog)
+POLICY = {
+    "name": "sglang", "kind": "queue", "build": "SglangPolicy", "order": 60,
+    "summary": "SGLang's new_token_ratio admission",
+    "options": {
+        "schedule_conservativeness": {"type": "float", "default": 1.0, "lo": 0.0,
+                                      "doc": "scales the ratio schedule"},
+        "clip_max_new_tokens": {"type": "int", "default": CLIP_MAX_NEW_TOKENS, "lo": 0,
+                                "doc": "max_tokens counted at most this many"},
+        "page_size": {"type": "int", "default": 1, "lo": 1, "doc": "KV page in tokens"},
+        "init_new_token_ratio": {"type": "float", "default": INIT_NEW_TOKEN_RATIO,
+                                 "doc": "the ratio at start"},
+        "min_new_token_ratio_factor": {"type": "float",
+                                       "default": MIN_NEW_TOKEN_RATIO_FACTOR,
+                                       "doc": "the lowest ratio, as a share of the first"},
+        "new_token_ratio_decay_steps": {"type": "int",
+                                        "default": NEW_TOKEN_RATIO_DECAY_STEPS, "lo": 1,
+                                        "doc": "steps the ratio decays over"},
+        "retract_decode_steps": {"type": "int", "default": RETRACT_DECODE_STEPS,
+                                 "doc": "decode steps assumed after a retraction"},
+    },
+    "bench": [{"name": "sglang", "kind": "peer",
+               "config": {"batch_policy": "static", "queue_policy": "sglang",
+                          "queue_options": {}}}],
+}

@@ -84,6 +84,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tuned.core.types import Decision, Observation
 
 #: ``DynamicBatchConfig::kDefaultBatchSizeTable``: (capacity limit, batch size) rows.
 DEFAULT_BATCH_SIZE_TABLE: tuple[tuple[int, int], ...] = (
@@ -322,3 +325,55 @@ __all__ = ["BATCH_SIZE_FALLBACK_GRANULARITY", "BATCH_SIZE_FALLBACK_THRESHOLD",
            "block_requirements_per_beam", "max_block_requirements",
            "max_capacity_batch_size", "runtime_max_num_tokens", "sink_bubble_length",
            "snap_batch_size"]
+
+
+class TrtllmPolicy:
+    """TensorRT-LLM's dynamic batch-size tuner as a batch policy.
+
+    The source feeds its 128-sample windows with every active request's prompt
+    length and ``max_new_tokens`` once per executor iteration; here once per
+    controller tick (``Observation.active``), which samples the same population at
+    a coarser rate. Capacity is the whole KV pool in blocks over the blocks one
+    sequence needs at the averages, snapped by the batch-size table; it has no
+    latency input, and its own token budget is ``max_num_batched_tokens`` (the
+    source's token tuning is a separate flag, off by default); tuned's
+    ``token_budget_policy`` may wrap it like any other policy.
+    """
+
+    wants_active = True
+
+    def __init__(self, ceiling: int, max_num_batched_tokens: int, block_size: int) -> None:
+        self.tuner = TrtllmDynamicBatchTuner(max_batch_size=ceiling)
+        self.ceiling = ceiling
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = block_size
+
+    def decide(self, obs: Observation) -> Decision:
+        for prompt, max_new in obs.active:
+            self.tuner.observe_request(prompt, max_new)
+        cap = min(max(self.tuner.batch_size(obs.kv_capacity_blocks, self.block_size), 1),
+                  self.ceiling)
+        return Decision(target=cap, lower=1, upper=self.ceiling, cap=cap,
+                        batch=min(max(cap, obs.num_running), self.ceiling),
+                        token_budget=self.max_num_batched_tokens, reason="trtllm",
+                        inputs={"running": obs.num_running, "waiting": obs.num_waiting,
+                                "avg_input_tokens": self.tuner.avg_input_len,
+                                "avg_output_tokens": self.tuner.avg_output_len,
+                                "samples": self.tuner.samples,
+                                "kv_capacity_blocks": obs.kv_capacity_blocks})
+
+
+def build(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, block_size: int,
+          **_: Any) -> TrtllmPolicy:
+    return TrtllmPolicy(ceiling, max_num_batched_tokens, block_size)
+
+
+#: what tuned knows of this policy without importing it (tuned.policies.catalog)
+POLICY = {
+    "name": "trtllm", "kind": "batch", "build": "build", "order": 40,
+    "summary": "TensorRT-LLM's dynamic batch tuner",
+    "reasons": {"trtllm": "batch_policy = trtllm: TensorRT-LLM's dynamic batch-size tuner"},
+    "bench": [{"name": "trtllm", "kind": "peer",
+               "config": {"batch_policy": "trtllm", "queue_policy": "fcfs",
+                          "queue_options": {}}}],
+}

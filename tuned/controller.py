@@ -36,7 +36,8 @@ from tuned.control.sla import SlaSource
 from tuned.control.status import decisions_view
 from tuned.metrics import Metrics
 from tuned.core.contract import EngineView
-from tuned.core.knobs import NO_SWITCH, Fallback, KnobSlot, QueueInputs, valid_cap
+from tuned.core.knobs import Fallback, KnobSlot, valid_cap
+from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
@@ -86,6 +87,8 @@ class Controller:
         self.slot = KnobSlot(engine.ceiling, engine.max_num_batched_tokens,
                              stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap,
                              clock=clock, metrics=metrics)
+        # what the engine's waiting queue reads, down, and its switches, up
+        self.queue_channel = QueueChannel()
         self.export = MetricsExport(metrics)
         self.liveness = EngineLiveness(engine, clock)
         self.watchdog = Watchdog(notifier, clock, serving)
@@ -150,7 +153,7 @@ class Controller:
         return self.sla.source(self.cfg)
 
     def queue_inputs(self) -> QueueInputs:
-        """What the engine's waiting queue reads each step, published into the slot
+        """What the engine's waiting queue reads each step, published into the queue channel
         whenever one of its sources changes (the step fit, the config, the derived SLA,
         the profile): the profile's speed curve, and the admission guard's step model,
         TPOT SLA and TTFT SLA (:class:`tuned.core.admission.AdmissionGuard`), or
@@ -190,7 +193,7 @@ class Controller:
         self.speed_fn = profile.speed_tok_s if profile is not None else None
         self.slot.configure(stale_after_s=eff.stale_after_s, fallback_cap=eff.fallback_cap)
         self.metrics.tbt_sla.set(eff.tbt_sla_s)
-        self.slot.publish(self.queue_inputs())
+        self.queue_channel.publish(self.queue_inputs())
 
     def apply_config(self, new: Config) -> None:
         """Apply a validated config live, all or nothing (the reloader's target): on an
@@ -214,7 +217,7 @@ class Controller:
                 self.slot.configure(stale_after_s=eff.stale_after_s,
                                     fallback_cap=eff.fallback_cap)
                 self.metrics.tbt_sla.set(eff.tbt_sla_s)
-                self.slot.publish(self.queue_inputs())
+                self.queue_channel.publish(self.queue_inputs())
                 raise
         if self._scheduler is not None and new.interval_s != old.interval_s:
             self._scheduler.reschedule_job("tuned-controller", trigger="interval",
@@ -316,7 +319,7 @@ class Controller:
         demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
                                 eng.block_size)
         running, waiting = eng.counts()
-        final = self.slot.take_queue_switch()
+        final = self.queue_channel.take_switch()
         if final is not NO_SWITCH:   # the engine installed another queue policy
             self.export.queue_switched(final)
         snap = eng.queue_snapshot()
@@ -354,7 +357,7 @@ class Controller:
                   if free is not None and kv_bytes_per_token else None)
         if tokens != self.gpu_free_tokens:
             self.gpu_free_tokens = tokens
-            self.slot.publish(self.queue_inputs())
+            self.queue_channel.publish(self.queue_inputs())
 
     def _refresh_step_fit(self, now: float) -> None:
         """The online step model: refreshed every few seconds from this engine's own
@@ -372,7 +375,7 @@ class Controller:
             fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES))
             if fit is not None:
                 self._step_fit = fit
-                self.slot.publish(self.queue_inputs())
+                self.queue_channel.publish(self.queue_inputs())
 
     def decide(self, obs: Observation) -> Decision:
         dec = self.policy.decide(obs)

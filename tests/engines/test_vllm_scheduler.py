@@ -155,16 +155,16 @@ def test_unsupported_vllm_version_is_a_clear_error():
 
 
 def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
-    """Contract: the engine's step path reads the slot (knobs and the queue's inputs)
-    and never calls the controller; a controller whose every method raises leaves the
+    """Contract: the engine's step path reads the slot (knobs) and the queue channel
+    (the queue's inputs) and never calls the controller; a controller whose every method raises leaves the
     steps untouched."""
     from tuned.controller import Controller
-    from tuned.core.knobs import QueueInputs
+    from tuned.core.queue_channel import QueueInputs
 
     s = make_scheduler(str(tiny_model), False, queue_policy="mcsf")
     try:
         marker = QueueInputs(speed_fn=None, step_model=None, tpot_sla_s=0.0, ttft_sla_s=0.0)
-        s.controller.slot.publish(marker)
+        s.tuned.queue_channel.publish(marker)
         for name in ("run_once", "observe", "decide", "act", "queue_inputs",
                      "admission_guard", "decisions_json", "reload"):
             monkeypatch.setattr(s.controller, name, lambda *a, **k: 1 / 0)
@@ -176,7 +176,7 @@ def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
             step(s)
         assert len(s.finished.since(0)) == 3
         assert s._tuned_errors == 0
-        assert s.controller.slot.queue_inputs is marker
+        assert s.tuned.queue_channel.inputs is marker
     finally:
         s.shutdown()
 
@@ -184,5 +184,5 @@ def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
 def test_the_controller_publishes_the_queue_inputs_it_derives(sched):
     """What the queue reads is what the controller derived, published on each change."""
     ctrl = sched.controller
-    assert ctrl.slot.queue_inputs == ctrl.queue_inputs()
-    assert ctrl.slot.queue_inputs.step_model is None      # no step fit yet: guard off
+    assert ctrl.queue_channel.inputs == ctrl.queue_inputs()
+    assert ctrl.queue_channel.inputs.step_model is None      # no step fit yet: guard off

@@ -148,6 +148,7 @@ def measure_static_caps(tmp_path, srv, small_model) -> StaticFidelity:
     from tuned.bench.runner import Contender, results_from_sim
     from tuned.cli import main as tuned_main
     from tuned.curves.profile import load_profile
+    from tuned.curves.report import profile_summary
     from tuned.engines.sim import simulate
     from tuned.profiler.steps import StepsClient
     from tuned.sim.hardware import profile_hardware
@@ -169,7 +170,7 @@ def measure_static_caps(tmp_path, srv, small_model) -> StaticFidelity:
     assert rc == 0
     prof = load_profile(prof_path)
     model = prof.step_model()
-    assert model is not None, prof.summary()
+    assert model is not None, profile_summary(prof)
     print(f"\nstep model measured here: {model}")
     # a workload below saturation at cap 4, from the measured speed
     t4 = model.predict_step_s(4, 0, 4 * 60)

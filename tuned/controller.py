@@ -1,12 +1,14 @@
 """The control loop: observe -> decide -> act, once per ``interval_s``.
 
 ``Controller.run_once()`` reads the step and finished-request rings the scheduler
-fills, NVML memory where a GPU exists, and the queue lengths (observe); runs the
-batch-size policy of seed 000 inside the GPU-memory guard (decide;
-:mod:`tuned.policies.gpu_memory`); and puts the decision in a pending slot the
-scheduler applies at the top of its next ``schedule()`` (act). Each tick is timed
-into ``tuned_controller_tick_seconds``, each phase into
-``tuned_controller_tick_phase_seconds{phase}``.
+fills, NVML memory where a GPU exists, and the queue lengths (observe); exports what it
+read (:class:`tuned.control.export.MetricsExport`) and publishes the queue's inputs
+into the queue channel (:mod:`tuned.core.queue_channel`); runs the batch-size policy
+of seed 000 inside the GPU-memory guard (decide; :mod:`tuned.policies.gpu_memory`);
+and puts the decision in the knob slot the scheduler applies at the top of its next
+``schedule()`` (act). Each tick is timed into ``tuned_controller_tick_seconds``, each
+phase into ``tuned_controller_tick_phase_seconds{phase}`` (the export and the
+publishing count in the observe phase).
 
 A tick that raises is counted and hands the scheduler the configured fallback cap;
 the scheduler also falls back on its own when the last good tick is older than
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import structlog
 
@@ -36,11 +38,12 @@ from tuned.control.sla import SlaSource
 from tuned.control.status import decisions_view
 from tuned.metrics import Metrics
 from tuned.core.contract import EngineView
-from tuned.core.knobs import NO_SWITCH, Fallback, KnobSlot, QueueInputs, valid_cap
+from tuned.core.knobs import Fallback, KnobSlot, valid_cap
+from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
-from tuned.policies.binding import cap_binding
+from tuned.policies.binding import explained
 from tuned.policies.registry import build_batch_policy, wants_step_fit
 from tuned.telemetry.nvml import NvmlSampler, free_bytes, free_fraction
 
@@ -53,6 +56,18 @@ STEP_FIT_EVERY_S = 4.0
 STEP_FIT_SAMPLES = 1024
 #: a failure that repeats tick after tick is logged again this often (with the count)
 FAIL_LOG_EVERY_S = 60.0
+
+
+class Seen(NamedTuple):
+    """What a tick's observe read beside its :class:`Observation`, for the export:
+    the engine steps and the number of finished requests since the last tick, the
+    outgoing queue's counters of a queue switch (or ``NO_SWITCH``), the queue's
+    snapshot."""
+
+    new_steps: list
+    new_finished: int
+    queue_switch: object
+    queue: dict | None
 
 
 def load_profile(path: str):
@@ -86,6 +101,8 @@ class Controller:
         self.slot = KnobSlot(engine.ceiling, engine.max_num_batched_tokens,
                              stale_after_s=cfg.stale_after_s, fallback_cap=cfg.fallback_cap,
                              clock=clock, metrics=metrics)
+        # what the engine's waiting queue reads, down, and its switches, up
+        self.queue_channel = QueueChannel()
         self.export = MetricsExport(metrics)
         self.liveness = EngineLiveness(engine, clock)
         self.watchdog = Watchdog(notifier, clock, serving)
@@ -97,6 +114,7 @@ class Controller:
         self.gpu: list | None = None                  # NVML's devices at the last tick
         self.gpu_free_tokens: int | None = None       # their free memory in KV tokens
         self.last_observation: Observation | None = None
+        self.seen: Seen | None = None                 # observe's readings for the export
         self._step_seq = 0
         self._fin_seq = 0
         self._fit_t = -math.inf
@@ -110,63 +128,20 @@ class Controller:
         metrics.ceiling.set(engine.ceiling)
         metrics.kv_capacity.set(engine.kv_capacity_tokens)
 
-    # the slot's two fields, kept as attributes of the controller for callers and tests
-    @property
-    def pending(self) -> Decision | Fallback | None:
-        return self.slot.pending
-
-    @pending.setter
-    def pending(self, item: Decision | Fallback | None) -> None:
-        self.slot.offer(item)
-
-    @property
-    def last_ok(self) -> float:
-        """Controller-clock time of the last good tick."""
-        return self.slot.last_ok
-
-    @last_ok.setter
-    def last_ok(self, t: float) -> None:
-        self.slot.mark_ok(t)
-
-    @property
-    def notifier(self) -> Any:
-        return self.watchdog.notifier
-
-    @property
-    def ready_sent(self) -> bool:
-        return self.watchdog.ready_sent
-
     # ------------------------------------------------------------------ config
-    @property
-    def sla_s(self) -> float:
-        """The TBT SLA in force: the config's, or the one derived on this host."""
-        return self.sla.sla_s(self.cfg)
-
-    @property
-    def derived_sla(self) -> dict | None:
-        return self.sla.derived
-
-    def sla_source(self) -> str:
-        return self.sla.source(self.cfg)
-
     def queue_inputs(self) -> QueueInputs:
-        """What the engine's waiting queue reads each step, published into the slot
-        whenever one of its sources changes (the step fit, the config, the derived SLA,
-        the profile): the profile's speed curve, and the admission guard's step model,
-        TPOT SLA and TTFT SLA (:class:`tuned.core.admission.AdmissionGuard`), or
-        (None, 0.0, 0.0) while the guard is off: ``admission_guard = "off"``, no SLA
-        yet, or no step fit yet. The TTFT SLA is 0 (that half off) without
-        ``ttft_sla_s``. And NVML's free memory in KV tokens (BucketServe's N_max),
-        re-published each tick it changes."""
+        """What the engine's waiting queue reads each step, published into the queue
+        channel each tick and whenever the config in force changes: the profile's
+        speed curve, and the admission guard's step model, TPOT SLA and TTFT SLA
+        (:class:`tuned.core.admission.AdmissionGuard`), or (None, 0.0, 0.0) while the
+        guard is off: ``admission_guard = "off"``, no SLA yet, or no step fit yet. The
+        TTFT SLA is 0 (that half off) without ``ttft_sla_s``. And NVML's free memory
+        in KV tokens (BucketServe's N_max)."""
         fit = self._step_fit
         if fit is None or not self.cfg.guards_admission:
             return QueueInputs(self.speed_fn, gpu_free_tokens=self.gpu_free_tokens)
-        return QueueInputs(self.speed_fn, fit, self.sla_s, self.cfg.ttft_sla_s,
-                           self.gpu_free_tokens)
-
-    def admission_guard(self) -> tuple[Any, float, float]:
-        """The guard's part of :meth:`queue_inputs`: (step model, TPOT SLA, TTFT SLA)."""
-        return self.queue_inputs().guard
+        return QueueInputs(self.speed_fn, fit, self.sla.sla_s(self.cfg),
+                           self.cfg.ttft_sla_s, self.gpu_free_tokens)
 
     def _build(self, cfg: Config, reuse_profile: bool = False) -> None:
         """(Re)build the policy objects from a validated config. All or nothing: the
@@ -188,9 +163,14 @@ class Controller:
         # one bound method for the queue's admission checks (SABER): a new object
         # every step would make it recompute its order every step
         self.speed_fn = profile.speed_tok_s if profile is not None else None
+        self._settle(eff)
+
+    def _settle(self, eff: Config) -> None:
+        """Hand on what the config in force (``eff``, with the SLA in force) sets: the
+        slot's fallback settings, the SLA gauge, the queue's inputs."""
         self.slot.configure(stale_after_s=eff.stale_after_s, fallback_cap=eff.fallback_cap)
         self.metrics.tbt_sla.set(eff.tbt_sla_s)
-        self.slot.publish(self.queue_inputs())
+        self.queue_channel.publish(self.queue_inputs())
 
     def apply_config(self, new: Config) -> None:
         """Apply a validated config live, all or nothing (the reloader's target): on an
@@ -210,11 +190,7 @@ class Controller:
             except Exception:
                 (self.cfg, self.policy, self._first_reason, self.profile,
                  self.speed_fn) = kept
-                eff = self.sla.effective(old)
-                self.slot.configure(stale_after_s=eff.stale_after_s,
-                                    fallback_cap=eff.fallback_cap)
-                self.metrics.tbt_sla.set(eff.tbt_sla_s)
-                self.slot.publish(self.queue_inputs())
+                self._settle(self.sla.effective(old))
                 raise
         if self._scheduler is not None and new.interval_s != old.interval_s:
             self._scheduler.reschedule_job("tuned-controller", trigger="interval",
@@ -224,10 +200,6 @@ class Controller:
         """Re-read and validate the config; apply it live or keep the old one
         (:class:`tuned.control.reload.Reloader`)."""
         return self.reloader.reload()
-
-    @property
-    def last_reload(self) -> dict:
-        return self.reloader.last
 
     # ------------------------------------------------------------------ loop
     def run_once(self) -> Decision | None:
@@ -242,9 +214,11 @@ class Controller:
             with self._lock:
                 t0 = self.clock()
                 obs = self.observe()
+                self._export_seen(obs)
                 if self.sla.derive(self.cfg, self._step_fit, obs.kv_tokens_resident,
                                    obs.num_running):
                     self._build(self.cfg, reuse_profile=True)
+                self.queue_channel.publish(self.queue_inputs())
                 t1 = self.clock()
                 dec = self.decide(obs)
                 t2 = self.clock()
@@ -297,13 +271,14 @@ class Controller:
 
     def observe(self) -> Observation:
         """Read the engine: its new steps and finished requests, the windowed step
-        aggregates, the online step fit (every few seconds), NVML and the queue."""
+        aggregates, the online step fit (every few seconds), NVML and the queue. What
+        the export needs beside the Observation is kept in ``self.seen``; exporting
+        and publishing are :meth:`run_once`'s."""
         eng, cfg = self.engine, self.cfg
         now = self.clock()
         new_steps = eng.steps.since(self._step_seq)
         if new_steps:
             self._step_seq = new_steps[-1].seq + 1
-        self.export.steps(new_steps)
         win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
                           cap=self.slot.applied.cap)
         self._refresh_step_fit(now)
@@ -311,29 +286,24 @@ class Controller:
         new_fin = [f for f in fin if f.seq >= self._fin_seq]
         if fin:
             self._fin_seq = fin[-1].seq + 1
-        self.export.finished(len(new_fin))
         # A request's KV demand in blocks: what the paged allocator gives it.
         demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
                                 eng.block_size)
         running, waiting = eng.counts()
-        final = self.slot.take_queue_switch()
-        if final is not NO_SWITCH:   # the engine installed another queue policy
-            self.export.queue_switched(final)
+        switch = self.queue_channel.take_switch()
         snap = eng.queue_snapshot()
-        self.export.queue(snap)
         self._note_refusals(snap, now)
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
-            self.export.gpu(self.gpu)
         gpu_free = free_fraction(self.gpu)
-        self._publish_gpu_free_tokens(getattr(eng, "kv_bytes_per_token", None))
+        self.gpu_free_tokens = _free_tokens(self.gpu, getattr(eng, "kv_bytes_per_token", None))
         # live where the engine can read it (vLLM: an abort frees blocks outside any
         # step, so the newest step's figure goes stale once the engine idles)
         live_kv = getattr(eng, "kv_usage_now", None)
         kv_usage = live_kv() if live_kv is not None else win.kv_usage
-        self.export.engine(kv_usage)
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
+        self.seen = Seen(new_steps, len(new_fin), switch, snap)
         self.last_observation = Observation(
             num_running=running, num_waiting=waiting, active=active,
             kv_capacity_blocks=eng.kv_capacity_tokens // eng.block_size,
@@ -346,15 +316,17 @@ class Controller:
             gpu_free_fraction=gpu_free)
         return self.last_observation
 
-    def _publish_gpu_free_tokens(self, kv_bytes_per_token: float | None) -> None:
-        """NVML's free memory (the lowest GPU) in KV tokens, into the slot when it
-        changed; None without a sample or without the engine's bytes per token."""
-        free = free_bytes(self.gpu)
-        tokens = (int(free // kv_bytes_per_token)
-                  if free is not None and kv_bytes_per_token else None)
-        if tokens != self.gpu_free_tokens:
-            self.gpu_free_tokens = tokens
-            self.slot.publish(self.queue_inputs())
+    def _export_seen(self, obs: Observation) -> None:
+        """The tick's readings as metrics (what :meth:`observe` read)."""
+        seen, export = self.seen, self.export
+        export.steps(seen.new_steps)
+        export.finished(seen.new_finished)
+        if seen.queue_switch is not NO_SWITCH:   # the engine installed another queue policy
+            export.queue_switched(seen.queue_switch)
+        export.queue(seen.queue)
+        if self.nvml is not None:
+            export.gpu(self.gpu)
+        export.engine(obs.kv_usage)
 
     def _refresh_step_fit(self, now: float) -> None:
         """The online step model: refreshed every few seconds from this engine's own
@@ -372,16 +344,12 @@ class Controller:
             fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES))
             if fit is not None:
                 self._step_fit = fit
-                self.slot.publish(self.queue_inputs())
 
     def decide(self, obs: Observation) -> Decision:
-        dec = self.policy.decide(obs)
-        if not isinstance(dec, Decision) or type(dec.cap) is not int:
-            return dec      # a fault: run_once hands the engine the fallback cap
-        if self._first_reason and self.current is None and dec.reason == "initial":
-            dec = _replace(dec, {"reason": self._first_reason})
-        # whether the cap the engine applies binds, in words (reasons name the rule)
-        return _replace(dec, {"inputs": {**(dec.inputs or {}), **cap_binding(obs, dec.cap)}})
+        """The policy's decision, explained (:func:`tuned.policies.binding.explained`);
+        anything else is a fault: run_once hands the engine the fallback cap."""
+        first = self._first_reason if self.current is None else None
+        return explained(self.policy.decide(obs), obs, first)
 
     def act(self, dec: Decision) -> None:
         """Hand the decision to the engine's slot, export it, keep it in the history."""
@@ -389,7 +357,7 @@ class Controller:
         self.seq += 1
         self.current = dec
         self.slot.offer(dec)
-        self.export.decision(dec, old, self.sla_s)
+        self.export.decision(dec, old, self.sla.sla_s(self.cfg))
         entry = {"t": self.wall(), "seq": self.seq, **dec.to_dict()}
         self.recent.append(entry)
         del self.recent[:-200]
@@ -455,7 +423,8 @@ def _now_dt():
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def _replace(obj, changes: dict):
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
+def _free_tokens(gpu: list | None, kv_bytes_per_token: float | None) -> int | None:
+    """NVML's free memory (the lowest GPU) in KV tokens; None without a sample or
+    without the engine's bytes per token."""
+    free = free_bytes(gpu)
+    return int(free // kv_bytes_per_token) if free is not None and kv_bytes_per_token else None

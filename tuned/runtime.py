@@ -20,6 +20,7 @@ import structlog
 from tuned.config import Config
 from tuned.controller import Controller, EngineView
 from tuned.core.knobs import KnobSlot
+from tuned.core.queue_channel import QueueChannel
 from tuned.metrics import Endpoint, Metrics
 
 log = structlog.get_logger("tuned.engine")
@@ -27,16 +28,16 @@ log = structlog.get_logger("tuned.engine")
 
 @dataclass
 class Runtime:
-    """What an engine holds of the control core."""
+    """What an engine holds of the control core: the engine takes its knobs from
+    ``slot`` and reads its queue's inputs from ``queue_channel`` (and leaves a queue
+    switch there); it calls nothing on ``controller`` from its step path."""
 
     controller: Controller
     metrics: Metrics
+    slot: KnobSlot
+    queue_channel: QueueChannel
     endpoint: Endpoint | None = None
     nvml: Any = None
-
-    @property
-    def slot(self) -> KnobSlot:
-        return self.controller.slot
 
     def stop(self) -> None:
         self.controller.stop()
@@ -65,7 +66,7 @@ def build_runtime(cfg: Config, engine: EngineView, *,
     metrics = Metrics(engine=str(engine.dp_rank))
     ctrl = Controller(cfg, engine, metrics, nvml=nvml, notifier=notifier, serving=serving,
                       clock=clock, wall=wall, on_decision=on_decision)
-    rt = Runtime(ctrl, metrics, nvml=nvml)
+    rt = Runtime(ctrl, metrics, ctrl.slot, ctrl.queue_channel, nvml=nvml)
     if endpoint:
         port = cfg.metrics_port + engine.dp_rank if cfg.metrics_port else 0
         try:

@@ -62,13 +62,13 @@ def test_ready_only_after_first_decision_and_watchdog_rate(tmp_path):
     ctrl = Controller(config.validate({"interval_s": 0.1, "stale_after_s": 1.0}), eng,
                       Metrics(), notifier=SdNotifier(sock.path, watchdog_usec=400_000))
     ready_at_decision = []
-    orig_ready = ctrl.notifier.ready
+    orig_ready = ctrl.watchdog.notifier.ready
 
     def ready(status=""):
         ready_at_decision.append(ctrl.current is not None)
         return orig_ready(status)
 
-    ctrl.notifier.ready = ready
+    ctrl.watchdog.notifier.ready = ready
     t0 = time.monotonic()
     ctrl.start()
     try:
@@ -126,7 +126,7 @@ def test_watchdog_pings_stop_while_loop_is_stalled(tmp_path):
 def test_notifier_disabled_sends_nothing():
     ctrl = Controller(config.default(), FakeEngine(), Metrics(), notifier=SdNotifier(None))
     assert ctrl.run_once() is not None
-    assert ctrl.ready_sent is False
+    assert ctrl.watchdog.ready_sent is False
 
 
 def test_every_decision_says_whether_the_cap_binds(tmp_path):
@@ -222,7 +222,8 @@ def test_observation_window_and_demand_moments():
     eng.add_step(0.020, 0, t=now)             # a prefill-only step: not a TBT sample
     for p, o in ((10, 20), (30, 40)):
         eng.add_finished(p, o)
-    ob = ctrl.observe()
+    ctrl.run_once()                           # observe, then the export of what it read
+    ob = ctrl.last_observation
     assert ob.tbt_mean_s == pytest.approx(0.020)
     assert ob.decode_batch_mean == pytest.approx(3.0)
     # block_size 1: demands 30 and 70 -> mean 50, population std 20
@@ -269,7 +270,7 @@ def test_controller_error_hands_fallback():
     eng.fail_counts = 1
     ctrl = Controller(config.validate({"fallback_cap": 5}), eng, Metrics())
     assert ctrl.run_once() is None
-    assert ctrl.pending == Fallback("controller_error", 5)
+    assert ctrl.slot.pending == Fallback("controller_error", 5)
     assert ctrl.metrics.errors._value.get() == 1
     assert ctrl.run_once() is not None     # next tick recovers
 
@@ -322,3 +323,24 @@ def test_shipped_profile_gives_the_first_cap_before_telemetry():
     # the budget is the full one
     assert prof.step_model().predict_step_s(1, 32, 32) > 0.025 - 0.002
     assert d.token_budget == 2048
+
+
+def test_observe_reads_only_and_the_tick_exports_and_publishes():
+    """observe() reads the engine; the metrics export of what it read and the queue's
+    inputs going down the channel are run_once's."""
+    eng = FakeEngine(running=3, waiting=2)
+    ctrl = Controller(config.default(), eng, Metrics())
+    now = time.monotonic()
+    for b in (2, 4):
+        eng.add_step(0.010, b, t=now)
+    eng.add_finished(10, 20)
+    inputs = ctrl.queue_channel.inputs
+    ob = ctrl.observe()
+    assert (ob.num_running, ob.num_waiting, ob.decode_batch_mean) == (3, 2, 3.0)
+    assert ctrl.metrics.steps._value.get() == 0 and ctrl.metrics.finished._value.get() == 0
+    assert ctrl.queue_channel.inputs is inputs
+    assert (len(ctrl.seen.new_steps), ctrl.seen.new_finished) == (2, 1)
+    ctrl2 = Controller(config.default(), eng, Metrics())
+    assert ctrl2.run_once() is not None
+    assert ctrl2.metrics.steps._value.get() == 2 and ctrl2.metrics.finished._value.get() == 1
+    assert ctrl2.queue_channel.inputs == ctrl2.queue_inputs()

@@ -98,7 +98,8 @@ def test_nvml_lost_recovered_lost_again_one_line_each(logs):
         ("nvml_ready", None), ("nvml_lost", "NVMLError: Unknown Error"),
         ("nvml_recovered", None), ("nvml_lost", "NVMLError: GPU is lost")]
     # stop shuts NVML down once, even while lost; Runtime.stop reaches it
-    Runtime(controller=SimpleNamespace(stop=lambda: None), metrics=None, nvml=s).stop()
+    Runtime(controller=SimpleNamespace(stop=lambda: None), metrics=None, slot=None,
+            queue_channel=None, nvml=s).stop()
     s.stop()
     assert nv.calls == ["init", "shutdown"]
 

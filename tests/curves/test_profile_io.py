@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tuned.curves.fit import FitResult
+from tuned.curves.report import profile_summary
 from tuned.curves.profile import (SCHEMA_VERSION, Profile, ProfileError, build_profile,
                                   empty_columns, load_profile, save_profile, STEP_COLUMNS)
 
@@ -78,7 +79,7 @@ def test_v1_fixture_loads_and_migrates():
     assert p.speed_tok_s(4) == pytest.approx(40 / 1.42)
     assert p.speed["usl"].r2 == pytest.approx(1.0, abs=1e-8)
     assert p.step_time is None
-    assert "migrated from schema 1" in p.summary()
+    assert "migrated from schema 1" in profile_summary(p)
 
 
 def test_v1_migrates_to_v2_on_save(tmp_path):
@@ -279,7 +280,7 @@ def test_speed_without_any_fit_names_the_problem():
 
 
 def test_summary_lists_levels_and_fits(profile):
-    s = profile.summary()
+    s = profile_summary(profile)
     assert "model: /models/demo-tiny (LlamaForCausalLM, 2 layers)" in s
     assert "throughput (USL): lam=" in s
     # samples drawn with sigma 0.05, kappa 0.002: N* = sqrt(0.95 / 0.002) = 21.8
@@ -305,4 +306,26 @@ def test_summary_says_no_peak_when_kappa_is_nil():
     there is no peak in range instead of printing that concurrency."""
     p = load_profile(Path(__file__).parents[2] / "profiles" / "demo-small-cpu.json")
     assert p.usl.params["kappa"] < 1e-6
-    assert "no peak within 10x the measured levels" in p.summary()
+    assert "no peak within 10x the measured levels" in profile_summary(p)
+
+
+def test_one_step_time_model_the_profile_picks_not_computes():
+    """The profile times a step by curves.online's models: the fitted one, or the speed
+    curve's T(b) = 1 / v(b); it has no arithmetic of its own."""
+    from tuned.curves.online import LinearStepModel, SpeedStepModel
+
+    fitted, speed_only = hand_profile(), hand_profile(step_name=None)
+    assert type(fitted.timing()) is LinearStepModel
+    assert fitted.timing() == fitted.step_model()
+    t = speed_only.timing()
+    assert type(t) is SpeedStepModel and speed_only.step_model() is None
+    v4 = 100 / 1.42
+    assert t.predict_step_s(4, 512, 10**6) == pytest.approx(1 / v4)
+    assert t.largest_batch_within(0.02, 64) == 6
+    assert t.largest_batch_within(0.001, 64) == 0            # none fits: the profile says 1
+    assert speed_only.largest_batch_within(0.001, 64) == 1
+    with pytest.raises(ValueError, match=r"largest_chunk_within: lo \(9\) > hi \(8\)"):
+        t.largest_chunk_within(4, 1.0, 9, 8)
+    import tuned.curves.profile as profile_mod
+    src = Path(profile_mod.__file__).read_text()
+    assert "def summary" not in src and "1.0 / v" not in src

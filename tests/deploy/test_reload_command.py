@@ -59,7 +59,7 @@ def test_a_refused_config_fails_the_reload_and_the_old_one_keeps_running(live):
     assert r.stderr == (f"tuned reload: REFUSED by {url}: tbt_sla_s: must be in [0, 1), "
                         "got 50 (probably milliseconds: the SLA is in seconds, 50 ms "
                         "is 0.05); the previous config keeps running\n")
-    assert ctrl.cfg.tbt_sla_s == 0.0 and ctrl.last_reload["outcome"] == "refused"
+    assert ctrl.cfg.tbt_sla_s == 0.0 and ctrl.reloader.last["outcome"] == "refused"
     # a file that is not even TOML: still refused by tuned, and still said so
     path.write_text(good + "tbt_sla_s = \n")
     r = run(unit_command("ExecReload", path))
@@ -74,7 +74,7 @@ def test_a_good_config_is_live_when_the_reload_returns(live):
     r = run(unit_command("ExecReload", path))
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == f"tuned reload: applied at {url} (changed: tbt_sla_s)\n"
-    assert ctrl.cfg.tbt_sla_s == 0.05 and ctrl.last_reload["outcome"] == "ok"
+    assert ctrl.cfg.tbt_sla_s == 0.05 and ctrl.reloader.last["outcome"] == "ok"
 
 
 def test_a_restart_only_change_is_not_reported_as_live(live):

@@ -539,6 +539,7 @@ def test_the_sim_engine_holds_the_core_objects_themselves():
                     DyadicStepModel(), block_size=16, num_gpu_blocks=64)
     assert type(eng.controller.slot) is KnobSlot
     assert eng.runtime.slot is eng.controller.slot
+    assert eng.runtime.queue_channel is eng.controller.queue_channel
     assert type(eng.waiting) is QueueCore
     assert eng.controller.engine is eng
     assert (eng.cap, eng.token_budget) == tuple(eng.controller.slot.applied)
@@ -572,3 +573,13 @@ def test_give_up_stops_a_run_once_attainment_cannot_reach_the_target():
     ok = simulate(cfg, hw, easy.requests, record_steps=False, give_up=(slo, 4))
     assert not ok.truncated
     assert summarize(results_from_sim(ok), slo)["attainment"] >= 0.9
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_FILES))
+def test_an_engine_reaches_the_slot_and_the_queue_channel_through_its_runtime(engine):
+    """The contract names runtime.slot and runtime.queue_channel: no engine reaches
+    through the controller for them."""
+    texts = [(ROOT / rel).read_text() for rel in ENGINE_FILES[engine]]
+    assert not [t for t in texts if re.search(r"controller\.(slot|queue_channel)\b", t)]
+    runtime = {"sim": "self.runtime", "vllm": "self.tuned"}[engine]
+    assert f"{runtime}.slot" in texts[0] and f"{runtime}.queue_channel" in texts[0]

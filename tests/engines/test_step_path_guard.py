@@ -76,7 +76,7 @@ def completed(s) -> set[str]:
 @pytest.mark.parametrize("where", QUEUE_METHODS)
 def test_a_raising_queue_method_falls_back_to_fcfs_and_every_request_completes(
         sched, monkeypatch, logs, where):
-    sched.controller.pending = decision(2)      # r3 still waiting when it is aborted
+    sched.tuned.slot.offer(decision(2))      # r3 still waiting when it is aborted
 
     def boom(*args, **kwargs):
         raise RuntimeError(f"injected in {where}")
@@ -99,7 +99,7 @@ def test_a_raising_queue_method_falls_back_to_fcfs_and_every_request_completes(
 
 @pytest.mark.parametrize("hook", ["_tuned_apply", "_tuned_record"])
 def test_a_raising_scheduler_hook_is_contained(sched, monkeypatch, logs, hook):
-    sched.controller.pending = decision(6)
+    sched.tuned.slot.offer(decision(6))
     monkeypatch.setattr(sched, hook, lambda *a: 1 / 0)
     want = workload(sched)
     assert completed(sched) == want
@@ -112,7 +112,7 @@ def test_a_raising_scheduler_hook_is_contained(sched, monkeypatch, logs, hook):
 
 
 def test_tuned_order_and_the_decision_come_back_after_a_quiet_period(sched, monkeypatch):
-    sched.controller.pending = decision(6)
+    sched.tuned.slot.offer(decision(6))
     t = [100.0]
     sched._step_guard.clock = lambda: t[0]
     real = QueueCore.add_request
@@ -131,7 +131,7 @@ def test_tuned_order_and_the_decision_come_back_after_a_quiet_period(sched, monk
     step(sched)
     assert q.fallback is not None and sched.max_num_active_reqs == FALLBACK_CAP
     t[0] += sched._step_guard.recover_after_s
-    sched.controller.last_ok = time.monotonic()
+    sched.tuned.slot.mark_ok(time.monotonic())
     step(sched)
     assert q.fallback is None                       # tuned's queue again
     assert sched.applied()["fallback"] is False and sched.max_num_active_reqs == 6
@@ -245,7 +245,7 @@ def test_step_path_with_stderr_on_a_full_disk(sched, monkeypatch):
     try:
         before = log_mod.dropped_lines()
         monkeypatch.setattr(QueueCore, "__bool__", lambda self: 1 / 0)
-        sched.controller.pending = decision(6)
+        sched.tuned.slot.offer(decision(6))
         want = workload(sched)
         assert completed(sched) == want
         assert errors(sched, "__bool__") == 1
@@ -392,13 +392,13 @@ def test_a_real_scheduler_whose_step_never_returns_fails_healthz(tiny_model):
     try:
         s.add_request(requests(1)[0])
         step(s)
-        s.controller.last_ok = time.monotonic()
+        s.tuned.slot.mark_ok(time.monotonic())
         assert healthz(s) == 200
         so = s.schedule()               # the model runs ... and never returns
         t0 = time.monotonic()
         while time.monotonic() - t0 <= 1.0 + 0.2:
             time.sleep(0.05)
-        s.controller.last_ok = time.monotonic()        # the controller still ticks
+        s.tuned.slot.mark_ok(time.monotonic())        # the controller still ticks
         assert s.controller.engine_stalled() and healthz(s) == 503
         ids = list(so.num_scheduled_tokens)
         s.update_from_output(so, ModelRunnerOutput(

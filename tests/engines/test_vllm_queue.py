@@ -413,3 +413,103 @@ def test_scheduler_preempted_request_resumes_first(tiny_model):
             assert s.waiting.peek_request().request_id == head
     assert seen_preemption
     assert not s.has_requests()
+
+
+# ---------------------------------------------------------------- the guard
+_VLLM_CALLS = ("add_request", "pop_request", "peek_request", "prepend_request",
+               "prepend_requests", "remove_request", "remove_requests", "__bool__",
+               "__len__", "__iter__")
+
+
+def test_every_method_vllm_calls_on_its_queue_is_behind_the_one_guard():
+    abstract = {n for n, f in vars(RequestQueue).items()
+                if getattr(f, "__isabstractmethod__", False)}
+    assert abstract == set(_VLLM_CALLS)
+    assert {n: getattr(PolicyQueue, n).guarded for n in _VLLM_CALLS} == {
+        n: n for n in _VLLM_CALLS}
+
+
+def faulty(monkeypatch, where, after=False):
+    """A queue whose QueueCore.``where`` raises (``after``: once it has done its work),
+    and the faults it reports."""
+    from tuned.core.queue import QueueCore
+    orig = getattr(QueueCore, where)
+
+    def boom(self, *args):
+        if after:
+            orig(self, *args)
+        raise RuntimeError(f"injected in {where}")
+
+    monkeypatch.setattr(QueueCore, where, boom)
+    faults: list[tuple[str, str]] = []
+    q = queue("fcfs", on_fault=lambda w, e: faults.append((w, str(e))))
+    return q, faults
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_a_request_being_added_when_the_fault_hits_is_kept_once(monkeypatch, after):
+    q, faults = faulty(monkeypatch, "add_request", after)
+    a, b = req("a", t=1.0), req("b", t=2.0)
+    q.add_request(a)                       # the first call faults (patched for all)
+    q.add_request(b)                       # in fallback: vLLM's queue, no policy code
+    assert faults == [("add_request", "injected in add_request")]
+    assert isinstance(q.fallback, FCFSRequestQueue) and ids(q) == ["a", "b"]
+    assert len(q) == 2 and q.snapshot()["fallback"] is True
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_a_request_prepended_when_the_fault_hits_goes_to_the_front_once(monkeypatch, after):
+    q, faults = faulty(monkeypatch, "prepend_request", after)
+    for i in range(3):
+        q.add_request(req(f"w{i}", t=float(i)))
+    x = req("x", t=9.0)
+    q.prepend_request(x)
+    assert faults == [("prepend_request", "injected in prepend_request")]
+    assert ids(q) == ["x", "w0", "w1", "w2"]
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_requests_prepended_when_the_fault_hits_go_back_in_front_once(monkeypatch, after):
+    q, faults = faulty(monkeypatch, "prepend_requests", after)
+    for i in range(4):
+        q.add_request(req(f"w{i}", t=float(i)))
+    q.begin_step(ctx(), [])
+    popped = [q.pop_request(), q.pop_request()]
+    q.prepend_requests(r for r in popped)           # a generator: read once
+    assert faults == [("prepend_requests", "injected in prepend_requests")]
+    # in front once each, in the order vLLM's own deque gives them (extendleft: reversed)
+    assert ids(q) == ["w1", "w0", "w2", "w3"]
+
+
+def test_vllms_own_contract_errors_pass_through_and_are_no_fault():
+    faults: list[str] = []
+    q = queue("fcfs", on_fault=lambda w, e: faults.append(w))
+    with pytest.raises(IndexError, match="pop from an empty queue"):
+        q.pop_request()
+    with pytest.raises(IndexError, match="peek from an empty queue"):
+        q.peek_request()
+    with pytest.raises(ValueError, match="request z is not in the waiting queue"):
+        q.remove_request(req("z"))
+    assert faults == [] and q.fallback is None
+
+
+@pytest.mark.parametrize("where", ["pop_request", "peek_request", "__bool__", "__len__",
+                                   "__iter__", "remove_request", "remove_requests"])
+def test_a_fault_answers_the_call_from_vllms_queue_in_arrival_order(monkeypatch, where):
+    q, faults = faulty(monkeypatch, where)
+    for i, t in enumerate((3.0, 1.0, 2.0)):
+        q.add_request(req(f"w{i}", t=t))
+    w1 = next(r for r in q if r.request_id == "w1")
+    got = {"pop_request": lambda: q.pop_request().request_id,
+           "peek_request": lambda: q.peek_request().request_id,
+           "__bool__": lambda: bool(q), "__len__": lambda: len(q),
+           "__iter__": lambda: ids(q),
+           "remove_request": lambda: q.remove_request(w1),
+           "remove_requests": lambda: q.remove_requests([w1])}[where]()
+    assert got == {"pop_request": "w1", "peek_request": "w1", "__bool__": True,
+                   "__len__": 3, "__iter__": ["w1", "w2", "w0"], "remove_request": None,
+                   "remove_requests": None}[where]
+    assert [w for w, _ in faults] == [where] and q.fallback is not None
+    left = {"pop_request": ["w2", "w0"], "remove_request": ["w2", "w0"],
+            "remove_requests": ["w2", "w0"]}.get(where, ["w1", "w2", "w0"])
+    assert [r.request_id for r in q.fallback] == left

@@ -36,7 +36,7 @@ def test_variant_follows_async_flag(sched):
 def test_applied_cap_bounds_running_and_all_finish(sched):
     for r in requests(6):
         sched.add_request(r)
-    sched.controller.pending = decision(2, budget=100)
+    sched.tuned.slot.offer(decision(2, budget=100))
     max_running = 0
     for _ in range(200):
         if not sched.has_requests():
@@ -61,10 +61,10 @@ def test_applied_cap_bounds_running_and_all_finish(sched):
 def test_raise_takes_effect_next_step(sched):
     for r in requests(6):
         sched.add_request(r)
-    sched.controller.pending = decision(1)
+    sched.tuned.slot.offer(decision(1))
     step(sched)
     assert len(sched.running) == 1
-    sched.controller.pending = decision(4)
+    sched.tuned.slot.offer(decision(4))
     step(sched)
     assert len(sched.running) == 4
 
@@ -72,10 +72,10 @@ def test_raise_takes_effect_next_step(sched):
 def test_lowering_cap_drains_without_preempting(sched):
     for r in requests(6, max_tokens=8):
         sched.add_request(r)
-    sched.controller.pending = decision(6)
+    sched.tuned.slot.offer(decision(6))
     step(sched)
     assert len(sched.running) == 6
-    sched.controller.pending = decision(2)
+    sched.tuned.slot.offer(decision(2))
     counts = []
     while sched.has_requests():
         so = step(sched)
@@ -87,11 +87,11 @@ def test_lowering_cap_drains_without_preempting(sched):
 
 
 def test_stale_controller_falls_back(sched):
-    sched.controller.pending = decision(6)
+    sched.tuned.slot.offer(decision(6))
     sched.add_request(requests(1)[0])
     step(sched)
     assert sched.max_num_active_reqs == 6
-    sched.controller.last_ok = time.monotonic() - 100.0
+    sched.tuned.slot.mark_ok(time.monotonic() - 100.0)
     step(sched)
     assert sched.max_num_active_reqs == 3  # fallback_cap
     assert sched.applied() == {"cap": 3, "token_budget": 256, "fallback": True,
@@ -100,8 +100,8 @@ def test_stale_controller_falls_back(sched):
     step(sched)  # staying in fallback is one fallback, not one per step
     assert sched.metrics.fallbacks.labels("stale")._value.get() == 1
     # a fresh decision clears it
-    sched.controller.last_ok = time.monotonic()
-    sched.controller.pending = decision(5)
+    sched.tuned.slot.mark_ok(time.monotonic())
+    sched.tuned.slot.offer(decision(5))
     step(sched)
     assert sched.applied()["fallback"] is False and sched.max_num_active_reqs == 5
 
@@ -115,7 +115,7 @@ def test_controller_error_falls_back_and_engine_keeps_stepping(sched, monkeypatc
 
     monkeypatch.setattr(sched.controller, "observe", boom)
     assert sched.controller.run_once() is None
-    assert isinstance(sched.controller.pending, Fallback)
+    assert isinstance(sched.tuned.slot.pending, Fallback)
     assert sched.metrics.errors._value.get() == 1
     while sched.has_requests():
         step(sched)
@@ -137,7 +137,7 @@ def test_tuned_bug_on_step_path_never_reaches_engine(sched, monkeypatch):
 def test_controller_tick_decides_from_scheduler_state(sched):
     for r in requests(8, prompt=40, max_tokens=10):
         sched.add_request(r)
-    sched.controller.pending = decision(8)
+    sched.tuned.slot.offer(decision(8))
     while sched.has_requests():
         step(sched)
     dec = sched.controller.run_once()
@@ -155,18 +155,18 @@ def test_unsupported_vllm_version_is_a_clear_error():
 
 
 def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
-    """Contract: the engine's step path reads the slot (knobs and the queue's inputs)
-    and never calls the controller; a controller whose every method raises leaves the
+    """Contract: the engine's step path reads the slot (knobs) and the queue channel
+    (the queue's inputs) and never calls the controller; a controller whose every method raises leaves the
     steps untouched."""
     from tuned.controller import Controller
-    from tuned.core.knobs import QueueInputs
+    from tuned.core.queue_channel import QueueInputs
 
     s = make_scheduler(str(tiny_model), False, queue_policy="mcsf")
     try:
         marker = QueueInputs(speed_fn=None, step_model=None, tpot_sla_s=0.0, ttft_sla_s=0.0)
-        s.controller.slot.publish(marker)
+        s.tuned.queue_channel.publish(marker)
         for name in ("run_once", "observe", "decide", "act", "queue_inputs",
-                     "admission_guard", "decisions_json", "reload"):
+                     "decisions_json", "reload"):
             monkeypatch.setattr(s.controller, name, lambda *a, **k: 1 / 0)
         for attr in ("speed_fn", "cfg", "policy"):
             monkeypatch.delattr(s.controller, attr, raising=False)
@@ -176,7 +176,7 @@ def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
             step(s)
         assert len(s.finished.since(0)) == 3
         assert s._tuned_errors == 0
-        assert s.controller.slot.queue_inputs is marker
+        assert s.tuned.queue_channel.inputs is marker
     finally:
         s.shutdown()
 
@@ -184,5 +184,5 @@ def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
 def test_the_controller_publishes_the_queue_inputs_it_derives(sched):
     """What the queue reads is what the controller derived, published on each change."""
     ctrl = sched.controller
-    assert ctrl.slot.queue_inputs == ctrl.queue_inputs()
-    assert ctrl.slot.queue_inputs.step_model is None      # no step fit yet: guard off
+    assert ctrl.queue_channel.inputs == ctrl.queue_inputs()
+    assert ctrl.queue_channel.inputs.step_model is None      # no step fit yet: guard off

@@ -45,3 +45,20 @@ def test_a_request_that_just_finished_does_not_unbind_the_cap():
                    "cap_note": "the cap binds: 2 running under cap 3, 20 waiting (full with "
                                "requests waiting on 90% of the window's steps)"}
     assert cap_binding(obs(2, 20, 0.49), 3)["cap_binds"] is False
+
+
+def test_explained_adds_the_binding_and_names_the_first_reason():
+    from tuned.core.types import Decision
+    from tuned.policies.binding import explained
+
+    dec = Decision(8, 1, 16, 8, 8, 512, "initial", inputs={"b_mem": 12})
+    out = explained(dec, obs(8, 5, 0.36), "profile_initial")
+    assert out.reason == "profile_initial" and dec.reason == "initial"   # a copy
+    assert out.inputs == {"b_mem": 12, **cap_binding(obs(8, 5, 0.36), 8)}
+    # after the first decision, or for another reason, the policy's reason stands
+    assert explained(dec, obs(8, 5), None).reason == "initial"
+    assert explained(Decision(8, 1, 16, 8, 8, 512, "memory"), obs(8, 5),
+                     "profile_initial").reason == "memory"
+    # anything but a Decision with an integer cap is handed back as it is (a fault)
+    bad = Decision(8.5, 1, 16, 8.5, 8, 512, "initial")
+    assert explained(bad, obs(8, 5), "x") is bad and explained(None, obs(8, 5)) is None

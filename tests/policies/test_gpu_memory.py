@@ -213,15 +213,15 @@ def test_controller_publishes_nvml_free_memory_in_kv_tokens(fake_gpu):
     ctrl.run_once()
     # 80 GiB, 90 % used: 8 GiB free / 0.5 MiB per token = 16384 tokens
     free8 = int(80 * GIB - int(0.9 * 80 * GIB))
-    assert ctrl.slot.queue_inputs.gpu_free_tokens == free8 // (512 * 1024) == 16384
+    assert ctrl.queue_channel.inputs.gpu_free_tokens == free8 // (512 * 1024) == 16384
     fake_gpu["used"] = 0.995
     ctrl.run_once()
-    assert ctrl.slot.queue_inputs.gpu_free_tokens == \
+    assert ctrl.queue_channel.inputs.gpu_free_tokens == \
         (80 * GIB - int(0.995 * 80 * GIB)) // (512 * 1024)
     plain = Controller(config.validate({"max_num_seqs": 16}), FakeEngine(ceiling=16),
                        Metrics(), nvml=s)
     plain.run_once()
-    assert plain.slot.queue_inputs.gpu_free_tokens is None
+    assert plain.queue_channel.inputs.gpu_free_tokens is None
 
 
 def test_vllm_kv_bytes_per_token_from_the_kv_cache_config():

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,84 +129,129 @@ def _out_dir(out: str) -> str | None:
     return None
 
 
+class _Refused(Exception):
+    """A bad argument: its one-line problem, printed by :func:`cmd_bench` (exit 2)."""
+
+
+@dataclass
+class _Target:
+    """Where the bench runs: the simulated hardware and its events (None for vLLM),
+    the engine's defaults, tuned's base config and the hardware's name in the report."""
+
+    hw: Any
+    events: Any
+    engine: dict[str, int]
+    base: config_mod.Config
+    name: str
+
+
 def cmd_bench(args) -> int:
+    """Argument checks, the engine, the field of contenders, the sweep, the report."""
     log_mod.configure("warning")
+    try:
+        _check_args(args)
+        if args.paper:
+            return _run_paper(args)
+        if not args.workload:
+            raise _Refused("--workload is required (or --paper NAME)")
+        from tuned.bench.metrics import Slo
+
+        try:
+            slo = Slo.parse(args.slo)
+        except ValueError as e:
+            raise _Refused(f"--sla: {e}") from None
+        target = _sim_target(args, slo) if args.engine == "sim" else _vllm_target(args, slo)
+        wl, wls, field = _field(args, target)
+    except _Refused as e:
+        return _fail(str(e))
+    t0 = time.monotonic()
+    print(f"tuned bench: {len(field)} contenders x {args.repeats} repeat(s): "
+          + ", ".join(c.name for c in field), file=sys.stderr, flush=True)
+    results = _sweep(args, target, field, wls, slo)
+    _write_report(args, target, wl, slo, results, t0)
+    return 0
+
+
+def _check_args(args) -> None:
+    """The checks every bench passes first, the paper's too."""
     if args.jobs < 0:
-        return _fail(f"--jobs: must be >= 0 (0 = the CPU count), got {args.jobs}")
+        raise _Refused(f"--jobs: must be >= 0 (0 = the CPU count), got {args.jobs}")
     if not 1 <= args.repeats <= 100:
-        return _fail(f"--repeats: must be in [1, 100], got {args.repeats}")
+        raise _Refused(f"--repeats: must be in [1, 100], got {args.repeats}")
     problem = _out_dir(args.out)
     if problem:
-        return _fail(problem)
-    if args.paper:
-        from tuned.bench.papers import run_paper
+        raise _Refused(problem)
 
-        try:
-            return run_paper(args.paper, Path(args.out), quick=args.quick, seed=args.seed,
-                             data_dir=args.data_dir)
-        except FileNotFoundError as e:
-            return _fail(f"--paper {args.paper}: needs {clip_text(str(e.filename or e))}, "
-                         "which is not there")
-    from tuned.bench.metrics import Slo
-    from tuned.workloads import WorkloadError, parse_workload
 
-    if not args.workload:
-        return _fail("--workload is required (or --paper NAME)")
+def _run_paper(args) -> int:
+    from tuned.bench.papers import run_paper
+
     try:
-        slo = Slo.parse(args.slo)
-    except ValueError as e:
-        return _fail(f"--sla: {e}")
+        return run_paper(args.paper, Path(args.out), quick=args.quick, seed=args.seed,
+                         data_dir=args.data_dir)
+    except FileNotFoundError as e:
+        raise _Refused(f"--paper {args.paper}: needs {clip_text(str(e.filename or e))}, "
+                       "which is not there") from None
+
+
+def _sim_target(args, slo) -> _Target:
+    """The simulator: --hardware or --profile, with --events."""
+    from tuned.sim.events import parse_events
+    from tuned.sim.hardware import engine_defaults, resolve_hardware
+
+    if args.model:
+        raise _Refused("--model is for --engine vllm; the simulator takes --hardware or "
+                       "--profile")
+    try:
+        hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
+        events = parse_events(args.events or "")
+        if events.pressure:
+            hw.nvml(events.pressure)        # refuses a hardware without GPU memory
+    except (ValueError, FileNotFoundError) as e:
+        raise _Refused(str(e)) from None
+    engine = engine_defaults(hw)
+    try:
+        base = base_config(args, slo, engine)
+    except config_mod.ConfigError as e:
+        raise _Refused(clip_text(str(e), 4 * CLIP_CHARS)) from None
+    return _Target(hw, events, engine, base, hw.name)
+
+
+def _vllm_target(args, slo) -> _Target:
+    """A real vLLM engine on --model; checked before any engine starts."""
+    from tuned.demo_model import model_form
     from tuned.sim.hardware import engine_defaults
 
-    if args.engine == "sim":
-        from tuned.sim.hardware import resolve_hardware
+    if not args.model:
+        raise _Refused("--engine vllm needs --model (e.g. demo:small)")
+    try:  # before any engine starts
+        model_form(args.model)
+    except ValueError as e:
+        raise _Refused(f"--model: {e}") from None
+    if args.data_dir:
+        raise _Refused("--data-dir is for the simulator's --hardware (--engine sim)")
+    if args.events:
+        raise _Refused("--events is for the simulator (--engine sim): a real engine's "
+                       "events are its own")
+    engine = engine_defaults(None)
+    try:
+        base = base_config(args, slo, engine, model=args.model)
+    except config_mod.ConfigError as e:
+        raise _Refused(str(e)) from None
+    return _Target(None, None, engine, base, f"vllm-cpu:{args.model}")
 
-        if args.model:
-            return _fail("--model is for --engine vllm; the simulator takes --hardware or "
-                         "--profile")
-        from tuned.sim.events import parse_events
 
-        try:
-            hw = resolve_hardware(args.hardware, args.profile, args.data_dir)
-            events = parse_events(args.events or "")
-            if events.pressure:
-                hw.nvml(events.pressure)        # refuses a hardware without GPU memory
-        except (ValueError, FileNotFoundError) as e:
-            return _fail(str(e))
-        engine = engine_defaults(hw)
-        try:
-            base = base_config(args, slo, engine)
-        except config_mod.ConfigError as e:
-            return _fail(clip_text(str(e), 4 * CLIP_CHARS))
-        hardware_name = hw.name
-    else:
-        if not args.model:
-            return _fail("--engine vllm needs --model (e.g. demo:small)")
-        from tuned.demo_model import model_form
+def _field(args, target: _Target):
+    """The workload (one per repeat: on the simulator repeat k uses seed + k) and the
+    contenders (:func:`tuned.bench.runner.contenders`)."""
+    from tuned.bench import runner
+    from tuned.workloads import WorkloadError, parse_workload
 
-        try:  # before any engine starts
-            model_form(args.model)
-        except ValueError as e:
-            return _fail(f"--model: {e}")
-        if args.data_dir:
-            return _fail("--data-dir is for the simulator's --hardware (--engine sim)")
-        if args.events:
-            return _fail("--events is for the simulator (--engine sim): a real engine's "
-                         "events are its own")
-        engine = engine_defaults(None)
-        events = None
-        try:
-            base = base_config(args, slo, engine, model=args.model)
-        except config_mod.ConfigError as e:
-            return _fail(str(e))
-        hw = None
-        hardware_name = f"vllm-cpu:{args.model}"
+    base, engine = target.base, target.engine
     try:
         wl = parse_workload(args.workload, args.seed, max_model_len=base.max_model_len)
     except (WorkloadError, ValueError) as e:
-        return _fail(clip_text(str(e), 4 * CLIP_CHARS))
-    from tuned.bench import runner
-
+        raise _Refused(clip_text(str(e), 4 * CLIP_CHARS)) from None
     try:
         caps = _int_list("--caps", args.caps)
         budgets = _int_list("--budgets", args.budgets) or runner.sweep_budgets(
@@ -223,34 +269,41 @@ def cmd_bench(args) -> int:
             ablate=not (args.engine == "vllm" and args.quick),
             only=args.contenders.split(",") if args.contenders else None)
     except ValueError as e:
-        return _fail(str(e))
+        raise _Refused(str(e)) from None
     if args.repeats > 1 and args.engine == "sim":
         try:
             wls = [wl] + [parse_workload(args.workload, args.seed + k,
                                          max_model_len=base.max_model_len)
                           for k in range(1, args.repeats)]
         except (WorkloadError, ValueError) as e:
-            return _fail(clip_text(str(e), 4 * CLIP_CHARS))
+            raise _Refused(clip_text(str(e), 4 * CLIP_CHARS)) from None
     else:
         wls = [wl] * args.repeats
+    return wl, wls, field
+
+
+def _sweep(args, target: _Target, field, wls, slo):
+    """Every contender on every repeat's workload (and each one's capacity where
+    searched): (runs, timelines, capacity, probes)."""
     capacity = args.capacity == "on" or (args.capacity == "auto" and args.engine == "sim")
-    t0 = time.monotonic()
-    print(f"tuned bench: {len(field)} contenders x {args.repeats} repeat(s): "
-          + ", ".join(c.name for c in field), file=sys.stderr, flush=True)
     if args.engine == "sim":
-        runs, timelines, cap, probes = _bench_sim(hw, field, wls, slo, capacity, args, events)
-    else:
-        runs, timelines, cap, probes = _bench_live(field, wls, slo, args)
-    report = _report(args, hardware_name, wl, slo, runs, cap, engine["max_num_batched_tokens"])
+        return _bench_sim(target.hw, field, wls, slo, capacity, args, target.events)
+    return _bench_live(field, wls, slo, args)
+
+
+def _write_report(args, target: _Target, wl, slo, results, t0: float) -> None:
+    """DIR/report.{json,csv,md} and the plots; the markdown on stdout."""
     from tuned.bench import report as report_mod
 
+    runs, timelines, cap, probes = results
+    default_budget = target.engine["max_num_batched_tokens"]
+    report = _report(args, target.name, wl, slo, runs, cap, default_budget)
     out = Path(args.out)
     report_mod.write(report, out)
     pngs = report_mod.plots(report, timelines, probes, out)
     print(report_mod.markdown(report))
     print(f"bench took {time.monotonic() - t0:.0f}s; wrote {out / 'report.json'}, "
           f"report.csv, report.md, " + ", ".join(p.name for p in pngs))
-    return 0
 
 
 def _int_list(flag: str, text: str | None) -> list[int] | None:

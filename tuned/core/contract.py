@@ -24,11 +24,11 @@ the simulator). It then writes ``runtime.slot.applied`` to its knobs.
 2. When a tuned queue is installed: ``queue.begin_step(ctx, running)`` with an
    :class:`~tuned.core.queue_policy.AdmitContext` on the run's clock, the live list
    of running requests, and what the controller last published for the queue
-   (``runtime.slot.queue_inputs``: the speed curve, the admission guard's step model
-   and targets; see :mod:`tuned.core.queue` for the admission loop). An engine that
-   installs another queue policy leaves the outgoing queue's counters with
-   ``runtime.slot.queue_switched(snapshot)``; the controller exports them at its next
-   tick.
+   (``runtime.queue_channel.inputs``: the speed curve, the admission guard's step
+   model and targets; see :mod:`tuned.core.queue` for the admission loop). An engine
+   that installs another queue policy leaves the outgoing queue's counters with
+   ``runtime.queue_channel.switched(snapshot)``; the controller exports them at its
+   next tick.
 3. Schedule: running requests first (decodes and unfinished prefill chunks, in
    admission order, under the token budget), then waiting requests while the gate
    and the budget allow and the queue's ``__bool__`` is True.

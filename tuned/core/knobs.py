@@ -11,11 +11,9 @@ they changed. The slot also owns the fallback rules every engine must obey:
 * a decision older than ``stale_after_s`` on the controller's clock (the
   controller stalled) does the same, with cause ``stale``; a fresh decision
   clears either;
-* besides the knobs, the slot carries what the engine's waiting queue reads each step
-  (:class:`QueueInputs`: the speed curve, the admission guard's step model and SLA
-  targets), published by the controller, and the outgoing queue policy's last
-  counters when the engine installs another (:meth:`KnobSlot.queue_switched`), which
-  the controller exports at its next tick: the step path never calls the controller;
+* the slot carries the knobs only, one way; what the engine's waiting queue reads
+  each step, and the outgoing queue's counters going back up, pass through their own
+  channel (:mod:`tuned.core.queue_channel`);
 * :meth:`KnobSlot.hold` (tuned's code on the engine's step path raised, see
   :mod:`tuned.core.steppath`) applies the fallback cap until :meth:`KnobSlot.release`,
   whatever decisions arrive meanwhile; on release the newest one is taken.
@@ -56,28 +54,6 @@ class Knobs(NamedTuple):
     token_budget: int
 
 
-class QueueInputs(NamedTuple):
-    """What the engine's waiting queue reads each step, as the controller last
-    published it: ``speed_fn(n)`` the profile's per-request decode speed (SABER), and
-    the admission guard's step model with its TPOT and TTFT targets (``step_model`` is
-    None and both targets 0 while the guard is off), and NVML's free device memory in
-    KV tokens (None without NVML or without the engine's KV bytes per token)."""
-
-    speed_fn: Callable[[int], float] | None = None
-    step_model: object = None
-    tpot_sla_s: float = 0.0
-    ttft_sla_s: float = 0.0
-    gpu_free_tokens: int | None = None
-
-    @property
-    def guard(self) -> tuple[object, float, float]:
-        return self.step_model, self.tpot_sla_s, self.ttft_sla_s
-
-
-#: the outgoing queue's counters, not yet exported (no switch since the last tick)
-NO_SWITCH = object()
-
-
 def valid_cap(value: object, ceiling: int) -> bool:
     """True for an integer cap in [1, ceiling] (a bool, NaN or float is not one)."""
     return (isinstance(value, int) and not isinstance(value, bool)
@@ -106,8 +82,6 @@ class KnobSlot:
         self.fallback_cause: str | None = None
         self._taken: object = None
         self.held: str | None = None
-        self.queue_inputs = QueueInputs()
-        self._queue_final: object = NO_SWITCH
         self.applied = self.clamp(self.fallback_cap, self.max_num_batched_tokens)
         self._export()
 
@@ -117,16 +91,6 @@ class KnobSlot:
         self.stale_after_s = float(stale_after_s)
         self.fallback_cap = int(fallback_cap)
 
-    def publish(self, inputs: QueueInputs) -> None:
-        """The queue's inputs from now on (one reference swap)."""
-        self.queue_inputs = inputs
-
-    def take_queue_switch(self) -> object:
-        """The counters an engine left with :meth:`queue_switched` since the last call,
-        or :data:`NO_SWITCH`."""
-        final, self._queue_final = self._queue_final, NO_SWITCH
-        return final
-
     def offer(self, item: Decision | Fallback) -> None:
         if isinstance(item, Decision):
             # A decision is only offered by a good tick: mark it before the engine can
@@ -135,11 +99,6 @@ class KnobSlot:
             # again right after clearing the fallback.
             self.last_ok = max(self.last_ok, self.clock())
         self.pending = item
-
-    def queue_switched(self, final: dict | None) -> None:
-        """Engine side: it is about to install another queue policy; ``final`` is the
-        outgoing queue's snapshot (None for vLLM's own queue)."""
-        self._queue_final = final
 
     def mark_ok(self, t: float) -> None:
         self.last_ok = t

@@ -1,6 +1,7 @@
 """Speed curves: pure shape functions (:mod:`models`), their fits with R² (:mod:`fit`),
 profile files and the :class:`Profile` the controller predicts with (:mod:`profile`),
-and plots (:mod:`plot`, imported on demand because it loads matplotlib)."""
+the one step-time model (:mod:`online`), a profile as text (:mod:`report`), and plots
+(:mod:`plot`, imported on demand because it loads matplotlib)."""
 
 from tuned.curves.fit import (FitError, FitResult, KvDemand, fit_speed_models, fit_step_time,
                               fit_usl, kv_bytes_per_token, kv_demand, r_squared)

@@ -7,6 +7,10 @@ refreshed every few seconds from the engine's own step ring
 the profile was not made on. ``b`` is the number of decodes in a step, ``c`` its
 prefill tokens and ``kv`` the KV tokens resident (read by attention).
 
+A profile with no step samples to fit (a plain vLLM endpoint, schema 1) times a step
+by its speed curve instead, T(b) = 1 / v(b): :class:`SpeedStepModel`, with the same
+three questions answered (this is the only other step-time model).
+
 Both are fitted by the one fitter, :func:`tuned.curves.fit.fit_step_time`: by
 ordinary least squares for a profile, non-negative (``method="nnls"``) online.
 """
@@ -14,7 +18,7 @@ ordinary least squares for a profile, non-negative (``method="nnls"``) online.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuned.curves.fit import FitError, fit_step_time
@@ -73,6 +77,31 @@ class LinearStepModel:
     def to_dict(self) -> dict:
         return {"a": self.a, "beta": self.beta, "gamma": self.gamma, "eta": self.eta,
                 "r2": self.r2, "n_samples": self.n_samples, "source": self.source}
+
+
+class SpeedStepModel:
+    """T(b) = 1 / v(b): the time per token of one request at load ``b`` from a speed
+    curve ``speed_tok_s(n)``; it ignores ``c`` and ``kv``. See the module docstring."""
+
+    def __init__(self, speed_tok_s: Callable[[int], float]) -> None:
+        self.speed_tok_s = speed_tok_s
+
+    def predict_step_s(self, b: float, c: float = 0.0, kv_tokens: float = 0.0) -> float:
+        v = self.speed_tok_s(max(int(b), 1))
+        return 1.0 / v if v > 0 else math.inf
+
+    def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
+                             kv_tokens: float = 0.0) -> int:
+        """The step time does not depend on c: ``hi`` if T(b) fits, else ``lo``."""
+        if int(hi) < int(lo):
+            raise ValueError(f"largest_chunk_within: lo ({lo}) > hi ({hi})")
+        return int(hi) if self.predict_step_s(b) <= tbt_s else int(lo)
+
+    def largest_batch_within(self, tbt_s: float, b_max: int, kv_tokens_per_seq: float = 0.0,
+                             chunk_tokens: float = 0.0) -> int:
+        """Largest b in [1, b_max] with T(b) <= tbt_s; 0 if none does."""
+        fits = [b for b in range(1, int(b_max) + 1) if self.predict_step_s(b) <= tbt_s]
+        return fits[-1] if fits else 0
 
 
 def fit_step_times(b: Sequence[float], c: Sequence[float], kv: Sequence[float],

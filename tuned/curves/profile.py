@@ -49,7 +49,8 @@ import numpy as np
 
 from tuned.curves.fit import (FitError, FitResult, KvDemand, _is_number, fit_speed_models,
                               fit_step_time, fit_usl, kv_demand, r_squared)
-from tuned.curves.models import usl_peak_concurrency, usl_speed
+from tuned.curves.models import usl_speed
+from tuned.curves.online import LinearStepModel, SpeedStepModel
 from tuned.inputs import UserError, clip_text, read_text
 
 SCHEMA_VERSION = 2
@@ -120,18 +121,9 @@ class Profile:
     # --- predictions used by the controller -----------------------------------------
 
     def predict_step_s(self, b: int, c: int = 0, kv_tokens: int = 0) -> float:
-        """Predicted engine step time (s) with ``b`` decodes and ``c`` prefill tokens.
-
-        Uses the fitted step-time model; ``kv_tokens`` matters only if the KV term was
-        kept. A profile without step samples (plain vLLM endpoint, schema 1) falls
-        back to the time per token of one request at load ``b``, 1 / v(b), which
-        ignores ``c`` and ``kv_tokens``.
-        """
-        model = self.step_model()
-        if model is not None:
-            return float(model.predict_step_s(b, c, kv_tokens))
-        v = self.speed_tok_s(max(int(b), 1))
-        return 1.0 / v if v > 0 else math.inf
+        """Predicted engine step time (s) with ``b`` decodes and ``c`` prefill tokens,
+        by :meth:`timing` (``kv_tokens`` matters only if the KV term was kept)."""
+        return float(self.timing().predict_step_s(b, c, kv_tokens))
 
     def speed_tok_s(self, n: int) -> float:
         """Predicted decode speed of one request (tokens/s) with ``n`` requests running,
@@ -176,15 +168,18 @@ class Profile:
         o = self.requests.get("output_tokens") or []
         return demand_moments([int(a) + int(b) for a, b in zip(p, o)], block_size)
 
-    def step_model(self):
+    def step_model(self) -> LinearStepModel | None:
         """The fitted step time as a :class:`~tuned.curves.online.LinearStepModel`
         (the controller's one implementation of T(b, c, kv)); None without a fit."""
-        from tuned.curves.online import LinearStepModel
-
         st = self.step_time
         if st is None:
             return None
         return LinearStepModel.from_fit(st, f"profile:{self.source}")
+
+    def timing(self) -> LinearStepModel | SpeedStepModel:
+        """The step-time model this profile predicts with: the fitted one, else its
+        speed curve's T(b) = 1 / v(b) (:class:`~tuned.curves.online.SpeedStepModel`)."""
+        return self.step_model() or SpeedStepModel(self.speed_tok_s)
 
     def largest_batch_within(self, tbt_s: float, b_max: int,
                              kv_tokens_per_seq: float | None = None) -> int:
@@ -195,116 +190,14 @@ class Profile:
         if b_max < 1:
             return 1
         kv_seq = self.mean_context_tokens if kv_tokens_per_seq is None else kv_tokens_per_seq
-        model = self.step_model()
-        if model is not None:
-            return max(1, model.largest_batch_within(tbt_s, int(b_max), kv_seq))
-        t = np.array([self.predict_step_s(b) for b in range(1, int(b_max) + 1)])
-        fit = np.nonzero(t <= tbt_s)[0]
-        return int(fit[-1] + 1) if fit.size else 1
+        return max(1, self.timing().largest_batch_within(tbt_s, int(b_max), kv_seq))
 
     def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
                              kv_tokens: float = 0.0) -> int:
         """Largest prefill chunk c in [lo, hi] with T(b, c, kv + c) <= tbt_s, ``kv_tokens``
         the KV resident before the chunk; ``lo`` if none fits. Without a step-time fit
         the step time does not depend on c: ``hi`` if T(b) fits, else ``lo``."""
-        model = self.step_model()
-        if model is not None:
-            return model.largest_chunk_within(b, tbt_s, lo, hi, kv_tokens)
-        if int(hi) < int(lo):
-            raise ValueError(f"largest_chunk_within: lo ({lo}) > hi ({hi})")
-        return int(hi) if self.predict_step_s(b) <= tbt_s else int(lo)
-
-    # --- text ------------------------------------------------------------------------
-
-    def summary(self) -> str:
-        """Readable description: where it came from, the levels and the fits."""
-        m = self.meta
-        model = m.get("model", {})
-        cfg = model.get("config") or {}
-        hw = m.get("hardware", {})
-        lines = [f"profile: {self.source or '(in memory)'} (schema {SCHEMA_VERSION}"
-                 + (f", migrated from schema {self.migrated_from}" if self.migrated_from
-                    else "") + ")"]
-        desc = model.get("path", "?")
-        if cfg:
-            bits = [str(cfg[k]) for k in ("architecture",) if cfg.get(k)]
-            if cfg.get("num_layers"):
-                bits.append(f"{cfg['num_layers']} layers")
-            if cfg.get("num_kv_heads") and cfg.get("head_dim"):
-                bits.append(f"{cfg['num_kv_heads']} KV heads x {cfg['head_dim']}")
-            if cfg.get("dtype"):
-                bits.append(str(cfg["dtype"]))
-            if cfg.get("kv_bytes_per_token"):
-                bits.append(f"{cfg['kv_bytes_per_token']} B KV/token")
-            desc += f" ({', '.join(bits)})" if bits else ""
-        lines.append(f"model: {desc}")
-        if hw:
-            gpu = hw.get("gpu") or "no GPU"
-            lines.append(f"hardware: {hw.get('cpu_model', '?')} ({hw.get('cpu_cores', '?')} "
-                         f"cores), {gpu}")
-        lines.append(f"software: vLLM {m.get('vllm_version') or '?'}, tuned "
-                     f"{m.get('tuned_version') or '?'}; created {m.get('created_at', '?')}")
-        wl = m.get("workload", {})
-        if wl.get("spec"):
-            lines.append(f"workload: {wl['spec']}")
-        eng = m.get("engine") or {}
-        if eng:
-            lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in eng.items()
-                                                if v is not None))
-        sweep = m.get("sweep") or {}
-        if sweep.get("interrupted"):
-            lines.append("sweep: INTERRUPTED, only the levels below were measured")
-        n_req = len(self.requests.get("concurrency", []))
-        n_step = len(self.steps.get("step_s", []))
-        lines.append(f"samples: {n_req} requests, {n_step} engine steps")
-        if self.levels:
-            lines.append("")
-            lines.append(f"{'N':>5} {'requests':>9} {'throughput tok/s':>17} "
-                         f"{'speed tok/s':>12} {'step ms':>8}")
-            for lv in self.levels:
-                step = lv.get("step_s_mean")
-                step_ms = f"{step * 1e3:.2f}" if step is not None else "-"
-                lines.append(f"{lv['concurrency']:>5} {lv['num_requests']:>9} "
-                             f"{lv['throughput_tok_s']:>17.1f} {lv['speed_tok_s_mean']:>12.2f} "
-                             f"{step_ms:>8}")
-        lines.append("")
-        lines.append("fits:")
-        if self.usl is not None:
-            p = self.usl.params
-            peak = usl_peak_concurrency(p["sigma"], p["kappa"])
-            # kappa within noise of 0 puts N* far past anything measured: say so
-            # rather than print an eight-digit concurrency
-            top = max((lv["concurrency"] for lv in self.levels), default=0)
-            peak_text = (f"peak at N*={peak:.1f}" if peak <= 10 * max(top, 1)
-                         else "no peak within 10x the measured levels")
-            lines.append(f"  throughput (USL): {_params_text(self.usl)}; R²={self.usl.r2:.4f} "
-                         f"(n={self.usl.n_samples}); {peak_text}")
-        else:
-            lines.append("  throughput (USL): none")
-        if self.speed:
-            parts = [f"{k} R²={f.r2:.4f}" for k, f in self.speed.items()]
-            lines.append(f"  speed v(N): {' | '.join(parts)} -> best {self.best_speed}")
-            best = self.speed[self.best_speed]
-            lines.append(f"    {self.best_speed}: {_params_text(best)} (n={best.n_samples})")
-        else:
-            lines.append("  speed v(N): none")
-        if self.step_time is not None:
-            f = self.step_time
-            lines.append(f"  step time ({f.name}): {_params_text(f)}; R²={f.r2:.4f} "
-                         f"(n={f.n_samples})")
-            if f.note:
-                lines.append(f"    {f.note}")
-            if self.step_gap_s > 0:
-                lines.append(f"    between back-to-back steps, unmeasured by them: median "
-                             f"{self.step_gap_s * 1e3:.2f} ms (scheduler, output handling)")
-        else:
-            lines.append("  step time: none (predictions use 1 / v(b))")
-        if self.kv is not None:
-            lines.append(f"  KV demand per request: mean {self.kv.mean:.1f} tokens, "
-                         f"std {math.sqrt(self.kv.var):.1f} (n={self.kv_n})")
-        for note in self.notes:
-            lines.append(f"  note: {note}")
-        return "\n".join(lines)
+        return self.timing().largest_chunk_within(b, tbt_s, lo, hi, kv_tokens)
 
     # --- (de)serialisation -----------------------------------------------------------
 
@@ -343,14 +236,6 @@ class Profile:
             [dict(lv) for lv in self.levels]
         return replace(self, levels=levels, **fit_all(self.requests, self.steps, levels),
                        migrated_from=self.migrated_from)
-
-
-def _params_text(f: FitResult) -> str:
-    parts = []
-    for k, v in f.params.items():
-        e = f.stderr.get(k)
-        parts.append(f"{k}={v:.4g}" + (f"±{e:.2g}" if e is not None else ""))
-    return ", ".join(parts)
 
 
 def _ncols(cols: dict[str, list]) -> int:

@@ -254,7 +254,7 @@ class SimEngine:
         if not cfg.native_queue:
             self.set_queue_policy(cfg.queue_policy, cfg)
             self._apply_queue_policy()
-        self.cap, self.token_budget = self.controller.slot.applied
+        self.cap, self.token_budget = self.runtime.slot.applied
 
     # ------------------------------------------------------------ EngineView
     def _clock(self) -> float:
@@ -277,7 +277,7 @@ class SimEngine:
     def _apply_queue_policy(self) -> None:
         name, cfg = self._pending_queue
         self._pending_queue = None
-        self.controller.slot.queue_switched(self.queue_snapshot())
+        self.runtime.queue_channel.switched(self.queue_snapshot())
         q = self.waiting
         policy = make_policy(name, cfg.queue_spec()[1], cfg.queue_seed)
         if isinstance(q, QueueCore):
@@ -374,7 +374,7 @@ class SimEngine:
         # contract step 2, before the running pass, as the vLLM adapter calls it
         # (before super().schedule()): the context's free KV is that of the top
         # of the step, and the queue hears of every step, preempting ones too
-        qi = self.controller.slot.queue_inputs
+        qi = self.runtime.queue_channel.inputs
         model, sla, ttft = qi.guard
         self.waiting.begin_step(AdmitContext(self.now, self.kv_capacity_tokens,
                                              self.free_blocks * self.block_size, self.cap,
@@ -611,7 +611,7 @@ class SimEngine:
         nxt = 0
         total = len(reqs)
         finished_before = 0
-        slot = self.controller.slot
+        slot = self.runtime.slot
         while True:
             if self._next_tick <= self.now:
                 now = self.now

@@ -158,7 +158,7 @@ class _TunedMixin:
         self.controller = self.tuned.controller
         self.metrics = self.tuned.metrics
         self.endpoint = self.tuned.endpoint
-        self._step_guard = StepPathGuard(self.controller.slot, self.metrics, clock=self._clock)
+        self._step_guard = StepPathGuard(self.tuned.slot, self.metrics, clock=self._clock)
         # fcfs keeps vLLM's own queue (nothing added on the step path); any other
         # policy, or a later switch, installs tuned's PolicyQueue at the top of
         # schedule(), on this thread.
@@ -167,7 +167,7 @@ class _TunedMixin:
         if not cfg.native_queue:
             self.set_queue_policy(cfg.queue_policy, cfg)
             self._apply_queue_policy()
-        self._write_knobs(self.controller.slot.applied)
+        self._write_knobs(self.tuned.slot.applied)
         log.info("tuned_started", ceiling=self.ceiling, kv_capacity_tokens=self.kv_capacity_tokens,
                  block_size=self.block_size, scheduler=type(self).__mro__[2].__name__,
                  metrics=(f"http://{cfg.metrics_host}:{self.endpoint.port}/metrics"
@@ -183,7 +183,7 @@ class _TunedMixin:
         return [(r.num_prompt_tokens, r.max_tokens or 0) for r in list(self.running)]
 
     def applied(self) -> dict:
-        return self.controller.slot.state()
+        return self.tuned.slot.state()
 
     def set_queue_policy(self, name: str, cfg: Config) -> None:
         """Ask for a queue policy; the scheduler thread installs it next step."""
@@ -199,7 +199,7 @@ class _TunedMixin:
         self._pending_queue = None
         before = len(self.waiting)
         # export the outgoing policy's last counts; the new one counts from zero
-        self.controller.slot.queue_switched(self.queue_snapshot())
+        self.tuned.queue_channel.switched(self.queue_snapshot())
         vllm_queue.install(self, name, cfg, on_warning=self._hint_warning,
                            on_fault=self._tuned_guard)
         log.info("queue_policy", old=self.queue_policy, new=name, waiting_kept=len(self.waiting),
@@ -238,7 +238,7 @@ class _TunedMixin:
         self.max_num_scheduled_tokens = knobs.token_budget
 
     def _tuned_apply(self) -> None:
-        knobs = self.controller.slot.take()
+        knobs = self.tuned.slot.take()
         if knobs is not None:
             self._write_knobs(knobs)
 
@@ -299,7 +299,7 @@ class _TunedMixin:
             pass
         # the held fallback cap now, not at the next step (the fault may be in the
         # very code that applies the knobs)
-        slot = self.controller.slot
+        slot = self.tuned.slot
         try:
             knobs = slot.take()
             if knobs is not None:
@@ -327,7 +327,7 @@ class _TunedMixin:
             if self.queue_policy != "fcfs" or self._queue_installed():
                 from tuned.engines.vllm_queue import begin_step
 
-                qi = self.controller.slot.queue_inputs
+                qi = self.tuned.queue_channel.inputs
                 begin_step(self, qi.speed_fn, qi.guard, qi.gpu_free_tokens)
                 self._tuned_refuse(self.waiting.take_refused())
         except Exception as e:

@@ -17,6 +17,7 @@ It is also the guard around everything vLLM calls on its waiting queue: see
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -34,13 +35,88 @@ _LEARN_FROM = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAP
                RequestStatus.FINISHED_REPETITION)
 
 
+def _guarded(serve: Callable[..., Any], *, recover: Callable[..., Any] | None = None,
+             passes: Callable[[Any, BaseException], bool] | None = None,
+             check: Callable[..., None] | None = None,
+             listed: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The guard of one :class:`PolicyQueue` entry point vLLM calls (the decorated
+    method is tuned's path, run while the queue is not in fallback).
+
+    ``serve(fallback, *args)``: how vLLM's own queue answers the call, in fallback.
+    An exception from tuned's path puts the queue in fallback, is reported as
+    ``where`` = the method's name (:meth:`PolicyQueue._fault`) and the call is answered
+    by ``recover(fallback, *args)`` (default ``serve``: a recover undoes what the
+    salvaged queue already holds of the call). vLLM's own contract errors reach vLLM
+    unchanged: ``check(queue, *args)`` raises them before tuned's path runs,
+    ``passes(queue, exc)`` lets an exception of tuned's path through. ``listed``:
+    the one argument, an iterable of requests, is made a list first, so that the
+    recover sees every request tuned's path was given."""
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        where = method.__name__
+
+        @functools.wraps(method)
+        def entry(self: PolicyQueue, *args: Any) -> Any:
+            if self.fallback is None:
+                if check is not None:
+                    check(self, *args)
+                if listed:
+                    args = (list(args[0]),)
+                try:
+                    return method(self, *args)
+                except Exception as e:
+                    if passes is not None and passes(self, e):
+                        raise
+                    self._fault(where, e)
+                    return (recover or serve)(self.fallback, *args)
+            return serve(self.fallback, *args)
+        entry.guarded = where        # type: ignore[attr-defined]
+        return entry
+    return decorate
+
+
+def _empty(q: PolicyQueue, e: BaseException) -> bool:
+    """vLLM's contract: pop or peek from an empty queue raises IndexError."""
+    return isinstance(e, IndexError) and not q._waiting
+
+
+def _not_waiting(q: PolicyQueue, request: Request) -> None:
+    """vLLM's contract: removing a request that is not waiting raises ValueError."""
+    if request.request_id not in q._waiting:
+        raise ValueError(f"request {request.request_id} is not in the waiting queue")
+
+
+def _add_once(fb: RequestQueue, request: Request) -> None:
+    """A request being added when the fault hit is kept (once)."""
+    if all(r is not request for r in fb):
+        fb.add_request(request)
+
+
+def _to_front_once(fb: RequestQueue, request: Request) -> None:
+    """A request the salvage already holds moves to the front, not in twice."""
+    if any(r is request for r in fb):
+        fb.remove_request(request)
+    fb.prepend_request(request)
+
+
+def _all_to_front_once(fb: RequestQueue, requests: list[Request]) -> None:
+    back = {id(r) for r in requests}
+    fb.remove_requests([r for r in fb if id(r) in back])
+    fb.prepend_requests(requests)
+
+
+def _remove_if_there(fb: RequestQueue, request: Request) -> None:
+    if request in fb:
+        fb.remove_request(request)
+
+
 class PolicyQueue(QueueCore[Request], RequestQueue):
     """The waiting queue of one vLLM scheduler (see :class:`QueueCore`), guarded.
 
     vLLM calls ``add_request``, ``pop_request``, ``peek_request``,
     ``prepend_request(s)``, ``remove_request(s)``, ``__bool__``, ``__len__`` and
     ``__iter__`` straight from its step path and its ``add_request``, where an
-    exception would take the engine down. Each of them here catches any exception
+    exception would take the engine down. Each of them here (one decorator,
+    :func:`_guarded`) catches any exception
     from tuned's code (policy, predictor, hints, logging), reports it to
     ``on_fault(where, exc)`` (the scheduler's :class:`~tuned.core.steppath.StepPathGuard`;
     ``where`` is the method's name) and switches the queue to :attr:`fallback`, a
@@ -70,10 +146,9 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
         self.request_finished(request, learn=request.status in _LEARN_FROM)
 
     # ------------------------------------------------------------ fallback
-    def enter_fallback(self, keep: Request | None = None) -> None:
+    def enter_fallback(self) -> None:
         """Serve vLLM's FCFS order from now on (idempotent; never raises). The waiting
-        requests move over, preempted ones first, then by arrival; ``keep`` (a
-        request being added when the fault hit) is added if it is not among them."""
+        requests move over, preempted ones first, then by arrival."""
         fb = self.fallback
         if fb is None:
             fb = PriorityRequestQueue() if self.priority_first else FCFSRequestQueue()
@@ -85,8 +160,6 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
                 fb.add_request(r)
             self._clear_waiting()
             self.fallback = fb
-        if keep is not None and all(r is not keep for r in fb):
-            fb.add_request(keep)
 
     def restore(self) -> bool:
         """Put the fallback's requests back under the policy (preempted ones pinned
@@ -146,8 +219,8 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
             except Exception:
                 pass
 
-    def _fault(self, where: str, e: BaseException, keep: Request | None = None) -> None:
-        self.enter_fallback(keep)
+    def _fault(self, where: str, e: BaseException) -> None:
+        self.enter_fallback()
         self._report(where, e)
 
     # ------------------------------------------------------------ guarded entry points
@@ -159,106 +232,45 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
         if self.fallback is None:
             super().step_done(num_decode, preempted)
 
+    @_guarded(lambda fb, r: fb.add_request(r), recover=_add_once)
     def add_request(self, request: Request) -> None:
-        if self.fallback is None:
-            try:
-                super().add_request(request)
-                return
-            except Exception as e:
-                self._fault("add_request", e, keep=request)
-                return
-        self.fallback.add_request(request)
+        super().add_request(request)
 
+    @_guarded(lambda fb: fb.pop_request(), passes=_empty)
     def pop_request(self) -> Request:
-        if self.fallback is None:
-            try:
-                return super().pop_request()
-            except Exception as e:
-                if not self._waiting and isinstance(e, IndexError):
-                    raise          # vLLM's contract: pop from an empty queue
-                self._fault("pop_request", e)
-        return self.fallback.pop_request()
+        return super().pop_request()
 
+    @_guarded(lambda fb: fb.peek_request(), passes=_empty)
     def peek_request(self) -> Request:
-        if self.fallback is None:
-            try:
-                return super().peek_request()
-            except Exception as e:
-                if not self._waiting and isinstance(e, IndexError):
-                    raise
-                self._fault("peek_request", e)
-        return self.fallback.peek_request()
+        return super().peek_request()
 
+    @_guarded(lambda fb, r: fb.prepend_request(r), recover=_to_front_once)
     def prepend_request(self, request: Request) -> None:
-        if self.fallback is None:
-            try:
-                super().prepend_request(request)
-                return
-            except Exception as e:
-                self._fault("prepend_request", e)
-                if any(r is request for r in self.fallback):
-                    self.fallback.remove_request(request)
-        self.fallback.prepend_request(request)
+        super().prepend_request(request)
 
+    @_guarded(lambda fb, rs: fb.prepend_requests(rs), recover=_all_to_front_once, listed=True)
     def prepend_requests(self, requests: Iterable[Request]) -> None:
-        if self.fallback is None:
-            requests = list(requests)
-            try:
-                super().prepend_requests(requests)
-                return
-            except Exception as e:
-                self._fault("prepend_requests", e)
-                back = {id(r) for r in requests}
-                self.fallback.remove_requests([r for r in self.fallback if id(r) in back])
-        self.fallback.prepend_requests(requests)
+        super().prepend_requests(requests)
 
+    @_guarded(_remove_if_there, check=_not_waiting)
     def remove_request(self, request: Request) -> None:
-        if self.fallback is None:
-            if request.request_id not in self._waiting:
-                raise ValueError(f"request {request.request_id} is not in the waiting queue")
-            try:
-                super().remove_request(request)
-                return
-            except Exception as e:
-                self._fault("remove_request", e)
-        if request in self.fallback:
-            self.fallback.remove_request(request)
+        super().remove_request(request)
 
+    @_guarded(lambda fb, rs: fb.remove_requests(rs), listed=True)
     def remove_requests(self, requests: Iterable[Request]) -> None:
-        if self.fallback is None:
-            requests = list(requests)
-            try:
-                super().remove_requests(requests)
-                return
-            except Exception as e:
-                self._fault("remove_requests", e)
-        self.fallback.remove_requests(requests)
+        super().remove_requests(requests)
 
+    @_guarded(bool)
     def __bool__(self) -> bool:
-        if self.fallback is None:
-            try:
-                return super().__bool__()
-            except Exception as e:
-                self._fault("__bool__", e)
-        return bool(self.fallback)
+        return super().__bool__()
 
+    @_guarded(len)
     def __len__(self) -> int:
-        fb = self.fallback
-        if fb is None:
-            try:
-                return super().__len__()
-            except Exception as e:
-                self._fault("__len__", e)
-                fb = self.fallback
-        return len(fb)
+        return super().__len__()
 
+    @_guarded(lambda fb: iter(list(fb)))
     def __iter__(self) -> Iterator[Request]:
-        if self.fallback is None:
-            try:
-                return iter(list(super().__iter__()))
-            except Exception as e:
-                self._fault("__iter__", e)
-        return iter(list(self.fallback))
+        return iter(list(super().__iter__()))
 
     def __contains__(self, request: object) -> bool:
         fb = self.fallback

@@ -11,12 +11,15 @@ guard, the queue policy or the KV cache. An operator reading ``/decisions`` or
 (after every wrapper) and the window's ``binding`` share (steps that ended with
 requests waiting at a full cap), and returns two inputs for the decision:
 ``cap_binds`` (bool: requests wait, at a full cap now or over most of the window) and
-``cap_note`` (a sentence).
+``cap_note`` (a sentence). :func:`explained` adds them to a policy's decision, with the
+first decision's reason from the policy's build.
 """
 
 from __future__ import annotations
 
-from tuned.core.types import Observation
+import dataclasses
+
+from tuned.core.types import Decision, Observation
 
 
 #: the share of the window's steps at a full cap with requests waiting from which the
@@ -50,4 +53,18 @@ def cap_binding(obs: Observation, cap: int) -> dict:
     return {"cap_binds": False, "cap_note": f"{note} ({share})"}
 
 
-__all__ = ["cap_binding"]
+def explained(dec: object, obs: Observation, first_reason: str | None = None) -> object:
+    """A policy's decision as the operator reads it: with :func:`cap_binding`'s two
+    inputs, and, for the first decision (``first_reason`` given) that says only
+    ``initial``, the reason its policy's build names (e.g. ``profile_initial``).
+    Anything but a Decision with an integer cap is returned as it is (the controller
+    counts it a fault)."""
+    if not isinstance(dec, Decision) or type(dec.cap) is not int:
+        return dec
+    if first_reason and dec.reason == "initial":
+        dec = dataclasses.replace(dec, reason=first_reason)
+    # whether the cap the engine applies binds, in words (reasons name the rule)
+    return dataclasses.replace(dec, inputs={**(dec.inputs or {}), **cap_binding(obs, dec.cap)})
+
+
+__all__ = ["cap_binding", "explained"]

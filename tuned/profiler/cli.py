@@ -37,6 +37,7 @@ from typing import Any
 
 from tuned.curves.profile import (STEP_COLUMNS, ProfileError, build_profile, empty_columns,
                                   load_profile, save_profile)
+from tuned.curves.report import profile_summary
 from tuned.launch import EngineError, server_info
 from tuned.profiler.engine import (DEFAULT_MODEL_CACHE, Target, UsageError, normalise_url,
                                    say, start_engine)
@@ -280,7 +281,7 @@ def write_result(plan: Plan, sweep: Sweep, meta: dict[str, Any],
         from tuned.curves.plot import plot_profile
 
         png = plot_profile(profile)
-    print(profile.summary())
+    print(profile_summary(profile))
     say(f"wrote {path}" + (f" and {png}" if png else ""))
     if sweep.interrupted or sweep.failure:
         say(("interrupted" if sweep.interrupted else "stopped by an engine error")
@@ -292,7 +293,7 @@ def write_result(plan: Plan, sweep: Sweep, meta: dict[str, Any],
 def show(path: str) -> int:
     """``tuned profile show FILE``."""
     try:
-        print(load_profile(path).summary())
+        print(profile_summary(load_profile(path)))
     except ProfileError as e:
         say(str(e))
         return EXIT_USAGE
@@ -315,7 +316,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from tuned.curves.plot import plot_profile
 
         png = plot_profile(new)
-    print(new.summary())
+    print(profile_summary(new))
     say(f"re-fitted {path}" + (f" (migrated from schema {migrated})" if migrated else "")
         + (f"; plot {png}" if png else ""))
     return EXIT_OK

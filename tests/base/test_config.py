@@ -53,7 +53,11 @@ def test_the_default_explain_prints_is_the_default_a_config_gets():
     for name, f in config.FIELDS.items():
         assert getattr(empty, name) == f.metadata["default"], name
     lines = config.explain().splitlines()
-    assert len(lines) == len(config.FIELDS)
+    # one line per key, then a blank line and the policies' own options
+    n = len(config.FIELDS)
+    assert [ln.split(" (", 1)[0] for ln in lines[:n]] == list(config.FIELDS)
+    assert (lines[n], lines[n + 1]) == ("", "Policies (batch_policy, queue_policy) and their "
+                                        "options (batch_options, queue_options):")
     assert lines[1] == ("max_num_seqs (int, default 32, in [1, 4096]) [restart]: ceiling on "
                         "running sequences handed to vLLM; tuned's cap moves inside "
                         "[b_min, max_num_seqs]")

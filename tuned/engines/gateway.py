@@ -2,7 +2,7 @@
 queue is refusing at its wait bound.
 
 tuned's waiting queue refuses a request still waiting at ``max_wait_s``
-(:mod:`tuned.core.wait_bound`); vLLM then finishes it as aborted, and its client reads
+(:mod:`tuned.core.refusal`); vLLM then finishes it as aborted, and its client reads
 finish reason ``abort``. Under a sustained overload that is late: the request has
 waited the whole bound first. This ASGI middleware, loaded into vLLM's API server
 with ``--middleware tuned.engines.gateway.RefuseWhenOverloaded`` (`tuned serve` adds

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuned.core import refusal
 from tuned.demo_model import DEMO_MAX_MODEL_LEN, model_form
 from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
 # the policies' names and option schemas, read as data: no policy code is imported
@@ -33,7 +34,7 @@ from tuned.policies import catalog
 SLA_MODES = ("evidence", "paper")
 SLA_STATISTICS = ("mean", "p90")
 TOKEN_BUDGET_POLICIES = ("sla", "max")
-WAIT_BOUND_MODES = ("refuse", "serve", "off")
+WAIT_BOUND_MODES = refusal.MODES
 ADMISSION_GUARDS = ("tpot", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -207,14 +208,9 @@ class Config:
         """(bound, refuse at it, aging point), in seconds, of the wait bound, or None
         without one: the bound is ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT
         target is set; the aging point ``age_after_s``, else 2 x ``ttft_sla_s``, at
-        most half the bound."""
-        if self.on_max_wait == "off":
-            return None
-        bound = self.max_wait_s or 10.0 * self.ttft_sla_s
-        if bound <= 0:
-            return None
-        age = self.age_after_s or min(2.0 * self.ttft_sla_s or bound / 2, bound / 2)
-        return bound, self.on_max_wait == "refuse", min(age, bound)
+        most half the bound (:func:`tuned.core.refusal.bound_spec`)."""
+        return refusal.bound_spec(self.on_max_wait, self.max_wait_s, self.ttft_sla_s,
+                                  self.age_after_s)
 
     @property
     def native_queue(self) -> bool:

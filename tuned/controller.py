@@ -40,6 +40,7 @@ from tuned.metrics import Metrics
 from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
+from tuned.core.refusal import RefusalWatch
 from tuned.core.window import demand_moments, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
@@ -118,8 +119,7 @@ class Controller:
         self._step_seq = 0
         self._fin_seq = 0
         self._fit_t = -math.inf
-        self._refused_seen = 0               # the queue's refusals at the wait bound
-        self._last_refusal_t = -math.inf
+        self.refusals = RefusalWatch()       # whether the queue is refusing (/admission)
         self._failing: tuple | None = None  # ((cause, error), logged at, repeats since)
         self._step_fit = None
         self._scheduler = None
@@ -292,7 +292,7 @@ class Controller:
         running, waiting = eng.counts()
         switch = self.queue_channel.take_switch()
         snap = eng.queue_snapshot()
-        self._note_refusals(snap, now)
+        self.refusals.note(snap, now)
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
         gpu_free = free_fraction(self.gpu)
@@ -380,24 +380,10 @@ class Controller:
     def decisions_json(self, limit: int = 50) -> dict:
         return decisions_view(self, limit)
 
-    def _note_refusals(self, snap: dict | None, now: float) -> None:
-        refused = (snap or {}).get("refused", 0)
-        if refused > self._refused_seen:
-            self._last_refusal_t = now
-        self._refused_seen = refused
-
     def admission_json(self) -> dict:
         """What ``GET /admission`` answers (:mod:`tuned.engines.gateway` reads it):
-        ``refusing`` while the queue refused a request at its wait bound within the
-        last bound (a sustained overload: a new request would wait past it too), and
-        when to retry (the aging point: by then the oldest waiting have turned over)."""
-        spec = self.cfg.wait_bound_spec()
-        if spec is None:
-            return {"refusing": False, "max_wait_s": None, "retry_after_s": None}
-        bound, refuse, age = spec
-        return {"refusing": bool(refuse and self.clock() - self._last_refusal_t < bound),
-                "max_wait_s": bound, "retry_after_s": max(1, math.ceil(age)),
-                "refused": self._refused_seen}
+        :meth:`tuned.core.refusal.RefusalWatch.state` under the config's wait bound."""
+        return self.refusals.state(self.cfg.wait_bound_spec(), self.clock())
 
     def start(self):
         """Run ``run_once`` every ``interval_s`` on apscheduler's thread, first tick now."""

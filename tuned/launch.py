@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tuned.config import ENGINE_FLAGS, Config, engine_handoff
+from tuned.core.refusal import refuses
 from tuned.netutil import connect_host
 
 #: The CPU build sizes its KV cache in GiB from this variable (a legacy override of
@@ -119,8 +120,7 @@ def _serving_url(cfg: Config) -> str:
 def _with_scheduler(cfg: Config, model_path: str, additional: dict, extra: Sequence[str],
                     python: str) -> list[str]:
     tuned_args = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional)]
-    bound = cfg.wait_bound_spec()
-    if bound is not None and bound[1]:
+    if refuses(cfg.wait_bound_spec()):
         # the queue may refuse: the API server answers 429 while it does
         tuned_args += ["--middleware", GATEWAY_MIDDLEWARE]
     return vllm_command(model_path, host=cfg.host, port=cfg.port,

@@ -45,6 +45,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from tuned.core.refusal import QUEUE_REASONS, REASONS
+
 TBT_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
                  0.3, 0.5, 1.0, 2.0, 5.0)
 #: why the engine applies the fallback cap (tuned.core.knobs, tuned.controller)
@@ -126,8 +128,9 @@ class Metrics:
                            "queue (saber)", ("policy",))
         self.q_aged = c("tuned_queue_aged_total", "Requests admitted before the queue "
                         "policy's choice because they had waited age_after_s")
-        self.refused = c("tuned_requests_refused_total", "Requests refused, by reason "
-                         "(max_wait: still waiting at max_wait_s)", ("reason",))
+        self.refused = c("tuned_requests_refused_total", "Requests refused, by reason ("
+                         + ", ".join(f"{r}: {REASONS[r]}" for r in QUEUE_REASONS) + ")",
+                         ("reason",))
         self.q_bins = g("tuned_queue_bins_in_use", "Length bins holding waiting requests "
                         "(multibin)")
         self.q_buckets = g("tuned_queue_buckets_in_use", "Length buckets holding waiting "

@@ -61,7 +61,7 @@ def test_a_prompt_whose_prefill_would_break_a_running_request_waits():
     q.add_request(Req("big", 0.0, 300, 8))
     assert not q and len(q) == 1
     assert q.last_verdict.reason == "tpot_guard"
-    assert q.guard_holds == 1 and q.stats.deferred == 1 and q.stats.last_reason == "tpot_guard"
+    assert q.guard.holds == 1 and q.stats.deferred == 1 and q.stats.last_reason == "tpot_guard"
     q.remove_requests([next(iter(q))])
     q.add_request(Req("small", 0.0, 100, 8))
     assert q and q.peek_request().request_id == "small"
@@ -82,9 +82,9 @@ def test_the_guard_projects_the_remaining_steps_with_the_resident_kv():
 
     q.begin_step(kv_ctx(0), running)
     q.add_request(Req("small", 0.0, 100, 8))
-    assert q and q.guard_holds == 0
+    assert q and q.guard.holds == 0
     q.begin_step(kv_ctx(120_000), running)
-    assert not q and q.last_verdict.reason == "tpot_guard" and q.guard_holds == 1
+    assert not q and q.last_verdict.reason == "tpot_guard" and q.guard.holds == 1
 
 
 def test_a_request_already_past_the_sla_is_not_protected():
@@ -95,7 +95,7 @@ def test_a_request_already_past_the_sla_is_not_protected():
     q.begin_step(ctx(1.0), running)
     q.add_request(Req("big", 0.0, 300, 8))
     assert q and q.peek_request().request_id == "big"
-    assert q.guard_holds == 0
+    assert q.guard.holds == 0
 
 
 def test_the_held_prompt_is_admitted_once_the_running_request_finishes():
@@ -123,7 +123,7 @@ def test_off_without_a_step_model_or_an_sla(model, sla):
     q, running, r0 = queue_with_one_running()
     q.begin_step(ctx(0.0, model=model, sla=sla), running)
     q.add_request(Req("big", 0.0, 300, 8))
-    assert q and q.guard_holds == 0
+    assert q and q.guard.holds == 0
 
 
 def test_the_guard_reads_the_time_since_the_first_token():
@@ -149,7 +149,7 @@ def test_a_request_whose_first_token_was_late_is_not_protected():
     q, running, r0 = queue_with_one_running(arrival=-2.0)
     q.begin_step(ctx(0.0, ttft=1.0), running)
     q.add_request(Req("big", 0.0, 300, 8))
-    assert q and q.guard_holds == 0
+    assert q and q.guard.holds == 0
     q.begin_step(ctx(0.0, ttft=0.0), running)     # TTFT unknown: r0 is protected
     assert not q and q.last_verdict.reason == "tpot_guard"
 
@@ -183,7 +183,7 @@ def test_a_prompt_that_would_push_a_prefilling_one_past_its_ttft_waits():
     q, running, a = queue_with_one_prefilling(0.0)
     q.add_request(PReq("b600", 0.0, 600, 50))
     assert not q and q.last_verdict.reason == "ttft_guard"
-    assert q.guard_holds == 1 and q.stats.last_reason == "ttft_guard"
+    assert q.guard.holds == 1 and q.stats.last_reason == "ttft_guard"
     q.remove_requests([next(iter(q))])
     q.add_request(PReq("b400", 0.0, 400, 50))
     assert q and q.peek_request().request_id == "b400"
@@ -203,7 +203,7 @@ def test_a_prefilling_request_already_late_is_not_protected():
     # b (400 tokens, just arrived) meets 1 s in the cohort (0.925 s): admitted
     q, running, a = queue_with_one_prefilling(-0.8)
     q.add_request(PReq("b", 0.0, 400, 50))
-    assert q and q.guard_holds == 0
+    assert q and q.guard.holds == 0
 
 
 def test_a_prompt_does_not_join_a_cohort_that_would_make_it_late():
@@ -216,7 +216,7 @@ def test_a_prompt_does_not_join_a_cohort_that_would_make_it_late():
     # c arrived 0.7 s ago: 1.12 s even alone: nothing to protect, admitted
     q.remove_requests([next(iter(q))])
     q.add_request(PReq("c", -0.7, 400, 50))
-    assert q and q.guard_holds == 1
+    assert q and q.guard.holds == 1
 
 
 @pytest.mark.parametrize("model, ttft", [(None, TTFT), (MODEL, 0.0)])
@@ -224,7 +224,7 @@ def test_the_ttft_half_is_off_without_a_step_model_or_a_ttft_sla(model, ttft):
     q, running, a = queue_with_one_prefilling(0.0)
     q.begin_step(ctx(0.0, model=model, sla=0.0, ttft=ttft), running)
     q.add_request(PReq("b600", 0.0, 600, 50))
-    assert q and q.guard_holds == 0
+    assert q and q.guard.holds == 0
 
 
 # ------------------------------------------------------- fcfs: predicted lateness

@@ -44,8 +44,9 @@ def run(q: QueueCore, arrivals: list[Req], until_s: float) -> tuple[dict, dict]:
             q.add_request(pending[i])
             i += 1
         q.begin_step(ctx(now), [])
-        for r in q.take_refused():
-            refused[r.request_id] = now - r.arrival_time
+        for r, event in q.refusals.take():
+            assert (event.reason, event.request_id, event.at_s) == ("max_wait", r.request_id, now)
+            refused[r.request_id] = event.waited_s
         if q:
             r = q.pop_request()
             admitted[r.request_id] = now - r.arrival_time
@@ -103,7 +104,7 @@ def test_aging_serves_it_within_the_bound():
     admitted, refused = run(q, starving_load(), until_s=60.0)
     assert refused == {}
     assert AGE_S <= admitted["big"] < AGE_S + STEP_S
-    assert q.wait_bound.aged == 1 and q.snapshot()["aged"] == 1
+    assert q.refusals.bound.aged == 1 and q.snapshot()["aged"] == 1
     assert max(admitted.values()) < BOUND_S
 
 
@@ -144,7 +145,7 @@ def test_bound_rejects_a_bad_value():
 
 def test_fcfs_policy_alone_is_unchanged_by_an_unset_bound():
     q = QueueCore(FCFSPolicy(late_after_s=TTFT_S))
-    assert q.wait_bound is None
+    assert q.refusals.bound is None
     admitted, refused = run(q, starving_load(), until_s=60.0)
     assert admitted["big"] > 30.0 and refused == {}
 
@@ -160,7 +161,7 @@ def refusal_times(arrivals: list[Req], n_steps: int) -> dict[str, float]:
             if r.arrival_time == now:
                 q.add_request(r)
         q.begin_step(ctx(now), [])
-        for r in q.take_refused():
+        for r, _ in q.refusals.take():
             refused.setdefault(r.request_id, now - r.arrival_time)
     return refused
 
@@ -196,7 +197,7 @@ def test_the_prefill_ahead_counts_in_the_lead():
     for k in range(100):
         now = round(k * STEP_S, 9)
         q.begin_step(ctx(now), running)
-        out = q.take_refused()
+        out = q.refusals.take()
         if out and refused is None:
             refused = now
     assert refused == pytest.approx(5.0)

@@ -253,7 +253,7 @@ def test_hints_warnings_and_sla_classes():
     q.add_request(req("bad", t=100.0, xargs={"tuned_deadline_s": -3, "tuned_output_tokens": 7}))
     q.add_request(req("ok", t=100.0, xargs={"tuned_deadline_s": 2.5}))
     q.add_request(req("gold", t=100.0, xargs={"tuned_class": "gold"}))
-    assert q.hint_warnings == 1
+    assert q.lengths.hint_warnings == 1
     assert seen == [("bad", "tuned_deadline_s: must be a number > 0, got -3; ignored")]
     assert q.info("bad").deadline_s is None and q.info("bad").predicted_output == 7
     assert q.info("ok").deadline_s == pytest.approx(102.5)
@@ -387,7 +387,7 @@ def test_scheduler_mcsf_gate_caps_running_at_the_look_ahead(tiny_model, asynchro
     _add(s, 6, 40)
     assert _run(s)[:2] == (3, 0)
     assert s.waiting.stats.admitted == 6 and s.waiting.stats.deferred > 0
-    assert s.waiting.predictor.observed == 6
+    assert s.waiting.lengths.predictor.observed == 6
     # the same load under fcfs: vLLM admits on prefill room alone, then preempts
     s = _scheduler(str(tiny_model), 16, "fcfs", asynchronous)
     _add(s, 6, 40)

@@ -186,3 +186,43 @@ def test_the_controller_publishes_the_queue_inputs_it_derives(sched):
     ctrl = sched.controller
     assert ctrl.queue_channel.inputs == ctrl.queue_inputs()
     assert ctrl.queue_channel.inputs.step_model is None      # no step fit yet: guard off
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Scheduler", "AsyncScheduler"])
+def test_vllm_answers_a_refusal_by_finishing_it_aborted_with_no_tokens(tiny_model,
+                                                                       asynchronous):
+    """vLLM's answer to the queue's refusal (tuned.core.refusal.RefusalAnswer): a request
+    waiting past max_wait_s is finished as aborted before any token, its client gets
+    one final output (finish reason abort, no tokens) with the step's outputs, and the
+    queue counts it; a fresh request is admitted as usual."""
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import RequestStatus
+
+    from tuned.core.refusal import client_refusal
+    from fakes import req
+
+    s = make_scheduler(str(tiny_model), asynchronous, max_wait_s=1.0, on_max_wait="refuse")
+    try:
+        now = time.time()
+        old = [req("old0", t=now - 10.0), req("old1", t=now - 5.0)]
+        for r in [*old, req("fresh", t=now)]:
+            s.add_request(r)
+        so = s.schedule()
+        assert list(so.num_scheduled_tokens) == ["fresh"]
+        assert all(r.status == RequestStatus.FINISHED_ABORTED for r in old)
+        ids = list(so.num_scheduled_tokens)
+        result = s.update_from_output(so, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=[[7] for _ in ids]))
+        outs = {o.request_id: o for eco in result.values() for o in eco.outputs}
+        assert {rid: (o.finish_reason, o.new_token_ids) for rid, o in outs.items()
+                if rid != "fresh"} == {"old0": (FinishReason.ABORT, []),
+                                       "old1": (FinishReason.ABORT, [])}
+        # what the client reads: a stream ending with finish reason abort, no token
+        assert client_refusal(tokens=0, finish=str(outs["old0"].finish_reason)) == \
+            "refused: aborted before any token"
+        assert s.waiting.snapshot()["refused"] == 2
+        assert s.waiting.refusals.take() == []          # answered once
+    finally:
+        s.shutdown()

@@ -69,6 +69,7 @@ from tuned import launch
 from tuned.bench.metrics import RequestResult
 from tuned.bench.runner import Contender
 from tuned.config import FIELDS, Config
+from tuned.core.refusal import REFUSAL_STATUSES, client_refusal  # noqa: F401  (re-exported)
 from tuned.launch import EngineError, log_tail, server_info, stop_process, wait_ready
 from tuned.netutil import free_port
 from tuned.prompts import PromptFactory
@@ -78,8 +79,6 @@ __all__ = ["Contender", "LiveRun", "LiveServer", "LiveStartError", "run_live", "
            "drive_open_loop", "KINDS"]
 
 KINDS = ("static", "peer", "tuned", "ablation")
-#: HTTP statuses that mean "refused, retry elsewhere": too many requests, unavailable
-REFUSAL_STATUSES = (429, 503)
 POLL_INTERVAL_S = 0.5
 REQUEST_TIMEOUT_S = 3600.0
 # `tuned serve` gives vLLM 60 s to stop before it kills it; give the supervisor
@@ -345,12 +344,12 @@ class _Client:
                             break  # closing the response aborts the request in vLLM
                     elif u:
                         usage_total = u["completion_tokens"]
-            if not times and (finish == "abort" or (finish is None and done_t is not None)):
-                # tuned's wait bound refused it: vLLM finishes it as aborted before any
-                # token, and its stream skips a choice without tokens, so the stream is
-                # the usage chunk and [DONE] alone (or a finish reason abort)
+            refused = client_refusal(tokens=len(times), finish=finish,
+                                     stream_done=done_t is not None)
+            if refused is not None:
+                # tuned's wait bound refused it (client_refusal reads vLLM's answer)
                 res.refused_s = finish_t if finish_t is not None else done_t
-                res.error = "refused: aborted before any token"
+                res.error = refused
                 return res
             if usage_total is not None and usage_total > len(times) and times:
                 times.extend([times[-1]] * (usage_total - len(times)))  # no per-chunk usage
@@ -365,11 +364,11 @@ class _Client:
                                   f"asked for {spec.output_tokens}")
             res.first_token_s, res.finish_s = times[0], times[-1]
         except Exception as e:  # any failure: record it, the run goes on
-            status = getattr(e, "status_code", None)
-            if status in REFUSAL_STATUSES:
+            refused = client_refusal(getattr(e, "status_code", None))
+            if refused is not None:
                 # an overloaded server's clean answer: refused, not failed
                 res.refused_s = self.now()
-                res.error = f"refused: HTTP {status}"
+                res.error = refused
             else:
                 res.failed = True
                 res.error = f"{type(e).__name__}: {e}"

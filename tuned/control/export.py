@@ -8,6 +8,8 @@ from typing import Any
 
 import structlog
 
+from tuned.core import refusal
+
 log = structlog.get_logger("tuned.controller")
 
 
@@ -62,7 +64,8 @@ class MetricsExport:
             delta = snap[key] - last.get(key, 0)
             if delta > 0:
                 counter.labels(pol).inc(delta)
-        for key, counter in (("aged", m.q_aged), ("refused", m.refused.labels("max_wait"))):
+        for key, counter in (("aged", m.q_aged),
+                             ("refused", m.refused.labels(refusal.REASON_MAX_WAIT))):
             delta = snap.get(key, 0) - self._bound_last.get(key, 0)
             if delta > 0:
                 counter.inc(delta)

@@ -52,8 +52,11 @@ All methods are for the engine's scheduling thread; ``stats`` and
 :meth:`QueueCore.snapshot` may be read from another thread.
 
 One module on purpose: it is vLLM's ``RequestQueue`` method set over one shared state
-(the waiting set, pins, the cached order, pops not yet committed); the admission guard
-and the predictor are their own modules.
+(the waiting set, pins, the cached order, pops not yet committed). Its collaborators
+are their own modules: the admission guard (:mod:`tuned.core.admission`), output-length
+learning (:class:`tuned.core.length_learning.LengthLearning`, ``queue.lengths``) and
+refusal (:class:`tuned.core.refusal.QueueRefusals`, ``queue.refusals``: the wait bound,
+the refused requests the engine answers through :func:`tuned.core.refusal.answer`).
 """
 
 from __future__ import annotations
@@ -66,8 +69,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from tuned.core.admission import AdmissionGuard, prompt_tokens_left
-from tuned.core.predictor import OutputLengthPredictor, parse_request_hints
+from tuned.core.length_learning import LengthLearning
+from tuned.core.predictor import OutputLengthPredictor
 from tuned.core.queue_policy import AdmitContext, PolicyStats, QueuePolicy, ReqInfo, Verdict
+from tuned.core.refusal import QueueRefusals
 from tuned.core.wait_bound import WaitBound
 
 _PRUNE_EVERY_STEPS = 4096
@@ -124,7 +129,9 @@ class QueueCore(Generic[R]):
     ``predictor`` supplies output-length predictions and learns from
     :meth:`request_finished`; ``class_deadlines_s`` is the SLA table for the
     ``tuned_class`` hint; ``on_warning(request_id, text)`` receives each ignored
-    hint (also counted in ``hint_warnings``); ``clock`` is the engine's clock,
+    hint (the three go to ``lengths``, a :class:`LengthLearning`);
+    ``wait_bound`` starts ``refusals`` (a :class:`QueueRefusals`) with a bound (else
+    :meth:`set_wait_bound`); ``clock`` is the engine's clock,
     used only before the first :meth:`begin_step` (after it, ``ctx.now_s``);
     ``arrival_offset_s`` is subtracted from a request's ``arrival_time`` to bring
     it onto that clock (vLLM stamps arrivals with wall time, its scheduler runs on
@@ -144,17 +151,13 @@ class QueueCore(Generic[R]):
         self.policy = policy
         #: order by ``priority`` first (vLLM's --scheduling-policy priority)
         self.priority_first = bool(priority_first)
-        self.wait_bound = wait_bound                 # around whatever the policy orders
-        self._max_prompt = 0                         # the largest prompt seen (bounds the
-                                                     # wait bound's leads)
-        self._refused: list[R] = []                  # refused at the bound, for the engine
+        #: the wait bound around whatever the policy orders, and the refusals
+        self.refusals: QueueRefusals[R] = QueueRefusals(wait_bound)
         self.arrival_offset_s = (arrival_offset_s if callable(arrival_offset_s)
                                  else float(arrival_offset_s))
-        self.predictor = predictor if predictor is not None else OutputLengthPredictor()
-        self.class_deadlines_s = dict(class_deadlines_s or {})
-        self._on_warning = on_warning
+        #: hints, output-length predictions and their learning
+        self.lengths = LengthLearning(predictor, class_deadlines_s, on_warning)
         self._clock = clock
-        self.hint_warnings = 0
         self.last_verdict: Verdict | None = None
         self._waiting: dict[str, R] = {}       # every waiting request, by id
         self._unpinned: dict[str, ReqInfo] = {}      # waiting requests the policy orders
@@ -184,7 +187,7 @@ class QueueCore(Generic[R]):
         self._commit_pops()
         # what the running list says, the same for every engine, and the predictor's
         # measured under-prediction (MC-SF's reserve alpha) when there is one
-        excess = self.predictor.under_excess
+        excess = self.lengths.under_excess
         ctx = dataclasses.replace(
             ctx, num_running=len(running_requests),
             prefill_backlog_tokens=sum(prompt_tokens_left(r) for r in running_requests),
@@ -197,61 +200,25 @@ class QueueCore(Generic[R]):
         self._deferred_ids.clear()
         self._head_valid = False
         self._step += 1
-        if self.wait_bound is not None:
-            self._refuse_due(ctx)
+        for rid in self.refusals.due(ctx, self._unpinned):
+            req = self._waiting.get(rid)
+            if req is not None:
+                info = self._unpinned.get(rid)
+                self._remove_ids({rid})
+                self.refusals.refused(req, rid, ctx.now_s,
+                                      info.arrival_s if info is not None else None)
         if self.policy.refresh(self._unpinned.values(), ctx):
             self._invalidate_order()
         if self._step % _PRUNE_EVERY_STEPS == 0:
             self._prune()
 
-    def _refuse_due(self, ctx: AdmitContext) -> None:
-        """Refuse the requests whose first token cannot come within the bound: waited
-        the bound less the prefill ahead of them and their own at the engine's pace
-        (the prompt tokens the running requests still owe, then its own, at
-        T(b, c, kv) / c per prompt token, with the step model the controller
-        publishes; no lead without one), counted twice, because after the check the
-        budget may shrink and other requests may be admitted ahead of it, and one step
-        more, the time to the next check. The largest prompt seen bounds the leads."""
-        lead, lead_max = None, 0.0
-        b = max(int(ctx.num_running), 0)
-        if ctx.step_model is not None and ctx.token_budget > b:
-            c = ctx.token_budget - b
-            step_s = ctx.step_model.predict_step_s(b, c, ctx.kv_resident_tokens)
-            per_token = step_s / c
-            infos, ahead = self._unpinned, max(int(ctx.prefill_backlog_tokens), 0)
-            # one step more: the next check comes a step later; twice the prefill:
-            # after the check the budget may shrink and others may be admitted ahead
-            lead = lambda rid: step_s + 2.0 * per_token * (  # noqa: E731
-                ahead + max(infos[rid].prompt_tokens, 0))
-            lead_max = step_s + 2.0 * per_token * (ahead + self._max_prompt)
-        for rid in self.wait_bound.due(ctx.now_s, lead, lead_max):
-            req = self._waiting.get(rid)
-            if req is not None:
-                self._remove_ids({rid})
-                self._refused.append(req)
-                self.wait_bound.refused += 1
-
     def set_wait_bound(self, spec: tuple | None) -> None:
         """Bound every wait: ``(bound_s, refuse[, age_after_s])`` (see
         :mod:`tuned.core.wait_bound`), or None for no bound. The waiting requests are
-        bounded from their arrival; the same spec again keeps the bound as it is."""
-        old = self.wait_bound
-        new = WaitBound(*spec) if spec is not None else None
-        if new is None or old is None or (old.bound_s, old.refuse, old.age_after_s) != (
-                new.bound_s, new.refuse, new.age_after_s):
-            if new is not None:
-                if old is not None:      # the counts are the queue's, monotonic
-                    new.aged, new.refused = old.aged, old.refused
-                for rid, info in self._unpinned.items():
-                    new.add(rid, info.arrival_s)
-            self.wait_bound = new
+        bounded from their arrival; the same spec again keeps the bound as it is. The
+        refused requests go to the engine through :func:`tuned.core.refusal.answer`."""
+        self.refusals.set_bound(spec, self._unpinned.values())
         self._head_valid = False
-
-    def take_refused(self) -> list[R]:
-        """The requests refused at the wait bound since the last call, oldest first:
-        the engine finishes each at once (a clean refusal its client hears now)."""
-        out, self._refused = self._refused, []
-        return out
 
     def step_done(self, num_decode: int, preempted: int) -> None:
         """After each engine step: policies that follow the engine step by step
@@ -279,11 +246,7 @@ class QueueCore(Generic[R]):
         self._live = None
         if new_policy.overestimate != old.overestimate:
             for rid, info in list(self._infos.items()):
-                pred = self.predictor.predict(info.prompt_tokens, info.max_tokens,
-                                              info.hint_output_tokens,
-                                              overestimate=new_policy.overestimate,
-                                              sla_class=info.sla_class)
-                self._set_info(rid, dataclasses.replace(info, predicted_output=pred))
+                self._set_info(rid, self.lengths.repredict(info, new_policy.overestimate))
         for info in sorted(self._unpinned.values(), key=lambda r: r.arrival_s):
             new_policy.observe_arrival(info)
         self._rebuild_live()
@@ -303,10 +266,7 @@ class QueueCore(Generic[R]):
         info = self._infos.pop(rid, None)
         self.guard.forget(rid)
         if learn:
-            self.predictor.observe(request.num_prompt_tokens, request.num_output_tokens,
-                                   predicted=info.predicted_output if info else None,
-                                   max_tokens=info.max_tokens if info else None,
-                                   sla_class=info.sla_class if info else None)
+            self.lengths.learn(request.num_prompt_tokens, request.num_output_tokens, info)
         if info is not None:
             self.policy.on_finished(info)
         else:
@@ -319,21 +279,11 @@ class QueueCore(Generic[R]):
 
     def snapshot(self) -> dict[str, Any]:
         """Numbers for metrics: policy stats, queue sizes, hint warnings, prediction errors."""
-        errs = self.predictor.error_stats()
         d = self.policy.stats.as_dict()
         d.update(policy=self.policy.name, waiting=len(self._waiting), pinned=len(self._pinned),
-                 hint_warnings=self.hint_warnings, guard_holds=self.guard.holds,
-                 aged=self.wait_bound.aged if self.wait_bound is not None else 0,
-                 refused=self.wait_bound.refused if self.wait_bound is not None else 0,
-                 prediction_count=errs.count,
-                 prediction_mae_tokens=errs.mean_abs_error_tokens,
-                 prediction_mean_error_tokens=errs.mean_error_tokens)
+                 hint_warnings=self.lengths.hint_warnings, guard_holds=self.guard.holds,
+                 **self.refusals.counts(), **self.lengths.prediction_stats())
         return d
-
-    @property
-    def guard_holds(self) -> int:
-        """Steps the admission guard held the policy's choice."""
-        return self.guard.holds
 
     def info(self, request_id: str) -> ReqInfo | None:
         """The cached view of a waiting or running request."""
@@ -446,16 +396,10 @@ class QueueCore(Generic[R]):
 
     def _make_info(self, request: R) -> ReqInfo:
         rid = request.request_id
-        hints, warnings = parse_request_hints(self.extra_args(request), self.class_deadlines_s)
-        for w in warnings:
-            self.hint_warnings += 1
-            if self._on_warning is not None:
-                self._on_warning(rid, w)
         max_tokens = max(int(request.max_tokens or 1), 1)
-        pred = self.predictor.predict(request.num_prompt_tokens, max_tokens,
-                                      hints.output_tokens,
-                                      overestimate=self.policy.overestimate,
-                                      sla_class=hints.sla_class)
+        hints, pred = self.lengths.predict(rid, self.extra_args(request),
+                                           request.num_prompt_tokens, max_tokens,
+                                           self.policy.overestimate)
         off = self.arrival_offset_s
         arrival_s = request.arrival_time - (off() if callable(off) else off)
         deadline = arrival_s + hints.deadline_s if hints.deadline_s is not None else None
@@ -529,16 +473,13 @@ class QueueCore(Generic[R]):
         self._unpinned[rid] = info
         if self._live is not None:
             self._live.add(info)
-        if self.wait_bound is not None:
-            self.wait_bound.add(rid, info.arrival_s)
-            self._max_prompt = max(self._max_prompt, info.prompt_tokens)
+        self.refusals.join(info)
 
     def _drop_unpinned(self, rid: str) -> ReqInfo | None:
         info = self._unpinned.pop(rid, None)
         if info is not None and self._live is not None:
             self._live.discard(rid)
-        if self.wait_bound is not None:
-            self.wait_bound.discard(rid)
+        self.refusals.leave(rid)
         return info
 
     def _view(self, req: R, progress: bool) -> ReqInfo:
@@ -587,11 +528,10 @@ class QueueCore(Generic[R]):
             top = ordered[0].priority
             ordered = ordered[:bisect.bisect_right(ordered, top, key=_priority)]
             eligible = lambda rid: self._unpinned[rid].priority == top  # noqa: E731
-        aged = (self.wait_bound.aged_head(ctx.now_s, eligible)
-                if self.wait_bound is not None else None)
+        aged = self.refusals.aged_head(ctx.now_s, eligible)
         if aged is not None:
             return self._guarded_head(self._unpinned[aged], ctx, Verdict(
-                True, f"waited {self.wait_bound.age_after_s:g} s or more: its turn by age"))
+                True, f"waited {self.refusals.bound.age_after_s:g} s or more: its turn by age"))
         running, admitted = self._running_views()
         sel = self.policy.select(ordered, running, admitted, ctx)
         for info in sel.refused:

@@ -2,7 +2,7 @@
 queue is refusing at its wait bound.
 
 tuned's waiting queue refuses a request still waiting at ``max_wait_s``
-(:mod:`tuned.core.wait_bound`); vLLM then finishes it as aborted, and its client reads
+(:mod:`tuned.core.refusal`); vLLM then finishes it as aborted, and its client reads
 finish reason ``abort``. Under a sustained overload that is late: the request has
 waited the whole bound first. This ASGI middleware, loaded into vLLM's API server
 with ``--middleware tuned.engines.gateway.RefuseWhenOverloaded`` (`tuned serve` adds
@@ -16,7 +16,9 @@ before any byte of its stream, so a proxy can still pass it to another server
 from tuned's endpoint (``GET /admission``), at most every :data:`POLL_S` seconds, and
 lets every request through when the endpoint does not answer (it never refuses on a
 guess). A request never waits for the endpoint: a stale answer is refreshed in the
-background, so the first request after a change still sees the old state.
+background, so the first request after a change still sees the old state. Whether to
+refuse and the text are :mod:`tuned.core.refusal`'s (:func:`~tuned.core.refusal.at_the_door`);
+the 429 itself is this module's answer (:meth:`RefuseWhenOverloaded.answer_refusals`).
 
 Where the endpoint is: ``TUNED_ADMISSION_URL``, else the config tuned's scheduler
 runs (vLLM's ``--additional-config`` on this process's command line, or
@@ -32,7 +34,10 @@ import os
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
+
+from tuned.core.refusal import Refusal, at_the_door
 
 #: how long one answer of the endpoint is used
 POLL_S = 0.5
@@ -133,22 +138,26 @@ class RefuseWhenOverloaded:
     async def __call__(self, scope, receive, send) -> None:
         if (self.url and scope.get("type") == "http" and scope.get("method") == "POST"
                 and scope.get("path") in PATHS):
-            state = self._admission()
-            if state and state.get("refusing"):
-                self.refused += 1
-                try:
-                    refused_counter().inc()
-                except Exception:   # a metric never stands between a client and its answer
-                    pass
-                retry = max(int(state.get("retry_after_s") or 1), 1)
-                body = json.dumps({"error": {
-                    "message": f"overloaded: requests are waiting past max_wait_s "
-                               f"({state.get('max_wait_s')} s); retry in {retry} s",
-                    "type": "RateLimitError", "code": 429}}).encode()
-                await send({"type": "http.response.start", "status": 429,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"retry-after", str(retry).encode()),
-                                        (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
+            refused = at_the_door(self._admission(), time.monotonic())
+            if refused is not None:
+                await self.answer_refusals([(send, refused)])
                 return
         await self.app(scope, receive, send)
+
+    async def answer_refusals(self, refused: Sequence[tuple[Any, Refusal]]) -> None:
+        """The gateway's answer (:class:`tuned.core.refusal.RefusalAnswer`): HTTP 429
+        with ``Retry-After`` on each ASGI ``send``, counted."""
+        for send, event in refused:
+            self.refused += 1
+            try:
+                refused_counter().inc()
+            except Exception:   # a metric never stands between a client and its answer
+                pass
+            retry = event.retry_after_s
+            body = json.dumps({"error": {"message": event.message, "type": "RateLimitError",
+                                         "code": 429}}).encode()
+            await send({"type": "http.response.start", "status": 429,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"retry-after", str(retry).encode()),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

@@ -71,7 +71,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuned.config import Config
+from tuned.core import refusal
 from tuned.core.queue import QueueCore
+from tuned.core.refusal import Refusal
 from tuned.runtime import Runtime, build_runtime
 from tuned.policies.queues import AdmitContext, make_policy
 from tuned.sim.stepmodel import StepShape, StepClock
@@ -281,7 +283,7 @@ class SimEngine:
         q = self.waiting
         policy = make_policy(name, cfg.queue_spec()[1], cfg.queue_seed)
         if isinstance(q, QueueCore):
-            q.class_deadlines_s = dict(cfg.class_deadlines_s)
+            q.lengths.class_deadlines_s = dict(cfg.class_deadlines_s)
             q.switch_policy(policy)
             q.set_wait_bound(cfg.wait_bound_spec())
         else:
@@ -383,9 +385,14 @@ class SimEngine:
                                              ttft_sla_s=ttft, token_budget=budget,
                                              gpu_free_tokens=qi.gpu_free_tokens),
                                 self.running)
-        for r in self.waiting.take_refused():
-            # finished at once, as the vLLM adapter finishes a refused request
-            r.refused_s = self.now
+        refusal.answer(self.waiting.refusals, self)
+
+    def answer_refusals(self, refused: Sequence[tuple[SimRequest, Refusal]]) -> None:
+        """The simulator's answer to a refusal (:class:`tuned.core.refusal.RefusalAnswer`):
+        the request is finished at once, as the vLLM adapter finishes a refused one,
+        and recorded (``refused_s``, the run's ``refused`` list) for the bench."""
+        for r, event in refused:
+            r.refused_s = event.at_s
             self.refused.append(r.request_id)
             self._finish_queue(r, learn=False)
             if self.give_up is not None:

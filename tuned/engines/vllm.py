@@ -45,6 +45,7 @@ import structlog
 from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.config import Config
+from tuned.core import refusal
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
 from tuned.runtime import production_runtime
 from tuned.core.steppath import StepPathGuard
@@ -329,7 +330,7 @@ class _TunedMixin:
 
                 qi = self.tuned.queue_channel.inputs
                 begin_step(self, qi.speed_fn, qi.guard, qi.gpu_free_tokens)
-                self._tuned_refuse(self.waiting.take_refused())
+                refusal.answer(self.waiting.refusals, self)
         except Exception as e:
             self._tuned_guard("apply", e)
         out = super().schedule(*args, **kwargs)
@@ -351,19 +352,21 @@ class _TunedMixin:
                 self._tuned_guard("refuse", e)
         return result
 
-    def _tuned_refuse(self, requests) -> None:
-        """Finish the requests the queue refused at its wait bound (``max_wait_s``), as
-        vLLM finishes an aborted one; their clients hear back with the next outputs
-        (finish reason ``abort``, no tokens)."""
-        if not requests:
+    def answer_refusals(self, refused) -> None:
+        """vLLM's answer to the requests the queue refused
+        (:class:`tuned.core.refusal.RefusalAnswer`): each is finished as vLLM finishes
+        an aborted one; their clients hear back with the next outputs (finish reason
+        ``abort``, no tokens: :func:`tuned.core.refusal.client_refusal` reads it)."""
+        if not refused:
             return
         from vllm.v1.request import RequestStatus
 
-        done = self.finish_requests([r.request_id for r in requests],
+        done = self.finish_requests([r.request_id for r, _ in refused],
                                     RequestStatus.FINISHED_ABORTED)
         self._refused_out.extend(done)
         now = self._clock()
-        log.info("requests_refused", reason="max_wait", n=len(done),
+        reason = ",".join(dict.fromkeys(e.reason for _, e in refused))
+        log.info("requests_refused", reason=reason, n=len(done),
                  longest_wait_s=round(max(now - (r.arrival_time - self._wall_offset_s())
                                           for r in done), 3) if done else None)
 

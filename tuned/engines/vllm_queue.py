@@ -393,7 +393,7 @@ def install(scheduler: Any, name: str, cfg: Any = None, *,
     q = scheduler.waiting
     bound = cfg.wait_bound_spec() if hasattr(cfg, "wait_bound_spec") else None
     if isinstance(q, PolicyQueue):
-        q.class_deadlines_s = dict(classes)
+        q.lengths.class_deadlines_s = dict(classes)
         q.switch_policy(make_policy(name, options, seed))
         q.set_wait_bound(bound)
         q.restore()

@@ -1,0 +1,164 @@
+"""tuned.core.refusal: the decision to refuse, its reason and events, and the one
+protocol each engine answers through; and that no other module of tuned decides or
+words a refusal (the room is one module)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from fakes import QueuedReq
+from tuned import config as config_mod
+from tuned.core import refusal
+from tuned.core.queue import QueueCore
+from tuned.core.queue_policy import AdmitContext
+from tuned.core.refusal import (REASON_MAX_WAIT, REASON_OVERLOADED, QueueRefusals, Refusal,
+                                RefusalWatch, at_the_door, bound_spec, client_refusal)
+from tuned.policies.registry import make_policy
+
+TUNED = Path(__file__).resolve().parents[2] / "tuned"
+
+
+def ctx(now_s: float) -> AdmitContext:
+    return AdmitContext(now_s=now_s, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
+                        cap=64, token_budget=1024, num_running=0)
+
+
+@pytest.mark.parametrize("mode, max_wait, ttft, age, spec", [
+    ("refuse", 0.0, 2.0, 0.0, (20.0, True, 4.0)),      # 10x and 2x the TTFT target
+    ("serve", 0.0, 2.0, 0.0, (20.0, False, 4.0)),
+    ("refuse", 7.5, 0.0, 0.0, (7.5, True, 3.75)),      # no target: aging at half
+    ("refuse", 6.0, 5.0, 0.0, (6.0, True, 3.0)),       # aging at most half the bound
+    ("refuse", 6.0, 0.0, 9.0, (6.0, True, 6.0)),       # an explicit aging point, capped
+    ("off", 7.5, 2.0, 0.0, None),
+    ("refuse", 0.0, 0.0, 0.0, None),                    # no bound and no target
+])
+def test_bound_spec_is_what_the_config_reads(mode, max_wait, ttft, age, spec):
+    assert bound_spec(mode, max_wait, ttft, age) == spec
+    cfg = config_mod.validate({"on_max_wait": mode, "max_wait_s": max_wait,
+                               "ttft_sla_s": ttft, "age_after_s": age})
+    assert cfg.wait_bound_spec() == spec
+    assert refusal.refuses(spec) is (spec is not None and mode == "refuse")
+
+
+def test_a_refused_request_is_an_event_with_its_reason_and_wait():
+    q: QueueCore = QueueCore(make_policy("fcfs", {}))
+    q.set_wait_bound((5.0, True, 2.0))
+    q.add_request(QueuedReq("a", 1.0, 10))
+    q.begin_step(ctx(5.9), [])
+    assert q.refusals.take() == []
+    q.begin_step(ctx(6.25), [])
+    [(req, event)] = q.refusals.take()
+    assert req.request_id == "a" and len(q) == 0
+    assert event == Refusal(REASON_MAX_WAIT, 6.25, "a", 5.25)
+    assert event.message == "refused (max_wait): still waiting at max_wait_s"
+    assert q.refusals.take() == []                # handed over once
+    assert q.snapshot()["refused"] == 1
+
+
+class Recorder:
+    """An engine's answer: what it was handed."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+
+    def answer_refusals(self, refused) -> None:
+        self.calls.append([(r.request_id, e.reason) for r, e in refused])
+
+
+def test_answer_hands_the_engine_its_refusals_once_and_only_when_there_are_some():
+    q: QueueCore = QueueCore(make_policy("fcfs", {}))
+    q.set_wait_bound((1.0, True, 0.5))
+    for rid, t in (("a", 0.0), ("b", 0.1), ("c", 5.0)):
+        q.add_request(QueuedReq(rid, t, 10))
+    eng = Recorder()
+    q.begin_step(ctx(0.5), [])
+    assert refusal.answer(q.refusals, eng) == 0 and eng.calls == []
+    q.begin_step(ctx(1.2), [])
+    assert refusal.answer(q.refusals, eng) == 2
+    assert eng.calls == [[("a", "max_wait"), ("b", "max_wait")]]
+    assert refusal.answer(q.refusals, eng) == 0 and len(eng.calls) == 1
+    assert [r.request_id for r in q] == ["c"]
+
+
+def test_serve_mode_never_refuses_and_the_counts_survive_a_new_bound():
+    q: QueueCore = QueueCore(make_policy("fcfs", {}))
+    q.set_wait_bound((1.0, False, 0.5))
+    q.add_request(QueuedReq("a", 0.0, 10))
+    q.begin_step(ctx(50.0), [])
+    assert q.refusals.take() == [] and len(q) == 1
+    q.set_wait_bound((1.0, True, 0.5))
+    q.begin_step(ctx(50.1), [])
+    assert [r.request_id for r, _ in q.refusals.take()] == ["a"]
+    q.set_wait_bound((2.0, True, 0.5))             # another bound: the count stays
+    assert q.refusals.counts() == {"aged": 0, "refused": 1}
+
+
+def test_no_bound_no_refusal_and_zero_counts():
+    r: QueueRefusals = QueueRefusals()
+    assert r.due(ctx(1e9), {}) == [] and r.aged_head(1e9) is None
+    assert r.counts() == {"aged": 0, "refused": 0}
+
+
+def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
+    w = RefusalWatch()
+    spec = (10.0, True, 2.5)
+    assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
+                                    "retry_after_s": 3, "refused": 0}
+    w.note({"refused": 2}, 100.0)
+    assert w.state(spec, 109.9)["refusing"] is True
+    assert w.state(spec, 110.0)["refusing"] is False
+    w.note({"refused": 2}, 120.0)                  # no new refusal: the time stays
+    assert w.last_t == 100.0 and w.seen == 2
+    assert w.state((10.0, False, 2.5), 100.5)["refusing"] is False
+    assert w.state(None, 100.5) == {"refusing": False, "max_wait_s": None,
+                                    "retry_after_s": None}
+    assert RefusalWatch().last_t == -math.inf
+
+
+def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():
+    assert at_the_door(None, 1.0) is None                      # no answer: no guess
+    assert at_the_door({"refusing": False}, 1.0) is None
+    ref = at_the_door({"refusing": True, "max_wait_s": 10.0, "retry_after_s": 2}, 1.0)
+    assert ref == Refusal(REASON_OVERLOADED, 1.0, bound_s=10.0, retry_after_s=2)
+    assert ref.message == ("overloaded: requests are waiting past max_wait_s (10.0 s); "
+                           "retry in 2 s")
+    assert at_the_door({"refusing": True, "retry_after_s": 0}, 1.0).retry_after_s == 1
+
+
+@pytest.mark.parametrize("status, kw, text", [
+    (429, {}, "refused: HTTP 429"),
+    (503, {}, "refused: HTTP 503"),
+    (500, {}, None),
+    (None, {"finish": "abort"}, "refused: aborted before any token"),
+    (None, {"stream_done": True}, "refused: aborted before any token"),
+    (None, {"tokens": 1, "finish": "abort"}, None),     # a token came: not a refusal
+    (None, {"finish": "stop", "stream_done": True}, None),
+    (None, {}, None),                                   # the stream broke off: not one
+])
+def test_what_a_client_reads_as_a_refusal(status, kw, text):
+    assert client_refusal(status, **kw) == text
+
+
+#: the words of a refusal's decision and answer: they appear in tuned/core/refusal.py
+#: and nowhere else under tuned/ (the engines answer through the protocol)
+ONE_ROOM = (r'"max_wait"', r"refused: HTTP", r"aborted before any token",
+            r"overloaded: requests are waiting", r"\(429, 503\)", r"on_max_wait == ",
+            r"10\.0 \* (self\.)?ttft_sla_s")
+
+
+def test_the_decision_and_its_words_live_in_the_refusal_module_only():
+    hits = {}
+    for f in TUNED.rglob("*.py"):
+        if f.name == "refusal.py" and f.parent.name == "core":
+            continue
+        text = f.read_text()
+        found = [p for p in ONE_ROOM if re.search(p, text)]
+        if found:
+            hits[str(f.relative_to(TUNED))] = found
+    assert hits == {}
+    text = (TUNED / "core" / "refusal.py").read_text()
+    assert all(re.search(p, text) for p in ONE_ROOM)

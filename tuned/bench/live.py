@@ -606,11 +606,13 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 
 
 def measure_batch1_step(base: Config, *, model_path: str, log_dir: Path, seed: int = 0,
-                        factor: float = 2.5, startup_timeout_s: float = 600.0) -> dict:
+                        factor: float = 2.5, startup_timeout_s: float = 600.0,
+                        extra_vllm_args: Sequence[str] = ()) -> dict:
     """This host's decode step at batch 1, measured as `tuned demo` measures it: tuned
     serve on ``base`` with the SLA left to ``tbt_sla_auto`` = ``factor``, the
     calibration load, the derived SLA (:func:`calibrate`); the server stops after."""
     cfg = dataclasses.replace(base, tbt_sla_s=0.0, tbt_sla_auto=factor)
     with LiveServer(Contender("calibration", "tuned", cfg), model_path=model_path,
-                    log_dir=log_dir, seed=seed, startup_timeout_s=startup_timeout_s) as srv:
+                    log_dir=log_dir, seed=seed, startup_timeout_s=startup_timeout_s,
+                    extra_vllm_args=extra_vllm_args) as srv:
         return calibrate(srv, cfg)

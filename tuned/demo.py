@@ -29,6 +29,7 @@ from tuned import config as config_mod
 from tuned.config import ConfigError
 from tuned.serve import DEFAULT_MODEL_CACHE
 
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "demo", help="tuned on the embedded default, then side by side with vLLM's "

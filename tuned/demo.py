@@ -29,8 +29,6 @@ from tuned import config as config_mod
 from tuned.config import ConfigError
 from tuned.serve import DEFAULT_MODEL_CACHE
 
-CALIBRATION_TIMEOUT_S = 180.0
-
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -117,27 +115,8 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | No
     return parse_workload(spec, seed, max_model_len=max_model_len), b_sla
 
 
-def _calibrate(server, cfg) -> dict:
-    """Two requests in flight until the controller has derived the SLA."""
-    import requests
-
-    from tuned.workloads import parse_workload
-
-    t_end = time.monotonic() + CALIBRATION_TIMEOUT_S
-    wl = parse_workload("poisson:rate=4,prompt=U(32,96),output=64,n=12", 0,
-                        max_model_len=cfg.effective_max_model_len)
-    while time.monotonic() < t_end:
-        server.drive(wl)
-        d = requests.get(f"{server.endpoint}/decisions?limit=0", timeout=5).json()
-        derived = (d.get("config") or {}).get("derived_sla")
-        if derived:
-            return derived
-    raise RuntimeError("the controller did not derive an SLA within "
-                       f"{CALIBRATION_TIMEOUT_S:.0f}s of calibration load")
-
-
 def cmd_demo(args) -> int:
-    from tuned.bench.live import LiveServer, run_live
+    from tuned.bench.live import LiveServer, calibrate, run_live
     from tuned.bench.metrics import Slo, summarize
     from tuned.bench.runner import Contender
     from tuned.demo_model import resolve_model
@@ -170,7 +149,7 @@ def cmd_demo(args) -> int:
             sla_s, fit = cfg.tbt_sla_s, {}
             _say(f"  TBT SLA from the config: {sla_s * 1e3:.1f} ms")
         else:
-            derived = _calibrate(server, cfg)
+            derived = calibrate(server, cfg)
             sla_s, fit = derived["sla_s"], derived.get("fit") or {}
             _say(f"  TBT SLA derived on this host: {derived['factor']:g} x "
                  f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1) = "
@@ -196,10 +175,10 @@ def cmd_demo(args) -> int:
     slo = Slo(ttft_s=ttft, tpot_s=sla_s)
     rows = [("tuned", summarize(tuned_run.results, slo)),
             ("vllm-default", summarize(static_run.results, slo))]
-    _summary(rows, slo, printer.reasons, tuned_run, static_run)
+    verdict = _summary(rows, slo, printer.reasons, tuned_run, static_run)
     (log_dir / "demo-summary.json").write_text(json.dumps(
         {"slo": str(slo), "workload": wl.spec, "runs": dict(rows),
-         "reasons": printer.reasons}, indent=1, default=str))
+         "reasons": printer.reasons, "noise": verdict}, indent=1, default=str))
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     bad_exit = [r for r in (tuned_run, static_run) if r.server_returncode is not None]
     return 0 if lost == 0 and not bad_exit else 1
@@ -211,7 +190,10 @@ def _fmt_s(v) -> str:
     return f"{v * 1e3:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def _summary(rows, slo, reasons, tuned_run, static_run) -> None:
+def _summary(rows, slo, reasons, tuned_run, static_run) -> dict:
+    """The side-by-side table and ratios; returns the noise verdict it printed."""
+    from tuned.bench.report import noise_verdict
+
     _say(f"[5/5] side by side, SLO {slo} (TPOT = the derived SLA)")
     _say(f"  {'run':13s} {'goodput':>9s} {'attain':>7s} {'out tok/s':>9s} {'TTFT p50':>9s} "
          f"{'TTFT p99':>9s} {'TPOT p50':>9s} {'TPOT p99':>9s} {'preempt':>7s} {'done':>8s}")
@@ -228,7 +210,12 @@ def _summary(rows, slo, reasons, tuned_run, static_run) -> None:
 
     _say(f"  tuned vs vLLM's default: goodput x{ratio('goodput_rps'):.2f}, attainment "
          f"x{ratio('attainment'):.2f}, throughput x{ratio('output_tok_s'):.2f}")
+    # one run each here: the verdict says so rather than read a margin as a result
+    verdict = noise_verdict("tuned", [t["goodput_rps"] or 0.0], "vllm-default",
+                            [s["goodput_rps"] or 0.0])
+    _say(f"  above the host's noise? {verdict['words']}")
     _say(f"  tuned's decisions by reason: {json.dumps(reasons, sort_keys=True)}")
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     _say(f"  requests lost: {lost}; servers still serving at the end: "
          f"{tuned_run.server_returncode is None and static_run.server_returncode is None}")
+    return verdict

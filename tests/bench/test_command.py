@@ -34,3 +34,100 @@ def test_each_refusal_is_one_line_and_exit_2(tmp_path, argv, want):
     else:
         assert err.startswith("tuned bench: --sla: ")
     assert not (tmp_path / "o" / "report.json").exists()
+
+
+@pytest.mark.parametrize("slo, want", [
+    ("ttft=2,tpot=-1x", "--sla: SLO tpot='-1x': expected tpot=MULTIPLEx, a number > 1 times "
+                        "the batch-1 decode step (e.g. tpot=2.5x)"),
+    ("ttft=2,tpot=abcx", "--sla: SLO tpot='abcx': expected tpot=MULTIPLEx, a number > 1 "
+                         "times the batch-1 decode step (e.g. tpot=2.5x)"),
+])
+def test_a_bad_relative_slo_is_one_line_before_any_engine(tmp_path, slo, want):
+    for engine in (["--hardware", "a100-llama2-7b"], ["--engine", "vllm", "--model", "demo:tiny"]):
+        code, out, err = run_main(["bench", "--out", str(tmp_path / "o"), *W, *engine,
+                                   "--slo", slo])
+        assert (code, out, err) == (2, "", f"tuned bench: {want}\n")
+
+
+def test_the_repeats_default_to_three_on_the_real_engine_and_one_on_the_simulator():
+    from argparse import Namespace
+
+    from tuned.bench.command import LIVE_REPEATS, _check_args
+
+    assert LIVE_REPEATS == 3
+    for engine, want in (("vllm", 3), ("sim", 1)):
+        args = Namespace(jobs=0, repeats=None, engine=engine, paper=None, out="/tmp")
+        _check_args(args)
+        assert args.repeats == want
+    args = Namespace(jobs=0, repeats=5, engine="vllm", paper=None, out="/tmp")
+    _check_args(args)
+    assert args.repeats == 5
+
+
+def test_a_relative_slo_on_the_simulator_is_its_step_models_batch1_step(tmp_path):
+    import json
+
+    from tuned.bench.runner import sim_batch1_step_s
+    from tuned.sim.hardware import resolve_hardware
+
+    code, _, err = run_main(["bench", "--hardware", "a100-llama2-7b", *W, "--quick",
+                             "--capacity", "off", "--jobs", "1", "--contenders",
+                             "vllm-default,tuned", "--slo", "ttft=2,tpot=2.5x",
+                             "--out", str(tmp_path)])
+    assert code == 0, err
+    step = sim_batch1_step_s(resolve_hardware("a100-llama2-7b"))
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["slo_parsed"]["tpot_s"] == pytest.approx(2.5 * step, abs=1e-6)
+    assert rep["slo_relative"] == {"spec": "ttft=2,tpot=2.5x", "step_s_batch1": step,
+                                   "source": "the simulated hardware's step model at batch 1"}
+    assert rep["repeats"] == 1
+    assert [(v["vs_run"], v["state"]) for v in rep["noise"]] == [("vllm-default", "one_repeat")]
+    assert rep["noise"][0]["words"].endswith(": one repeat: no spread measured")
+
+
+def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tmp_path,
+                                                                             monkeypatch):
+    """The engine replaced by a fake that only records the order it was asked for: the
+    repeats go A1 B1 A2 B2 A3 B3, a relative SLO is resolved on the measured step, and
+    the report carries each contender's spread and the verdicts."""
+    import json
+
+    from tuned import demo_model
+    from tuned.bench import live
+    from tuned.bench.metrics import RequestResult
+
+    order, calls = [], []
+
+    def fake_measure(base, **kw):
+        calls.append(kw["factor"])
+        return {"sla_s": 0.1, "step_s_batch1": 0.04, "factor": kw["factor"]}
+
+    def fake_run(c, wl, **kw):
+        order.append(c.name)
+        slow = 1.0 + 0.1 * len(order)                 # every run a little slower
+        res = [RequestResult(f"r{i}", s.arrival_s, s.prompt_tokens, s.output_tokens,
+                             s.arrival_s + 0.05 * slow,
+                             s.arrival_s + 0.05 * slow + 0.02 * (s.output_tokens - 1))
+               for i, s in enumerate(wl.requests)]
+        return live.LiveRun(results=res, cap_timeline=[(0.0, 4)], decisions=[],
+                            duration_s=1.0, server_log=tmp_path / "log")
+
+    monkeypatch.setattr(live, "measure_batch1_step", fake_measure)
+    monkeypatch.setattr(live, "run_live", fake_run)
+    monkeypatch.setattr(demo_model, "resolve_model", lambda *a, **k: tmp_path / "model")
+    code, out, err = run_main(["bench", "--engine", "vllm", "--model", "demo:tiny", *W,
+                               "--quick", "--contenders", "vllm-default,tuned", "--slo",
+                               "ttft=2,tpot=2.5x", "--out", str(tmp_path / "o")])
+    assert code == 0, err
+    assert calls == [2.5]
+    assert order == ["vllm-default", "tuned"] * 3
+    rep = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert rep["repeats"] == 3 and " --repeats 3 " in rep["command"]
+    assert rep["slo_parsed"]["tpot_s"] == pytest.approx(0.1)
+    assert rep["slo_relative"]["step_s_batch1"] == 0.04
+    for run in rep["runs"]:
+        assert len(run["goodput_rps_runs"]) == 3
+        assert run["goodput_rps_min"] <= run["goodput_rps"] <= run["goodput_rps_max"]
+    assert [v["vs_run"] for v in rep["noise"]] == ["vllm-default"]
+    assert rep["noise"][0]["state"] in ("above", "inside", "below")
+    assert "## Above the noise?" in out and rep["noise"][0]["words"] in out

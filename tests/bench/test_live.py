@@ -411,3 +411,20 @@ def test_a_stream_cut_before_any_token_and_before_done_is_a_failure():
     r, _ = srv.send(RequestSpec("r1", 0.0, 8, 4, 4), [1] * 8)
     assert r.failed and not r.refused
     assert r.error == "EngineError: generated 1 tokens (1 timed), asked for 4"
+
+
+@pytest.mark.slow
+def test_the_batch1_step_is_measured_as_the_demo_derives_its_sla(tiny_model, tmp_path):
+    """`tuned bench --slo tpot=2.5x` on the real engine: the controller's derived SLA
+    under the calibration load, the step it came from, the factor asked for (states
+    only: the step's value is this host's)."""
+    from serve_harness import dtype_args
+
+    from tuned.bench.live import measure_batch1_step
+
+    cfg = validate({"num_gpu_blocks": 32, "tbt_sla_s": 0.05})   # the file's SLA is set aside
+    d = measure_batch1_step(cfg, model_path=str(tiny_model), log_dir=tmp_path, factor=3.0,
+                            extra_vllm_args=dtype_args())
+    assert d["factor"] == 3.0 and d["step_s_batch1"] > 0
+    assert d["sla_s"] == round(3.0 * d["step_s_batch1"], 4)
+    assert (tmp_path / "calibration.log").stat().st_size > 0

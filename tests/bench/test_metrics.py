@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tuned.bench.metrics import (REQUEST_COLUMNS, CapacityResult, RequestResult, Slo,
-                                 capacity_search, summarize, write_requests_csv)
+from tuned.bench.metrics import (REQUEST_COLUMNS, CapacityResult, RequestResult, Slo, SloSpec,
+                                 capacity_search, mean_summary, summarize,
+                                 write_requests_csv)
 
 
 def timeline():
@@ -147,6 +148,57 @@ def test_slo_parse_errors(text, message):
     with pytest.raises(ValueError) as e:
         Slo.parse(text)
     assert str(e.value) == message
+
+
+# --- SLOs relative to the host ---------------------------------------------------------------
+
+def test_slo_spec_takes_multiples_of_the_batch1_step():
+    spec = SloSpec.parse("ttft=40x,tpot=2.5x,e2el=30")
+    assert spec.relative and spec.multiples == {"ttft": 40.0, "tpot": 2.5}
+    assert spec.seconds == {"e2el": 30.0} and str(spec) == "ttft=40x,tpot=2.5x,e2el=30"
+    assert spec.resolve(0.04) == Slo(ttft_s=1.6, tpot_s=0.1, e2el_s=30.0)
+    assert not SloSpec.parse("ttft=2,tpot=0.05").relative
+    assert SloSpec.parse("ttft=2,tpot=0.05").resolve(None) == Slo(ttft_s=2.0, tpot_s=0.05)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tpot=-1x", "SLO tpot='-1x': expected tpot=MULTIPLEx, a number > 1 times the batch-1 "
+                 "decode step (e.g. tpot=2.5x)"),
+    ("tpot=abcx", "SLO tpot='abcx': expected tpot=MULTIPLEx, a number > 1 times the batch-1 "
+                  "decode step (e.g. tpot=2.5x)"),
+    ("tpot=1x", "SLO tpot='1x': expected tpot=MULTIPLEx, a number > 1 times the batch-1 "
+                "decode step (e.g. tpot=2.5x)"),
+    ("ttft=0x", "SLO ttft='0x': expected ttft=MULTIPLEx, a number > 0 times the batch-1 "
+                "decode step (e.g. ttft=40x)"),
+    ("tpot=2x,tpot=0.1", "SLO key 'tpot' given twice"),
+])
+def test_slo_spec_errors(text, message):
+    with pytest.raises(ValueError) as e:
+        SloSpec.parse(text)
+    assert str(e.value) == message
+
+
+def test_a_relative_slo_needs_a_step_and_stays_below_a_second():
+    with pytest.raises(ValueError, match="needs a measured step > 0, got None"):
+        SloSpec.parse("tpot=2.5x").resolve(None)
+    with pytest.raises(ValueError) as e:
+        SloSpec.parse("tpot=2.5x").resolve(0.5)
+    assert str(e.value) == ("SLO tpot=2.5x: 1.25 s with a batch-1 step of 0.5 s; must be "
+                            "below 1 s")
+    with pytest.raises(ValueError) as e:          # Slo.parse takes seconds only
+        Slo.parse("tpot=2.5x")
+    assert str(e.value) == ("SLO tpot=2.5x: a multiple of the batch-1 step needs a measured "
+                            "step (tuned bench); give seconds here")
+
+
+def test_mean_summary_carries_the_spread_over_repeats():
+    s = [{"goodput_rps": g, "ttft_p99_s": t} for g, t in ((1.0, 3.0), (2.0, 2.0), (3.0, 4.0))]
+    m = mean_summary(s)
+    assert m["goodput_rps"] == 2.0 and m["ttft_p99_s"] == 3.0
+    assert (m["goodput_rps_min"], m["goodput_rps_max"]) == (1.0, 3.0)
+    assert m["goodput_rps_std"] == pytest.approx(1.0)         # sample sd of 1, 2, 3
+    assert m["goodput_rps_runs"] == [1.0, 2.0, 3.0] and m["ttft_p99_s_runs"] == [3.0, 2.0, 4.0]
+    assert "goodput_rps_min" not in mean_summary(s[:1])       # one repeat: no spread
 
 
 # --- capacity -------------------------------------------------------------------------------

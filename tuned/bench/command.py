@@ -14,7 +14,13 @@ the simulator, by default) each contender's capacity: the highest arrival rate w
 at least 90% SLA attainment (DistServe), by bisection over the rate of the
 workload's first 10 minutes. ``--repeats N`` runs each contender N times (on the
 simulator with seeds seed, seed+1, ...: the same arrivals give the same result
-there) and reports the mean, on which the best pair is settled. Writes
+there; on the real engine, 3 by default, interleaved: every contender's first
+repeat, then every second one, so that a host's drift reaches them all) and
+reports the mean, on which the best pair is settled, each contender's spread over
+the repeats, and whether tuned's margin over the best pair and over vLLM's default
+stands above that spread (:func:`tuned.bench.report.noise_verdict`). An SLO may be a
+multiple of the batch-1 decode step (``--slo tpot=2.5x``): measured in the same
+run on the real engine, the step model's prediction on the simulator. Writes
 DIR/report.{json,csv,md} and PNG plots.
 """
 
@@ -36,6 +42,9 @@ from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
 
 CAPACITY_HEAD_S = 600.0
+#: repeats on the real engine by default: the fewest that give a spread to judge a
+#: margin against (a host's speed drifts between runs minutes apart)
+LIVE_REPEATS = 3
 
 # set in the parent before forking workers (fork shares them; nothing is pickled)
 _JOB: dict[str, Any] = {}
@@ -68,7 +77,11 @@ def register(subparsers) -> None:
     p.add_argument("--sla", "--slo", dest="slo", default="ttft=2,tpot=0.05",
                    help="SLAs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s); "
                         "ttft sets the config's ttft_sla_s, tpot (or tbt) its tbt_sla_s; "
-                        "--slo is the old spelling")
+                        "a value MULTIPLEx (tpot=2.5x, ttft=40x) is that multiple of the "
+                        "decode step at batch 1: on --engine vllm measured in the same run "
+                        "before the contenders (as `tuned demo` derives its SLA), on the "
+                        "simulator the step model's prediction for one decode at the "
+                        "calibration load's context; --slo is the old spelling")
     p.add_argument("--out", required=True, help="report folder")
     p.add_argument("--quick", action="store_true", help="fewer contenders and probes")
     p.add_argument("--seed", type=int, default=0)
@@ -79,9 +92,11 @@ def register(subparsers) -> None:
     p.add_argument("--budgets", help="comma-separated token budgets paired with each static "
                    "cap (default: sim 512,1024,2048,4096,8192, --quick 512,2048,8192; vllm "
                    "128,256,512,2048, --quick 256,2048); vLLM's default budget is always added")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs of each contender, averaged (default %(default)s; on the "
-                   "simulator repeat k uses seed + k)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="runs of each contender, averaged (default: 1 on the simulator, "
+                   f"where repeat k uses seed + k; {LIVE_REPEATS} on the real engine, "
+                   "interleaved, so that its spread says whether a margin stands above "
+                   "the host's noise)")
     p.add_argument("--capacity", choices=("auto", "on", "off"), default="auto",
                    help="search each contender's capacity (auto: on for sim)")
     p.add_argument("--jobs", type=int, default=0,
@@ -143,10 +158,12 @@ class _Target:
     engine: dict[str, int]
     base: config_mod.Config
     name: str
+    step: dict | None = None        # how a relative SLO's batch-1 step was found
 
 
 def cmd_bench(args) -> int:
-    """Argument checks, the engine, the field of contenders, the sweep, the report."""
+    """Argument checks, the engine, the field of contenders, the SLO relative to the
+    host where asked, the sweep, the report."""
     log_mod.configure("warning")
     try:
         _check_args(args)
@@ -154,14 +171,19 @@ def cmd_bench(args) -> int:
             return _run_paper(args)
         if not args.workload:
             raise _Refused("--workload is required (or --paper NAME)")
-        from tuned.bench.metrics import Slo
+        from tuned.bench.metrics import SloSpec
 
         try:
-            slo = Slo.parse(args.slo)
+            spec = SloSpec.parse(args.slo)
         except ValueError as e:
             raise _Refused(f"--sla: {e}") from None
+        # the keys in seconds first: every argument is checked before any engine starts
+        slo = SloSpec(spec.seconds, {}, args.slo).resolve(None)
         target = _sim_target(args, slo) if args.engine == "sim" else _vllm_target(args, slo)
         wl, wls, field = _field(args, target)
+        if spec.relative:
+            slo = _relative_slo(args, spec, target)
+            wl, wls, field = _field(args, target)
     except _Refused as e:
         return _fail(str(e))
     t0 = time.monotonic()
@@ -172,10 +194,58 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _relative_slo(args, spec, target: "_Target"):
+    """``--slo tpot=2.5x``: the batch-1 decode step (measured on the real engine, the
+    step model's on the simulator), the SLO in seconds, and tuned's base config
+    rebuilt on it; ``target.step`` records how it was made."""
+    from tuned.bench.runner import sim_batch1_step_s
+
+    if args.engine == "sim":
+        try:
+            step = sim_batch1_step_s(target.hw)
+        except ValueError as e:
+            raise _Refused(f"--sla {spec}: {e}") from None
+        how = "the simulated hardware's step model at batch 1"
+    else:
+        from tuned.bench.live import measure_batch1_step
+
+        print("tuned bench: measuring this host's decode step at batch 1 for --sla "
+              f"{spec}", file=sys.stderr, flush=True)
+        log_dir = Path(args.out) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        derived = measure_batch1_step(target.base, model_path=_model_path(args),
+                                      log_dir=log_dir, seed=args.seed,
+                                      factor=spec.multiples.get("tpot", 2.5))
+        step = derived["step_s_batch1"]
+        how = "measured on this engine before the contenders (as tuned demo does)"
+    try:
+        slo = spec.resolve(step)
+    except ValueError as e:
+        raise _Refused(f"--sla: {e}") from None
+    try:
+        target.base = base_config(args, slo, target.engine,
+                                  model=args.model if args.engine == "vllm" else None)
+    except config_mod.ConfigError as e:
+        raise _Refused(clip_text(str(e), 4 * CLIP_CHARS)) from None
+    target.step = {"spec": str(spec), "step_s_batch1": step, "source": how}
+    print(f"tuned bench: --sla {spec} -> {slo} (batch-1 step {step * 1e3:.2f} ms, {how})",
+          file=sys.stderr, flush=True)
+    return slo
+
+
+def _model_path(args) -> str:
+    from tuned.demo_model import resolve_model
+    from tuned.serve import DEFAULT_MODEL_CACHE
+
+    return str(resolve_model(args.model, DEFAULT_MODEL_CACHE, log=lambda m: None))
+
+
 def _check_args(args) -> None:
     """The checks every bench passes first, the paper's too."""
     if args.jobs < 0:
         raise _Refused(f"--jobs: must be >= 0 (0 = the CPU count), got {args.jobs}")
+    if args.repeats is None:
+        args.repeats = LIVE_REPEATS if args.engine == "vllm" and not args.paper else 1
     if not 1 <= args.repeats <= 100:
         raise _Refused(f"--repeats: must be in [1, 100], got {args.repeats}")
     problem = _out_dir(args.out)
@@ -298,6 +368,8 @@ def _write_report(args, target: _Target, wl, slo, results, t0: float) -> None:
     runs, timelines, cap, probes = results
     default_budget = target.engine["max_num_batched_tokens"]
     report = _report(args, target.name, wl, slo, runs, cap, default_budget)
+    if target.step:
+        report["slo_relative"] = target.step
     out = Path(args.out)
     report_mod.write(report, out)
     pngs = report_mod.plots(report, timelines, probes, out)
@@ -347,6 +419,8 @@ def _report(args, hardware, wl, slo, runs, capacity, default_budget: int) -> dic
         rep["capacity"] = capacity
     rep["ratios"] = report_mod.ratios(runs, best, capacity, best_cap=best_cap)
     rep["attribution"] = report_mod.attribution(runs)
+    rep["noise"] = report_mod.noise(runs, best, what="the host's noise" if args.engine == "vllm"
+                                    else "the spread over seeds")
     rep["findings"] = report_mod.findings(rep)
     return rep
 
@@ -472,10 +546,8 @@ def _bench_live(field, wls, slo, args):
     from tuned.bench.live import run_live
     from tuned.bench.metrics import mean_summary, summarize, write_requests_csv
     from tuned.bench.runner import itl_timeline
-    from tuned.demo_model import resolve_model
-    from tuned.serve import DEFAULT_MODEL_CACHE
 
-    model_path = str(resolve_model(args.model, DEFAULT_MODEL_CACHE, log=lambda m: None))
+    model_path = _model_path(args)
     log_dir = Path(args.out) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     runs, timelines = [], {}

@@ -579,3 +579,39 @@ def run_live(contender: Contender, workload: Workload, *, model_path: str, log_d
                     startup_timeout_s=startup_timeout_s, extra_vllm_args=extra_vllm_args,
                     seed=seed) as server:
         return server.drive(workload, progress=progress)
+
+
+def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict:
+    """The SLA that ``server``'s controller derives from this host's decode step at
+    batch 1 (``tbt_sla_auto``, :class:`tuned.control.sla.SlaSource`), under the
+    calibration load (two requests in flight) repeated until it has: the controller's
+    ``derived_sla`` (``sla_s``, ``step_s_batch1``, ``factor``, ``fit``). RuntimeError
+    when it has not within ``timeout_s``."""
+    import requests
+
+    from tuned.bench.runner import CALIBRATION_WORKLOAD
+    from tuned.workloads import parse_workload
+
+    t_end = time.monotonic() + timeout_s
+    wl = parse_workload(CALIBRATION_WORKLOAD, 0, max_model_len=cfg.effective_max_model_len)
+    while time.monotonic() < t_end:
+        server.drive(wl)
+        d = requests.get(f"{server.endpoint}/decisions?limit=0", timeout=5).json()
+        derived = (d.get("config") or {}).get("derived_sla")
+        if derived:
+            return derived
+    raise RuntimeError("the controller did not derive an SLA within "
+                       f"{timeout_s:.0f}s of calibration load")
+
+
+def measure_batch1_step(base: Config, *, model_path: str, log_dir: Path, seed: int = 0,
+                        factor: float = 2.5, startup_timeout_s: float = 600.0,
+                        extra_vllm_args: Sequence[str] = ()) -> dict:
+    """This host's decode step at batch 1, measured as `tuned demo` measures it: tuned
+    serve on ``base`` with the SLA left to ``tbt_sla_auto`` = ``factor``, the
+    calibration load, the derived SLA (:func:`calibrate`); the server stops after."""
+    cfg = dataclasses.replace(base, tbt_sla_s=0.0, tbt_sla_auto=factor)
+    with LiveServer(Contender("calibration", "tuned", cfg), model_path=model_path,
+                    log_dir=log_dir, seed=seed, startup_timeout_s=startup_timeout_s,
+                    extra_vllm_args=extra_vllm_args) as srv:
+        return calibrate(srv, cfg)

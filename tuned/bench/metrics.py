@@ -51,7 +51,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["RequestResult", "Slo", "summarize", "mean_summary", "capacity_search",
+__all__ = ["RequestResult", "Slo", "SloSpec", "summarize", "mean_summary", "capacity_search",
            "CapacityResult", "PERCENTILES"]
 
 PERCENTILES = (50, 90, 99)
@@ -129,38 +129,14 @@ class Slo:
     def parse(cls, text: str) -> "Slo":
         """``ttft=2,tpot=0.05[,e2el=10]`` (seconds, any subset, at least one).
 
-        Raises ValueError naming the bad key or value and the allowed keys."""
-        allowed = ", ".join(_SLO_KEYS)
-        items = [t.strip() for t in text.split(",")]
-        if not text.strip():
-            raise ValueError(f"SLO {text!r}: expected KEY=SECONDS[,KEY=SECONDS...] with KEY "
-                             f"one of {allowed}")
-        values: dict[str, float] = {}
-        for item in items:
-            key, eq, value = item.partition("=")
-            key, value = key.strip(), value.strip()
-            if not eq:
-                hint = " (seconds with '=', not vLLM's KEY:MS)" if ":" in item else ""
-                raise ValueError(f"SLO {item!r}: expected KEY=SECONDS with KEY one of "
-                                 f"{allowed}{hint}")
-            key = _SLO_ALIASES.get(key, key)
-            if key not in _SLO_KEYS:
-                raise ValueError(f"SLO key {key!r} is not one of {allowed}")
-            if key in values:
-                raise ValueError(f"SLO key {key!r} given twice")
-            try:
-                x = float(value)
-            except ValueError:
-                x = math.nan
-            if not (math.isfinite(x) and x > 0):
-                raise ValueError(f"SLO {key}={value!r}: expected a number of seconds > 0")
-            if key == "tpot" and x >= 1:
-                # the same rule as the config's tbt_sla_s, which this value sets
-                raise ValueError(f"SLO tpot={value}: must be below 1 s (probably "
-                                 f"milliseconds: the SLA is in seconds, {value} ms is "
-                                 f"{round(x / 1000, 9):g})")
-            values[key] = x
-        return cls(**{f"{k}_s": v for k, v in values.items()})
+        Raises ValueError naming the bad key or value and the allowed keys; a value
+        relative to the host (``tpot=2.5x``) needs :class:`SloSpec`."""
+        spec = SloSpec.parse(text)
+        if spec.multiples:
+            k = next(iter(spec.multiples))
+            raise ValueError(f"SLO {k}={spec.multiples[k]:g}x: a multiple of the batch-1 "
+                             "step needs a measured step (tuned bench); give seconds here")
+        return spec.resolve(None)
 
     def __str__(self) -> str:
         parts = [f"{k}={getattr(self, k + '_s'):g}" for k in _SLO_KEYS
@@ -181,6 +157,92 @@ class Slo:
             if tpot is None or tpot > self.tpot_s:
                 return False
         return True
+
+
+#: the multiple a relative TPOT SLO must exceed: the same rule as the config's
+#: tbt_sla_auto (at or below the batch-1 step, no batch could meet it)
+MIN_TPOT_MULTIPLE = 1.0
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """``--slo`` as given: each key in seconds (``tpot=0.05``) or as a multiple of the
+    decode step at batch 1 measured in the same run (``tpot=2.5x``), so that a
+    comparison measures the controller rather than the host's speed of the moment.
+    :meth:`resolve` turns it into an :class:`Slo` once that step is known."""
+
+    seconds: dict
+    multiples: dict
+    text: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "SloSpec":
+        """Raises ValueError naming the bad key or value and the allowed forms."""
+        allowed = ", ".join(_SLO_KEYS)
+        items = [t.strip() for t in text.split(",")]
+        if not text.strip():
+            raise ValueError(f"SLO {text!r}: expected KEY=SECONDS[,KEY=SECONDS...] with KEY "
+                             f"one of {allowed}")
+        seconds: dict[str, float] = {}
+        multiples: dict[str, float] = {}
+        for item in items:
+            key, eq, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not eq:
+                hint = " (seconds with '=', not vLLM's KEY:MS)" if ":" in item else ""
+                raise ValueError(f"SLO {item!r}: expected KEY=SECONDS with KEY one of "
+                                 f"{allowed}{hint}")
+            key = _SLO_ALIASES.get(key, key)
+            if key not in _SLO_KEYS:
+                raise ValueError(f"SLO key {key!r} is not one of {allowed}")
+            if key in seconds or key in multiples:
+                raise ValueError(f"SLO key {key!r} given twice")
+            relative = value.lower().endswith("x")
+            try:
+                x = float(value[:-1] if relative else value)
+            except ValueError:
+                x = math.nan
+            if relative:
+                low = MIN_TPOT_MULTIPLE if key == "tpot" else 0.0
+                if not (math.isfinite(x) and x > low):
+                    raise ValueError(f"SLO {key}={value!r}: expected {key}=MULTIPLEx, a "
+                                     f"number > {low:g} times the batch-1 decode step "
+                                     f"(e.g. {key}={'2.5' if key == 'tpot' else '40'}x)")
+                multiples[key] = x
+                continue
+            if not (math.isfinite(x) and x > 0):
+                raise ValueError(f"SLO {key}={value!r}: expected a number of seconds > 0")
+            if key == "tpot" and x >= 1:
+                # the same rule as the config's tbt_sla_s, which this value sets
+                raise ValueError(f"SLO tpot={value}: must be below 1 s (probably "
+                                 f"milliseconds: the SLA is in seconds, {value} ms is "
+                                 f"{round(x / 1000, 9):g})")
+            seconds[key] = x
+        return cls(seconds, multiples, text)
+
+    @property
+    def relative(self) -> bool:
+        return bool(self.multiples)
+
+    def resolve(self, step_s: float | None) -> Slo:
+        """The SLO in seconds, ``step_s`` being the batch-1 decode step (needed only
+        when a key is a multiple). ValueError when a resolved TPOT is 1 s or more."""
+        values = dict(self.seconds)
+        if self.multiples:
+            if not (step_s is not None and math.isfinite(step_s) and step_s > 0):
+                raise ValueError(f"SLO {self.text}: a multiple of the batch-1 step needs a "
+                                 f"measured step > 0, got {step_s!r}")
+            for k, m in self.multiples.items():
+                values[k] = round(m * step_s, 6)
+            if values.get("tpot", 0.0) >= 1:
+                raise ValueError(f"SLO tpot={self.multiples['tpot']:g}x: {values['tpot']:g} s "
+                                 f"with a batch-1 step of {step_s:g} s; must be below 1 s")
+        return Slo(**{f"{k}_s": v for k, v in values.items()})
+
+    def __str__(self) -> str:
+        return ",".join([f"{k}={self.seconds[k]:g}" if k in self.seconds else
+                         f"{k}={self.multiples[k]:g}x" for k in _SLO_KEYS
+                         if k in self.seconds or k in self.multiples]) or "none"
 
 
 def _stats(name: str, values: list[float]) -> dict[str, float | None]:
@@ -253,8 +315,9 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
 def mean_summary(summaries: Sequence[dict]) -> dict:
     """Repeats of one contender as one summary: every number is the mean over the
     repeats (counts and percentiles too; a key None in any repeat stays None), with
-    ``repeats`` and ``goodput_rps_runs`` (each repeat's goodput). One summary is
-    returned as it is."""
+    ``repeats``, ``goodput_rps_runs`` and ``ttft_p99_s_runs`` (each repeat's), and the
+    goodput's spread: ``goodput_rps_min``, ``_max`` and ``_std`` (sample standard
+    deviation). One summary is returned as it is."""
     if len(summaries) == 1:
         return summaries[0]
     if not summaries:
@@ -270,7 +333,12 @@ def mean_summary(summaries: Sequence[dict]) -> dict:
         else:
             out[k] = v
     out["repeats"] = len(summaries)
-    out["goodput_rps_runs"] = [s.get("goodput_rps") for s in summaries]
+    out["goodput_rps_runs"] = runs = [s.get("goodput_rps") for s in summaries]
+    out["ttft_p99_s_runs"] = [s.get("ttft_p99_s") for s in summaries]
+    if all(isinstance(x, (int, float)) for x in runs):
+        # the spread over repeats: how far the host's noise moves this contender
+        out.update(goodput_rps_min=float(min(runs)), goodput_rps_max=float(max(runs)),
+                   goodput_rps_std=float(np.std(runs, ddof=1)))
     return out
 
 

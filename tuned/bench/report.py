@@ -15,6 +15,7 @@ pasted in. ``report.json`` follows the schema of the benchmark issue::
      "best_cap": {...the same keys...},              # the best cap at the default budget
      "capacity": {name: rps}, "ratios": {...},
      "attribution": {"baseline", "gain_rps", "shares": {ablation: share}, "closest"},
+     "noise": [{"vs", "vs_run", "state", "ratio", "words", ...}],  # noise_verdict
      "findings": [sentence, ...]}
 
 ``findings`` are the sentences of ``report.md``'s "What produced the gain": which
@@ -42,7 +43,8 @@ EXTRA_KEYS = ("request_throughput_rps", "total_tok_s", "ttft_mean_s", "ttft_p90_
               "e2el_p50_s", "e2el_p90_s", "e2el_p99_s", "first_response_mean_s",
               "first_response_p90_s", "waits_over_10x_ttft", "recomputed_tokens",
               "duration_s", "mean_cap", "cap_moves", "cap_min", "cap_max", "repeats",
-              "goodput_rps_runs")
+              "goodput_rps_runs", "goodput_rps_min", "goodput_rps_max", "goodput_rps_std",
+              "ttft_p99_s_runs")
 #: metrics where more is better: label -> summary key
 BEST_BY = {"goodput": "goodput_rps", "attainment": "attainment", "throughput": "output_tok_s"}
 #: tail metrics checked against the best pair: label -> (key, more is better)
@@ -199,6 +201,75 @@ def tail(runs: list[dict], best: str | None, subject: str = "tuned") -> dict[str
     return out
 
 
+def noise_verdict(subject: str, mine: Sequence[float], other: str,
+                  theirs: Sequence[float], short: str | None = None,
+                  noise: str = "the host's noise") -> dict[str, Any]:
+    """Whether ``subject``'s goodput margin over ``other`` stands above the host's
+    noise, from each one's goodput per repeat: ``state`` is ``above`` (its worst
+    repeat beats the other's best), ``below`` (its best repeat is under the other's
+    worst), ``inside`` (the ranges overlap: the margin is within what repeating the
+    same run moves) or ``one_repeat`` (a single repeat of either: no spread
+    measured); ``ratio`` is the ratio of the means; ``words`` says it in a sentence,
+    naming the other ``other`` and then ``short`` (default ``other``) and the source
+    of the spread ``noise`` (on the simulator, repeats differ by their seed)."""
+    mine, theirs = [float(x) for x in mine], [float(x) for x in theirs]
+    them = short or other
+    if not mine or not theirs:
+        raise ValueError("noise_verdict: each side needs at least one repeat")
+    m, t = sum(mine) / len(mine), sum(theirs) / len(theirs)
+    ratio = _ratio(m, t)
+    head = (f"{subject}'s mean goodput {m:.3g} req/s is {_fmt_ratio(ratio)} {other}'s "
+            f"{t:.3g}" if ratio is not None else
+            f"{subject}'s mean goodput {m:.3g} req/s against {other}'s {t:.3g}")
+    out: dict[str, Any] = {"vs": other, "ratio": ratio, "mean": m, "other_mean": t,
+                           "worst": min(mine), "best": max(mine),
+                           "other_worst": min(theirs), "other_best": max(theirs)}
+    if len(mine) < 2 or len(theirs) < 2:
+        out.update(state="one_repeat", words=f"{head}: one repeat: no spread measured")
+    elif min(mine) > max(theirs):
+        out.update(state="above", words=f"{head}: above {noise}: {subject}'s "
+                   f"worst repeat {min(mine):.3g} above {them}'s best {max(theirs):.3g}")
+    elif max(mine) < min(theirs):
+        out.update(state="below", words=f"{head}: below, beyond {noise}: "
+                   f"{subject}'s best repeat {max(mine):.3g} below {them}'s worst "
+                   f"{min(theirs):.3g}")
+    elif m >= t:
+        out.update(state="inside", words=f"{head}: inside {noise}: {subject}'s "
+                   f"worst repeat {min(mine):.3g} below {them}'s best {max(theirs):.3g}")
+    else:
+        out.update(state="inside", words=f"{head}: inside {noise}: {subject}'s "
+                   f"best repeat {max(mine):.3g} above {them}'s worst {min(theirs):.3g}")
+    return out
+
+
+def noise(runs: list[dict], best: dict[str, str], subject: str = "tuned",
+          what: str = "the host's noise") -> list[dict]:
+    """:func:`noise_verdict` of ``subject`` against the best static pair by mean goodput
+    and against vLLM's default (once where they are the same run); ``what`` names
+    where the repeats' spread comes from."""
+    by = {r["name"]: r for r in runs}
+    me = by.get(subject)
+    if me is None:
+        return []
+
+    def per_repeat(r: dict) -> list:
+        return r.get("goodput_rps_runs") or [r.get("goodput_rps")]
+
+    out = []
+    pair = best.get("by_goodput")
+    for name, label, short in ((pair, f"the best pair ({pair})", "the pair"),
+                               ("vllm-default", "vllm-default", None)):
+        if name not in by or any(v["vs_run"] == name for v in out):
+            continue
+        a, b = per_repeat(me), per_repeat(by[name])
+        if any(x is None for x in a + b):
+            continue
+        v = noise_verdict(subject, a, label, b, short, noise=what)
+        v["vs_run"] = name
+        out.append(v)
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{x:.0%}"
 
@@ -322,19 +393,26 @@ def markdown(report: dict[str, Any]) -> str:
 
     lines = [f"# tuned bench: {report['engine']} / {report['hardware']}", "",
              f"- workload: `{report['workload']}` (seed {report['seed']})",
-             f"- SLO: {report['slo']}",
+             f"- SLO: {report['slo']}" + _relative(report.get("slo_relative")),
              f"- best static pair (cap, token budget) in hindsight: {picks('best_static')}"]
     if report.get("best_cap"):
         lines.append(f"- best cap at vLLM's default token budget: {picks('best_cap')}")
     if (report.get("repeats") or 1) > 1:
         lines.append(f"- every figure is the mean of {report['repeats']} repeats")
     lines.append("")
+    verdicts = report.get("noise") or []
+    if verdicts:
+        lines += ["## Above the noise?", ""] + [f"- {v['words']}." for v in verdicts]
+        lines.append("")
     words = findings(report)
     if words:
         lines += ["## What produced the gain", ""] + [f"- {w}" for w in words] + [""]
     head = ["run", "kind", "goodput req/s", "attainment", "out tok/s", "TTFT p50", "TTFT p99",
             "TPOT p50", "TPOT p99", "1st resp p99", "max wait", "refused", "preempt",
             "done/sent"]
+    spread = any(len(r.get("goodput_rps_runs") or []) > 1 for r in runs)
+    if spread:
+        head[3:3] = ["goodput min-max (sd)", "TTFT p99 per repeat"]
     if cap:
         head.append("capacity req/s")
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -346,6 +424,9 @@ def markdown(report: dict[str, Any]) -> str:
                  _fmt(r.get("max_wait_s"), "_s"), _fmt(r.get("refused")),
                  _fmt(r.get("preemptions")), f"{_fmt(r.get('completed'))}/"
                  f"{_fmt(r.get('submitted'))}"]
+        if spread:
+            cells[3:3] = [_spread(r), ", ".join(_fmt(x, "_s") for x in
+                                                r.get("ttft_p99_s_runs") or []) or "-"]
         if cap:
             cells.append(_fmt(cap.get(r["name"])))
         lines.append("| " + " | ".join(cells) + " |")
@@ -357,6 +438,22 @@ def markdown(report: dict[str, Any]) -> str:
                          else f"| {k} | - |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _relative(rel: dict | None) -> str:
+    """How a relative SLO (``tpot=2.5x``) became seconds."""
+    if not rel:
+        return ""
+    return (f" (from {rel['spec']}, a batch-1 decode step of "
+            f"{rel['step_s_batch1'] * 1e3:.2f} ms: {rel['source']})")
+
+
+def _spread(run: dict) -> str:
+    """A run's goodput over its repeats: min-max (standard deviation)."""
+    if run.get("goodput_rps_min") is None:
+        return "-"
+    return (f"{_fmt(run['goodput_rps_min'])}-{_fmt(run['goodput_rps_max'])} "
+            f"({_fmt(run.get('goodput_rps_std'))})")
 
 
 def write(report: dict[str, Any], out: Path) -> None:

@@ -305,3 +305,29 @@ def attainment_at(bench: SimBench, contender: Contender, workload, slo, base_rat
         return float(summarize(out.results, slo)["attainment"] or 0.0)
 
     return run
+
+
+#: the load that measures a host's decode step at batch 1 (two requests in flight,
+#: short prompts): `tuned demo` derives its SLA from it, `tuned bench --slo
+#: tpot=2.5x` its relative SLOs
+CALIBRATION_WORKLOAD = "poisson:rate=4,prompt=U(32,96),output=64,n=12"
+
+
+def sim_batch1_step_s(hardware) -> float:
+    """The simulated hardware's decode step at batch 1: its step model's time for one
+    decode and no prefill at the calibration load's mean context (mean prompt + half
+    the mean output), as the real engine's calibration measures it. ValueError when
+    the model gives no positive finite time there."""
+    import math
+
+    from tuned.sim.stepmodel import StepShape
+    from tuned.workloads import parse_workload
+
+    reqs = parse_workload(CALIBRATION_WORKLOAD, 0).requests
+    ctx = round(sum(r.prompt_tokens + r.output_tokens / 2 for r in reqs) / len(reqs))
+    t = hardware.step_model.step_s(StepShape(1, ctx, 0, 0, 0.0, ctx + 1))
+    floor = getattr(hardware.step_model, "MIN_STEP_S", 0.0)
+    if not (math.isfinite(t) and t > floor):
+        raise ValueError(f"{hardware.name}: its step model gives no batch-1 decode step "
+                         f"above {floor:g} s ({t!r}); give the SLO in seconds")
+    return t

@@ -107,6 +107,12 @@ class MetricsExport:
         if dec.b_sla is not None:
             m.b_sla.set(dec.b_sla)
         m.decisions.labels(dec.reason).inc()
+        setpoint = dec.inputs.get("sla_setpoint_s")
+        if setpoint is not None:
+            m.sla_setpoint.set(setpoint)
+        margin = dec.inputs.get("sla_margin")
+        if margin is not None:
+            m.sla_margin.set(margin)
         feasible = dec.inputs.get("sla_feasible")
         if feasible is not None:
             m.sla_feasible.set(1 if feasible else 0)

@@ -389,3 +389,14 @@ def test_the_margin_learns_only_from_requests_that_decoded_at_a_binding_cap():
         pytest.approx(0.05 * (1 - 0.9 * ATTAINMENT_STEP))
     assert m.registry.get_sample_value("tuned_sla_margin_ratio") == \
         pytest.approx(1 - 0.9 * ATTAINMENT_STEP)
+
+
+def test_without_attainment_the_setpoint_is_the_sla_and_the_margin_one():
+    m = Metrics()
+    eng = FakeEngine(ceiling=32, running=4)
+    ctrl = Controller(config.validate({"tbt_sla_s": 0.05}), eng, m, clock=lambda: 1.0)
+    eng.add_step(0.040, 4, t=0.9)
+    d = ctrl.run_once()
+    assert (d.inputs["sla_statistic"], d.inputs["sla_setpoint_s"]) == ("mean", 0.05)
+    assert m.registry.get_sample_value("tuned_sla_setpoint_seconds") == 0.05
+    assert m.registry.get_sample_value("tuned_sla_margin_ratio") == 1.0

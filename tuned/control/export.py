@@ -108,11 +108,9 @@ class MetricsExport:
             m.b_sla.set(dec.b_sla)
         m.decisions.labels(dec.reason).inc()
         setpoint = dec.inputs.get("sla_setpoint_s")
-        if setpoint is not None:
+        if setpoint is not None:     # held to the SLA itself unless a margin is learnt
             m.sla_setpoint.set(setpoint)
-        margin = dec.inputs.get("sla_margin")
-        if margin is not None:
-            m.sla_margin.set(margin)
+            m.sla_margin.set(dec.inputs.get("sla_margin", 1.0))
         feasible = dec.inputs.get("sla_feasible")
         if feasible is not None:
             m.sla_feasible.set(1 if feasible else 0)

@@ -41,10 +41,10 @@ from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
-from tuned.core.window import demand_moments, step_window
+from tuned.core.window import BindingHistory, demand_moments, request_tpot_s, step_window
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
-from tuned.policies.binding import explained
+from tuned.policies.binding import BIND_SHARE, explained
 from tuned.policies.registry import build_batch_policy, wants_step_fit
 from tuned.telemetry.nvml import NvmlSampler, free_bytes, free_fraction
 
@@ -118,6 +118,7 @@ class Controller:
         self.seen: Seen | None = None                 # observe's readings for the export
         self._step_seq = 0
         self._fin_seq = 0
+        self._binding = BindingHistory()    # tick by tick: did the cap bind?
         self._fit_t = -math.inf
         self.refusals = RefusalWatch()       # whether the queue is refusing (/admission)
         self._failing: tuple | None = None  # ((cause, error), logged at, repeats since)
@@ -289,6 +290,8 @@ class Controller:
         # A request's KV demand in blocks: what the paged allocator gives it.
         demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
                                 eng.block_size)
+        self._binding.note(now, win.binding >= BIND_SHARE)
+        tpots = self._bound_tpots(new_fin)
         running, waiting = eng.counts()
         switch = self.queue_channel.take_switch()
         snap = eng.queue_snapshot()
@@ -313,8 +316,24 @@ class Controller:
             decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
-            gpu_free_fraction=gpu_free)
+            gpu_free_fraction=gpu_free, finished_tpot_s=tpots)
         return self.last_observation
+
+    def _bound_tpots(self, finished: list) -> tuple:
+        """The TPOT (as the SLO judges it) of each finished request that decoded
+        mostly at a binding cap: what the attainment margin learns from
+        (:class:`tuned.policies.batch.AttainmentMargin`). A request that lived under
+        a cap that did not bind decoded in the offered load's batch, or in the batch
+        of a cap the search has since left; its TPOT says nothing of the setpoint."""
+        out = []
+        for f in finished:
+            tpot = request_tpot_s(f)
+            if tpot is None:
+                continue
+            share = self._binding.share(f.first_token_s, f.t)
+            if share is not None and share >= BIND_SHARE:
+                out.append(tpot)
+        return tuple(out)
 
     def _export_seen(self, obs: Observation) -> None:
         """The tick's readings as metrics (what :meth:`observe` read)."""

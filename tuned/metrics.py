@@ -95,6 +95,11 @@ class Metrics:
                              "engine steps that ran decodes", buckets=TBT_BUCKETS_S, registry=r)
         self.tbt_sla = g("tuned_tbt_sla_seconds", "TBT SLA D_SLA in force (0 = none; "
                          "derived on this host when tbt_sla_auto is set)")
+        self.sla_setpoint = g("tuned_sla_setpoint_seconds", "What the SLA search holds its "
+                              "statistic (sla_statistic) to: tbt_sla_s, or tbt_sla_s x the "
+                              "margin learnt for attainment")
+        self.sla_margin = g("tuned_sla_margin_ratio", "The setpoint over tbt_sla_s: the "
+                            "margin learnt with sla_statistic = attainment, else 1")
         self.sla_feasible = g("tuned_sla_feasible", "1 while the TBT SLA is reachable, 0 "
                               "when even b_min decodes miss it (the SLA bound steps aside)")
         self.kv_usage = g("tuned_kv_usage_ratio", "Fraction of usable KV-cache blocks in "

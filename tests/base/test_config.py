@@ -125,6 +125,12 @@ def test_fcfs_with_a_ttft_target_demotes_late_requests_unless_told_otherwise():
     ({"queue_options": 3}, "queue_options: must be a table, got 3"),
     # a choice
     ({"on_max_wait": "drop"}, "on_max_wait: must be one of refuse, serve, off, got 'drop'"),
+    ({"sla_statistic": "p99"},
+     "sla_statistic: must be one of mean, p90, attainment, got 'p99'"),
+    ({"sla_attainment_target": 0.3},
+     "sla_attainment_target: must be in [0.5, 0.999], got 0.3"),
+    ({"sla_attainment_target": 1.0},
+     "sla_attainment_target: must be in [0.5, 0.999], got 1.0"),
     ({"log_level": "verbose"},
      "log_level: must be one of debug, info, warning, error, got 'verbose'"),
     ({"sla_mode": 1}, "sla_mode: must be a string, got 1"),

@@ -417,5 +417,7 @@ def test_every_reason_the_policies_emit_is_explained():
     assert {"initial", "memory", "sla_over", "sla_under", "sla_hold", "sla_idle",
             "sla_expand", "sla_over_prefill", "sla_infeasible", "static",
             "trtllm"} <= emitted
-    assert emitted - {"sla_feasible", "sla_infeasible_why", "sla_s"} <= set(opscli.REASONS)
+    inputs = {"sla_feasible", "sla_infeasible_why", "sla_s", "sla_statistic",
+              "sla_setpoint_s", "sla_margin", "sla_attainment_target"}   # input keys
+    assert emitted - inputs <= set(opscli.REASONS)
     assert set(opscli.FALLBACK_CAUSES) == set(FALLBACK_CAUSES)

@@ -344,3 +344,59 @@ def test_observe_reads_only_and_the_tick_exports_and_publishes():
     assert ctrl2.run_once() is not None
     assert ctrl2.metrics.steps._value.get() == 2 and ctrl2.metrics.finished._value.get() == 1
     assert ctrl2.queue_channel.inputs == ctrl2.queue_inputs()
+
+
+# ------------------------------------------------------------- the attainment margin
+def test_the_margin_learns_only_from_requests_that_decoded_at_a_binding_cap():
+    """``sla_statistic = "attainment"``: a request over its TPOT that decoded while the
+    cap did not bind (the offered load set its batch) leaves the margin alone; one
+    that decoded at a binding cap lowers it, and /metrics shows the setpoint."""
+    from tuned.core.ring import FinishedRequest
+    from tuned.policies.batch import ATTAINMENT_STEP
+
+    now = [0.0]
+    eng = FakeEngine(ceiling=32)
+    m = Metrics()
+    ctrl = Controller(config.validate({"tbt_sla_s": 0.05, "sla_statistic": "attainment",
+                                       "interval_s": 0.5}), eng, m, clock=lambda: now[0])
+
+    def tick(t, running, waiting):
+        now[0] = t
+        eng.running, eng.waiting = running, waiting
+        eng.add_step(0.040, max(running, 1), t=t - 0.01)
+        return ctrl.run_once()
+
+    def finish(first, end):      # 11 tokens: TPOT (end - first) / 10, 60 ms here
+        f = eng.finished
+        f.append(FinishedRequest(f.next_seq, end, f"r{f.next_seq}", 10, 11, 11, first - 0.1,
+                                 0, first_token_s=first))
+
+    for t in (0.5, 1.0, 1.5):
+        tick(t, 4, 0)                     # 4 running, nothing waits: the cap is loose
+    finish(0.6, 1.2)
+    d = tick(2.0, 4, 0)
+    assert ctrl.last_observation.finished_tpot_s == ()
+    assert (d.inputs["sla_margin"], d.inputs["tpot_samples"]) == (1.0, 0)
+    for t in (2.5, 3.0, 3.5):
+        tick(t, 32, 10)                   # a full cap with requests waiting: it binds
+    finish(2.6, 3.2)
+    d = tick(4.0, 32, 10)
+    assert ctrl.last_observation.finished_tpot_s == pytest.approx((0.06,))
+    assert d.inputs["sla_statistic"] == "attainment"
+    assert d.inputs["sla_margin"] == pytest.approx(1 - 0.9 * ATTAINMENT_STEP)
+    assert d.inputs["tpot_samples"] == 1
+    assert m.registry.get_sample_value("tuned_sla_setpoint_seconds") == \
+        pytest.approx(0.05 * (1 - 0.9 * ATTAINMENT_STEP))
+    assert m.registry.get_sample_value("tuned_sla_margin_ratio") == \
+        pytest.approx(1 - 0.9 * ATTAINMENT_STEP)
+
+
+def test_without_attainment_the_setpoint_is_the_sla_and_the_margin_one():
+    m = Metrics()
+    eng = FakeEngine(ceiling=32, running=4)
+    ctrl = Controller(config.validate({"tbt_sla_s": 0.05}), eng, m, clock=lambda: 1.0)
+    eng.add_step(0.040, 4, t=0.9)
+    d = ctrl.run_once()
+    assert (d.inputs["sla_statistic"], d.inputs["sla_setpoint_s"]) == ("mean", 0.05)
+    assert m.registry.get_sample_value("tuned_sla_setpoint_seconds") == 0.05
+    assert m.registry.get_sample_value("tuned_sla_margin_ratio") == 1.0

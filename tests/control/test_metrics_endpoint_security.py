@@ -276,7 +276,7 @@ def test_request_records_carry_lengths_not_text():
     times: there is no field where text could go."""
     for rec in (StepSample, FinishedRequest):
         hints = get_type_hints(rec)
-        assert [f for f in rec._fields if hints[f] not in (int, float)] == \
+        assert [f for f in rec._fields if hints[f] not in (int, float, float | None)] == \
             (["request_id"] if rec is FinishedRequest else [])
     hints = get_type_hints(ReqInfo)
     assert [f.name for f in fields(ReqInfo) if hints[f.name] is str] == ["request_id"]

@@ -22,6 +22,7 @@ from tuned import config as config_mod
 from tuned.config import BATCH_POLICIES, QUEUE_POLICIES
 from tuned.core.knobs import KnobSlot
 from tuned.core.queue import QueueCore
+from tuned.core.window import request_tpot_s
 from tuned.engines.sim import FcfsQueue, SimEngine
 from tuned.sim.stepmodel import ConstantStepModel, StepShape
 from tuned.simulate import result_json, run_summary
@@ -359,6 +360,9 @@ def test_one_request_prefill_is_free_then_one_step_per_token():
          (1.0, 0.25, 1, 0)]
     assert [s.kv_tokens_resident for s in res.steps] == [10, 11, 12, 13, 0]
     assert res.duration_s == 1.0
+    # the finished ring carries the first token's time: TPOT (1.0 - 0.0) / 4 tokens
+    (f,) = eng.finished.since(0)
+    assert (f.first_token_s, f.t, request_tpot_s(f)) == (0.0, 1.0, 0.25)
 
 
 def test_the_gap_between_steps_moves_the_clock_but_not_the_step_time():

@@ -14,6 +14,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from tuned.controller import Fallback
+from tuned.core.window import request_tpot_s
 from tuned.engines.vllm import UnsupportedVllmError, check_vllm_version
 
 from fakes import BLOCK, NUM_BLOCKS, decision, make_scheduler, requests, step  # noqa: F401,E402
@@ -56,6 +57,11 @@ def test_applied_cap_bounds_running_and_all_finish(sched):
     assert sum(s.prefill_tokens for s in samples) == 6 * 20
     assert sum(s.generated_tokens for s in samples) == 6 * 5
     assert all(s.step_s >= 0 for s in samples)
+    # each finished request's first token time, between its arrival and its end, for
+    # its TPOT; none left behind for the requests gone
+    assert all(f.arrival_s <= f.first_token_s <= f.t for f in fin)
+    assert all(request_tpot_s(f) is not None for f in fin)
+    assert sched._first_token_s == {}
 
 
 def test_raise_takes_effect_next_step(sched):

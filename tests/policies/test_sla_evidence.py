@@ -137,7 +137,7 @@ def test_p90_statistic():
                     demand_std=0.0, demand_samples=10, tbt_mean_s=0.030,
                     decode_batch_mean=8.0, tbt_p90_s=0.070, binding=1.0)
     assert ev.update(o)[1] == "sla_over"          # mean within, p90 over
-    with pytest.raises(ValueError, match="statistic: must be mean or p90"):
+    with pytest.raises(ValueError, match="statistic: must be one of mean, p90, attainment, got .p99."):
         EvidenceSlaBound(SLA, EPS, 2, 1, 1, 64, statistic="p99")
 
 

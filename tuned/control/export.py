@@ -107,6 +107,10 @@ class MetricsExport:
         if dec.b_sla is not None:
             m.b_sla.set(dec.b_sla)
         m.decisions.labels(dec.reason).inc()
+        setpoint = dec.inputs.get("sla_setpoint_s")
+        if setpoint is not None:     # held to the SLA itself unless a margin is learnt
+            m.sla_setpoint.set(setpoint)
+            m.sla_margin.set(dec.inputs.get("sla_margin", 1.0))
         feasible = dec.inputs.get("sla_feasible")
         if feasible is not None:
             m.sla_feasible.set(1 if feasible else 0)

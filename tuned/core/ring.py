@@ -42,6 +42,8 @@ class FinishedRequest(NamedTuple):
     max_tokens: int
     arrival_s: float         # when it arrived, on the same clock as t
     preemptions: int
+    first_token_s: float | None = None  # when its first token came, on the same clock
+                                        # (None: never, or not recorded)
 
 
 class Ring:

@@ -7,15 +7,20 @@ computes, as pure functions so the controller, the profile and the tests share t
 * :func:`demand_moments`: the mean and standard deviation of per-request KV
   demand, in units of ``block_size`` tokens (seed 000 eqs. (8)-(9); blocks are
   what vLLM's paged allocator hands out, so ``block_size=1`` gives tokens).
+* :func:`request_tpot_s`: a finished request's time per output token, as the TPOT
+  SLO judges it; :class:`BindingHistory`: whether the cap bound, tick by tick, so
+  that a finished request can be judged by the share of its life spent at a binding
+  cap.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from tuned.core.ring import StepSample
+from tuned.core.ring import FinishedRequest, StepSample
 
 
 class StepWindow(NamedTuple):
@@ -104,3 +109,47 @@ def demand_moments(tokens_per_request: Sequence[int], block_size: int = 1) -> De
     mean = sum(units) / n
     var = sum((u - mean) ** 2 for u in units) / n if n > 1 else 0.0
     return DemandMoments(mean, math.sqrt(var), n)
+
+
+def request_tpot_s(f: FinishedRequest) -> float | None:
+    """A finished request's TPOT: (finish - first token) / (output tokens - 1), vLLM's
+    benchmark definition and the one the bench's SLO judges. None for a request with
+    fewer than two output tokens or no first-token time (an abort, a refusal, an
+    engine that does not record it)."""
+    if f.first_token_s is None or f.output_tokens < 2:
+        return None
+    t = (f.t - f.first_token_s) / (f.output_tokens - 1)
+    return t if math.isfinite(t) and t >= 0 else None
+
+
+class BindingHistory:
+    """Whether the cap was binding at each controller tick, kept for ``keep`` ticks:
+    :meth:`share` gives the share of the ticks in a request's decode life at which it
+    bound. A request's TPOT says something of the SLA search's setpoint only when the
+    cap, not the offered load, set the batch it decoded in."""
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.keep = keep
+        self._t: list[float] = []
+        self._n: list[int] = [0]    # prefix counts of binding ticks: _n[i] over _t[:i]
+
+    def note(self, t: float, binding: bool) -> None:
+        self._t.append(t)
+        self._n.append(self._n[-1] + (1 if binding else 0))
+        if len(self._t) > 2 * self.keep:     # drop the oldest half, amortised
+            cut = len(self._t) - self.keep
+            base = self._n[cut]
+            self._t = self._t[cut:]
+            self._n = [n - base for n in self._n[cut:]]
+
+    def share(self, t0: float, t1: float) -> float | None:
+        """The share of ticks in [t0, t1] that found the cap binding; for a life
+        shorter than a tick, the state of the newest tick at or before ``t1``; None
+        before any tick."""
+        lo = bisect.bisect_left(self._t, t0)
+        hi = bisect.bisect_right(self._t, t1)
+        if hi > lo:
+            return (self._n[hi] - self._n[lo]) / (hi - lo)
+        if hi == 0:
+            return None
+        return float(self._n[hi] - self._n[hi - 1])

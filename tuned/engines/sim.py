@@ -578,7 +578,8 @@ class SimEngine:
                 self._free(r)
             self.finished.append(FinishedRequest(
                 self.finished.next_seq, end, r.request_id, r.num_prompt_tokens,
-                r.num_output_tokens, r.max_tokens, r.arrival_time, r.preemptions))
+                r.num_output_tokens, r.max_tokens, r.arrival_time, r.preemptions,
+                r.first_token_s))
             self._finish_queue(r, learn=True)
         return freed_tokens
 

@@ -14,7 +14,8 @@ It overrides as little as it can:
   the model runner's slot count) and ``max_num_scheduled_tokens`` (the token budget),
   or the fallback cap when the controller failed or went stale; then vLLM schedules.
 * ``update_from_output()``: after vLLM, records one :class:`StepSample` in a ring.
-* ``_free_request()``: records the finished request's lengths for the memory bound.
+* ``_free_request()``: records the finished request's lengths for the memory bound,
+  and its first token's time (noted by ``update_from_output``) for its TPOT.
 
 The controller (an apscheduler thread) and the HTTP endpoint start here, in
 ``__init__``, so there is one of each per data-parallel rank. Everything tuned does
@@ -145,6 +146,7 @@ class _TunedMixin:
         self._last_update_t = 0.0
         self._tuned_errors = 0
         self._refused_out: list = []      # refused at the wait bound, output not yet sent
+        self._first_token_s: dict[str, float] = {}   # running request -> first token
         # one clock for the whole control core: vLLM's arrival stamps are wall time
         # and are moved onto it as they come (tuned.engines.vllm_queue.wall_offset_s)
         self._clock = time.monotonic
@@ -275,8 +277,13 @@ class _TunedMixin:
             gen += len(t)
         used = self._kv_used_blocks()
         resident = 0
+        first = self._first_token_s
         for r in self.running:
             resident += r.num_computed_tokens
+            # the first token's time, for the request's TPOT when it finishes
+            # (the attainment setpoint learns from it); dropped in _free_request
+            if r.request_id not in first and r.num_output_tokens:
+                first[r.request_id] = now
         running, waiting = self.get_request_counts()
         if hasattr(self.waiting, "step_done"):
             self.waiting.step_done(n_dec, len(so.preempted_req_ids or ()))
@@ -391,7 +398,7 @@ class _TunedMixin:
                 self.finished.next_seq, self._clock(), request.request_id,
                 request.num_prompt_tokens, request.num_output_tokens,
                 request.max_tokens or 0, request.arrival_time - self._wall_offset_s(),
-                request.num_preemptions))
+                request.num_preemptions, self._first_token_s.pop(request.request_id, None)))
             q = self.waiting
             if hasattr(q, "on_request_finished"):
                 q.on_request_finished(request)

@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
 from tuned.core.types import Decision, Observation, StepModel
+from tuned.policies.catalog import SLA_STATISTICS
 
 
 def clt_theta(eps_m: float) -> float:
@@ -216,6 +218,83 @@ class SlaBound:
         return (self.low + self.high) // 2
 
 
+#: the margin's change per finished request, as a share of the SLA: a request over the
+#: SLO lowers it by this times the target, one within raises it by this times the rest
+ATTAINMENT_STEP = 0.01
+#: the margin's range: never above the SLO itself (then it is the mean's setpoint),
+#: never below half of it
+ATTAINMENT_MARGIN_RANGE = (0.5, 1.0)
+#: finished requests the decision's share within the SLO is reported over
+ATTAINMENT_RECENT = 100
+
+
+class AttainmentMargin:
+    """The margin m below the TPOT SLO at which the SLA search holds the mean decode
+    step (``sla_statistic = "attainment"``): the setpoint is m x D_SLA, with m learnt
+    online from finished requests' TPOT against D_SLA.
+
+    The SLO judges each request's TPOT, and a request's TPOT is about the mean of the
+    steps it decoded in; holding the mean step at D_SLA leaves about half the
+    requests just over it. Each finished request's TPOT t moves m by a stochastic
+    approximation of a quantile (Robbins-Monro):
+
+        m <- m - step * (1[t > D_SLA] - (1 - q))
+
+    with q the target share within the SLO (``sla_attainment_target``): a request
+    over the SLO lowers m by step * q, one within raises it by step * (1 - q), so m
+    settles where the share over is 1 - q. m stays in ``[lo, hi]``; ``hi`` = 1 makes
+    the setpoint never looser than the mean's. Whatever spreads requests' TPOT around
+    the mean step (prefill chunks beside them, the engine's time between steps that
+    the step ring does not see, a host that drifts) is in what it learns from.
+
+    It learns only from requests that decoded mostly at a binding cap (the
+    controller filters :attr:`Observation.finished_tpot_s` so): under a cap that does
+    not bind the batch is the offered load, or that of a cap the search has since
+    left, and a request's TPOT says nothing of the setpoint (under a light load every
+    request is within, and m would climb on no evidence; after a burst every request
+    that decoded before the cap fell is over, and m would fall for the search's
+    transient, not its setpoint).
+    """
+
+    def __init__(self, sla_s: float, target: float, *, step: float = ATTAINMENT_STEP,
+                 lo: float = ATTAINMENT_MARGIN_RANGE[0],
+                 hi: float = ATTAINMENT_MARGIN_RANGE[1]) -> None:
+        if not 0.0 < target < 1.0:
+            raise ValueError(f"target: must be in (0, 1), got {target!r}")
+        if not 0.0 < lo <= hi:
+            raise ValueError(f"margin range: must be 0 < lo <= hi, got [{lo!r}, {hi!r}]")
+        self.sla_s, self.target, self.step, self.lo, self.hi = sla_s, target, step, lo, hi
+        self.margin = hi
+        self.learnt = 0                  # finished requests it has learnt from
+        self._recent: list[bool] = []    # the last ATTAINMENT_RECENT outcomes (True: within)
+
+    @property
+    def setpoint_s(self) -> float:
+        return self.margin * self.sla_s
+
+    def learn(self, tpots: Sequence[float]) -> None:
+        """Each finished request's TPOT, in order; non-finite ones are skipped."""
+        m = self.margin
+        for t in tpots:
+            if not math.isfinite(t):
+                continue
+            over = t > self.sla_s
+            m = min(max(m - self.step * ((1.0 if over else 0.0) - (1.0 - self.target)),
+                        self.lo), self.hi)
+            self.learnt += 1
+            self._recent.append(not over)
+        del self._recent[:-ATTAINMENT_RECENT]
+        self.margin = m
+
+    def inputs(self) -> dict:
+        """What the decision says of it."""
+        r = self._recent
+        return {"sla_margin": round(self.margin, 4),
+                "sla_attainment_target": self.target,
+                "tpot_within_share": round(sum(r) / len(r), 4) if r else None,
+                "tpot_samples": self.learnt}
+
+
 class EvidenceSlaBound(SlaBound):
     """Algorithm 2 where its assumptions hold in a continuous-batching engine
     (``sla_mode = "evidence"``, the default; ``"paper"`` is :class:`SlaBound`).
@@ -257,18 +336,23 @@ class EvidenceSlaBound(SlaBound):
       (``sla_expand``) instead of delta: the paper's delta = 1 per tick is a noise
       correction, too slow to follow a load that doubled.
 
-    ``statistic`` picks T: the mean step time of decode steps (the paper's) or their
-    90th percentile (``p90``), which holds most requests' TPOT, not only the average.
+    ``statistic`` picks T: the mean step time of decode steps (the paper's), their
+    90th percentile (``p90``), which holds most requests' TPOT, not only the average,
+    or the mean held to a margin below D_SLA learnt from finished requests' TPOT
+    (``attainment``, :class:`AttainmentMargin`, aiming at ``attainment_target`` of
+    them within the SLO). The SLA itself stays what feasibility is judged against.
     The warm start seeds the midpoint and keeps an interval of width max(alpha, b)
     around it, so a wrong prediction is corrected by bisection, not by delta per tick.
     """
 
     def __init__(self, sla_s: float, eps_s: float, alpha: int, delta: int, b_min: int,
                  b_max: int, *, statistic: str = "mean", bind_share: float = 0.5,
-                 budget_controlled: bool = True, settle_ticks: int = 0) -> None:
+                 budget_controlled: bool = True, settle_ticks: int = 0,
+                 attainment_target: float = 0.9) -> None:
         super().__init__(sla_s, eps_s, alpha, delta, b_min, b_max)
-        if statistic not in ("mean", "p90"):
-            raise ValueError(f"statistic: must be mean or p90, got {statistic!r}")
+        if statistic not in SLA_STATISTICS:
+            raise ValueError(f"statistic: must be one of {', '.join(SLA_STATISTICS)}, "
+                             f"got {statistic!r}")
         if settle_ticks < 0:
             raise ValueError(f"settle_ticks: must be >= 0, got {settle_ticks!r}")
         self.statistic = statistic
@@ -276,6 +360,8 @@ class EvidenceSlaBound(SlaBound):
         self.budget_controlled = budget_controlled
         self.settle_ticks = settle_ticks
         self.settling = 0       # ticks left before another fall may follow the last one
+        self.margin = (AttainmentMargin(sla_s, attainment_target)
+                       if statistic == "attainment" else None)
 
     def warm_start(self, b: int) -> None:
         b = min(max(b, self.b_min), self.b_max)
@@ -287,20 +373,28 @@ class EvidenceSlaBound(SlaBound):
         t = obs.tbt_p90_s if self.statistic == "p90" else obs.tbt_mean_s
         return t if t is not None and math.isfinite(t) else None
 
+    @property
+    def setpoint_s(self) -> float:
+        """What the measured statistic is held to: D_SLA, or the learnt margin x D_SLA."""
+        return self.margin.setpoint_s if self.margin is not None else self.sla_s
+
     def update(self, obs: Observation) -> tuple[int, str]:
+        binding = obs.binding >= self.bind_share
+        if self.margin is not None:
+            self.margin.learn(obs.finished_tpot_s)
         t, bbar = self.measured(obs), obs.decode_batch_mean
         if t is None or bbar is None or not math.isfinite(bbar):
             return (self.low + self.high) // 2, "initial"
         bb = int(math.floor(bbar + 0.5))
-        binding = obs.binding >= self.bind_share
+        setpoint = self.setpoint_s
         settling, self.settling = self.settling, max(self.settling - 1, 0)
-        if t > self.sla_s + self.eps_s:
+        if t > setpoint + self.eps_s:
             dec = obs.decode_only_tbt_s
             if dec is None and obs.step_model is not None:
                 # every step carried prefill: what would the decodes alone take?
                 dec = obs.step_model.predict_step_s(bbar, 0.0, obs.kv_tokens_resident)
             if (self.budget_controlled and dec is not None
-                    and dec <= self.sla_s - self.eps_s):
+                    and dec <= setpoint - self.eps_s):
                 reason = "sla_over_prefill"
             elif settling:
                 reason = "sla_over_settling"
@@ -313,7 +407,7 @@ class EvidenceSlaBound(SlaBound):
                 self.settling = self.settle_ticks
         elif not binding:
             reason = "sla_idle"
-        elif t < self.sla_s - self.eps_s:
+        elif t < setpoint - self.eps_s:
             self.low = min(bb, self.high - self.alpha)
             if self.high - self.low <= 2 * self.alpha + 1:
                 self.high = min(self.high + max(self.delta, math.ceil(self.high / 4)),
@@ -471,6 +565,12 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
     if pol.sla is not None:
         d["sla_s"] = pol.sla.sla_s
         d["search"] = [pol.sla.low, pol.sla.high]
+        # which statistic the search held, and to what (the SLA, or a learnt margin)
+        d["sla_statistic"] = getattr(pol.sla, "statistic", "mean")
+        d["sla_setpoint_s"] = round(getattr(pol.sla, "setpoint_s", pol.sla.sla_s), 6)
+        margin = getattr(pol.sla, "margin", None)
+        if margin is not None:
+            d.update(margin.inputs())
     return d
 
 
@@ -507,7 +607,8 @@ def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
         else:
             sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
                                    cfg.b_min, b_max, statistic=cfg.sla_statistic,
-                                   settle_ticks=settle_ticks(cfg))
+                                   settle_ticks=settle_ticks(cfg),
+                                   attainment_target=cfg.sla_attainment_target)
         if profile is not None:
             # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
             sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))

@@ -58,6 +58,10 @@ from tuned.inputs import clip, clip_text
 #: the entry-point group third-party policies register under
 ENTRY_POINT_GROUP = "tuned.policies"
 KINDS = ("batch", "queue")
+#: what seed 000's SLA search may hold to the TPOT SLO (config ``sla_statistic``):
+#: the mean decode step, its 90th percentile, or the mean at a margin learnt for
+#: attainment (:class:`tuned.policies.batch.AttainmentMargin`)
+SLA_STATISTICS = ("mean", "p90", "attainment")
 OPTION_TYPES = ("int", "float", "bool", "str")
 
 

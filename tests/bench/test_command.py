@@ -110,7 +110,9 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
                              s.arrival_s + 0.05 * slow + 0.02 * (s.output_tokens - 1))
                for i, s in enumerate(wl.requests)]
         return live.LiveRun(results=res, cap_timeline=[(0.0, 4)], decisions=[],
-                            duration_s=1.0, server_log=tmp_path / "log")
+                            duration_s=1.0, server_log=tmp_path / "log",
+                            send_lags_s=[0.001 * len(order)] * len(res),
+                            steps=[{"seq": 1, "t": 0.5}] if c.name == "tuned" else [])
 
     monkeypatch.setattr(live, "measure_batch1_step", fake_measure)
     monkeypatch.setattr(live, "run_live", fake_run)
@@ -121,6 +123,11 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
     assert code == 0, err
     assert calls == [2.5]
     assert order == ["vllm-default", "tuned"] * 3
+    logs = tmp_path / "o" / "logs"
+    # each repeat's send lags (run 4 is tuned's second) and tuned serve's step records
+    assert json.loads((logs / "tuned.r1.send_lags.json").read_text())[0] == pytest.approx(0.004)
+    assert json.loads((logs / "tuned.r2.steps.json").read_text()) == [{"seq": 1, "t": 0.5}]
+    assert not (logs / "vllm-default.steps.json").exists()
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rep["repeats"] == 3 and " --repeats 3 " in rep["command"]
     assert rep["slo_parsed"]["tpot_s"] == pytest.approx(0.1)

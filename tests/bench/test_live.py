@@ -8,7 +8,9 @@ import asyncio
 import dataclasses
 import json
 import sys
+import threading
 import tomllib
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -428,3 +430,36 @@ def test_the_batch1_step_is_measured_as_the_demo_derives_its_sla(tiny_model, tmp
     assert d["factor"] == 3.0 and d["step_s_batch1"] > 0
     assert d["sla_s"] == round(3.0 * d["step_s_batch1"], 4)
     assert (tmp_path / "calibration.log").stat().st_size > 0
+
+
+class _Steps(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/steps" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(type(self).body)))
+        self.end_headers()
+        self.wfile.write(type(self).body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_runs_step_records_are_those_after_its_start_on_its_clock():
+    _Steps.body = json.dumps({"next": 3, "samples": [
+        {"seq": 0, "t": 99.5, "step_s": 0.01},     # the warm-up, before the run
+        {"seq": 1, "t": 100.25, "step_s": 0.02},
+        {"seq": 2, "t": 101.0, "step_s": 0.03}]}).encode()
+    srv = HTTPServer(("127.0.0.1", 0), _Steps)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        got = live._run_steps(url, 100.0)
+        assert [(s["seq"], s["t"], s["step_s"]) for s in got] == [(1, 0.25, 0.02),
+                                                                  (2, 1.0, 0.03)]
+        _Steps.body = b"not json"
+        assert live._run_steps(url, 100.0) == []   # the run stands without them
+    finally:
+        srv.shutdown()
+        srv.server_close()

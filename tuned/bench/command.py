@@ -566,6 +566,11 @@ def _bench_live(field, wls, slo, args):
                                      "tbt": itl_timeline(live.results)}
             stem = c.name if k == 0 else f"{c.name}.r{k}"
             (log_dir / f"{stem}.decisions.json").write_text(json.dumps(live.decisions))
+            if live.steps:
+                (log_dir / f"{stem}.steps.json").write_text(json.dumps(live.steps))
+            # how late each send began: a client stalled on the shared host is told
+            # apart from a server that held the requests (both show as TTFT)
+            (log_dir / f"{stem}.send_lags.json").write_text(json.dumps(live.send_lags_s))
             write_requests_csv(log_dir / _requests_csv(c.name, k), live.results, slo)
             prog.update(c.name if len(wls) == 1 else f"{c.name} #{k + 1}")
     prog.close()

@@ -105,6 +105,9 @@ class LiveRun:
     stream_chunks: int = 0                 # streamed chunks that carried tokens
     t0_monotonic_s: float | None = None    # the run start on time.monotonic(), the clock
                                            # of the engine's step records (``/steps``)
+    steps: list[dict] = field(default_factory=list)  # tuned serve's step records of the
+                                           # run (``t`` on the run's clock); empty for
+                                           # plain vLLM, which has no /steps
 
     @property
     def send_lag_max_s(self) -> float:
@@ -553,6 +556,8 @@ class LiveServer:
                                  f"last lines of {srv.log_path}:\n"
                                  f"{log_tail(srv.log_path)}") from None
         returncode = srv.proc.poll() if srv.proc is not None else None
+        t0 = client.t0 if client.clock is time.monotonic else None
+        steps = _run_steps(srv.endpoint, t0) if srv.endpoint and t0 is not None else []
         if contender.kind == "static":
             cap = contender.cap if contender.cap is not None else contender.config.max_num_seqs
             timeline = [(0.0, cap), (duration, cap)]
@@ -563,7 +568,21 @@ class LiveServer:
                        duration_s=duration, server_log=srv.log_path, client_cpu_s=cpu,
                        send_lags_s=lags, server_returncode=returncode,
                        config_path=srv.config_path, stream_chunks=chunks,
-                       t0_monotonic_s=client.t0 if client.clock is time.monotonic else None)
+                       t0_monotonic_s=t0, steps=steps)
+
+
+def _run_steps(endpoint: str, t0: float) -> list[dict]:
+    """The engine's step records since the run start ``t0`` (time.monotonic(), the
+    engine's clock), ``t`` made relative to it: what the run's steps took, to set
+    beside a step model's prediction. Empty when the endpoint does not answer: the run
+    stands without them."""
+    import requests
+
+    try:   # the endpoint of tuned.profiler.steps.StepsClient (a sibling layer)
+        samples = requests.get(f"{endpoint}/steps", timeout=5).json()["samples"]
+    except Exception:
+        return []
+    return [{**s, "t": s["t"] - t0} for s in samples if s.get("t", -1.0) >= t0]
 
 
 def run_live(contender: Contender, workload: Workload, *, model_path: str, log_dir: Path,

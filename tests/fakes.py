@@ -211,6 +211,17 @@ class QueuedReq:
     extra_args: dict = field(default_factory=dict)
 
 
+def load_tool(name: str):
+    """A script under tools/ (not a package) loaded as a module, ``name`` its file stem."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_main(argv: list[str]) -> tuple[int, str, str]:
     """tuned's CLI in-process: (exit code, stdout, stderr)."""
     import contextlib

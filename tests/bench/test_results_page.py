@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from fakes import load_tool
 from tuned.bench import report as report_mod
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def results():
-    spec = importlib.util.spec_from_file_location("results_tool", ROOT / "tools" / "results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("results")
 
 
 def _folder(tmp_path: Path, *, provenance: bool = True) -> Path:

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from fakes import load_tool
+
 HEAD = "request_id,arrival_s,ttft_s,tpot_s\n"
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("sim_vs_real", ROOT / "tools" / "sim_vs_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("sim_vs_real")
 
 
 def _folder(root: Path, repeats: list[list[tuple[float, float | None]]], goodput: list[float]) -> Path:

@@ -322,12 +322,9 @@ def test_packaged_tables_give_the_model_of_the_full_ones(name):
 
 @needs_full
 def test_packaged_data_is_what_the_tool_writes():
-    import importlib.util
+    from fakes import load_tool
 
-    tool = Path(__file__).resolve().parents[2] / "tools" / "build_package_data.py"
-    spec = importlib.util.spec_from_file_location("build_package_data", tool)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_tool("build_package_data")
     for rel, data in module.package_files(FULL.parent).items():
         assert (DATA.parent / rel).read_bytes() == data, rel
 

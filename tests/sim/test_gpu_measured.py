@@ -113,13 +113,9 @@ def test_meta_names_the_card_and_the_method():
 def test_measure_script_runs_without_a_gpu_and_writes_tables_the_model_reads(tmp_path):
     """The tool's own check mode (CPU, two layers, tiny grid): its ops.csv carries the
     columns read_operator_profile reads, so a new card's tables drop in as they are."""
-    import importlib.util
-    from pathlib import Path
+    from fakes import load_tool
 
-    tool = Path(__file__).resolve().parents[2] / "tools" / "measure_gpu_ops.py"
-    spec = importlib.util.spec_from_file_location("measure_gpu_ops", tool)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_tool("measure_gpu_ops")
     assert module.main(["--out", str(tmp_path), "--device", "cpu", "--skip-steps",
                         "--models", "qwen2.5-coder-1.5b"]) == 0
     with open(tmp_path / "ops.csv", newline="") as f:

@@ -176,6 +176,13 @@ class SlaBound:
         self.b_max = b_max
         self.low = b_min
         self.high = b_max
+        self.statistic = "mean"     # the paper holds the mean decode step to D_SLA
+        self.margin: AttainmentMargin | None = None   # a learnt margin (attainment)
+
+    @property
+    def setpoint_s(self) -> float:
+        """What the measured statistic is held to: D_SLA, or the learnt margin x D_SLA."""
+        return self.margin.setpoint_s if self.margin is not None else self.sla_s
 
     def warm_start(self, b: int) -> None:
         """Centre the interval on a prediction (e.g. a profile's b for the SLA)."""
@@ -373,11 +380,6 @@ class EvidenceSlaBound(SlaBound):
         t = obs.tbt_p90_s if self.statistic == "p90" else obs.tbt_mean_s
         return t if t is not None and math.isfinite(t) else None
 
-    @property
-    def setpoint_s(self) -> float:
-        """What the measured statistic is held to: D_SLA, or the learnt margin x D_SLA."""
-        return self.margin.setpoint_s if self.margin is not None else self.sla_s
-
     def update(self, obs: Observation) -> tuple[int, str]:
         binding = obs.binding >= self.bind_share
         if self.margin is not None:
@@ -566,11 +568,10 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
         d["sla_s"] = pol.sla.sla_s
         d["search"] = [pol.sla.low, pol.sla.high]
         # which statistic the search held, and to what (the SLA, or a learnt margin)
-        d["sla_statistic"] = getattr(pol.sla, "statistic", "mean")
-        d["sla_setpoint_s"] = round(getattr(pol.sla, "setpoint_s", pol.sla.sla_s), 6)
-        margin = getattr(pol.sla, "margin", None)
-        if margin is not None:
-            d.update(margin.inputs())
+        d["sla_statistic"] = pol.sla.statistic
+        d["sla_setpoint_s"] = round(pol.sla.setpoint_s, 6)
+        if pol.sla.margin is not None:
+            d.update(pol.sla.margin.inputs())
     return d
 
 

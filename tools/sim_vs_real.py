@@ -41,15 +41,13 @@ FIGURES = (("ttft_p50", "TTFT p50", "ttft_s", 50), ("ttft_p99", "TTFT p99", "ttf
 
 
 def _csvs(folder: Path, name: str) -> list[Path]:
-    """The per-repeat request logs of ``name`` (``tuned bench`` writes repeat 0 as
-    NAME.requests.csv and repeat k as NAME.rK.requests.csv)."""
-    logs = folder / "logs"
-    out = [logs / f"{name}.requests.csv"]
-    k = 1
-    while (logs / f"{name}.r{k}.requests.csv").exists():
-        out.append(logs / f"{name}.r{k}.requests.csv")
-        k += 1
-    return [p for p in out if p.exists()]
+    """The per-repeat request logs of ``name``, named as ``tuned bench`` names them."""
+    from tuned.bench.command import run_stem
+
+    out = []
+    while (p := folder / "logs" / f"{run_stem(name, len(out))}.requests.csv").exists():
+        out.append(p)
+    return out
 
 
 def _pct(path: Path, col: str, q: float) -> float:

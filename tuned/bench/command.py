@@ -427,9 +427,15 @@ def _report(args, hardware, wl, slo, runs, capacity, default_budget: int) -> dic
 
 # ---------------------------------------------------------------- simulator
 
+def run_stem(name: str, k: int) -> str:
+    """The file stem of contender ``name``'s repeat ``k`` under ``logs/`` (the first
+    keeps the plain name): NAME.requests.csv, NAME.r1.requests.csv, ..."""
+    return name if k == 0 else f"{name}.r{k}"
+
+
 def _requests_csv(name: str, k: int) -> str:
-    """The per-request log of repeat ``k`` (the first keeps the plain name)."""
-    return f"{name}.requests.csv" if k == 0 else f"{name}.r{k}.requests.csv"
+    """The per-request log of repeat ``k``."""
+    return f"{run_stem(name, k)}.requests.csv"
 
 
 def _sim_one(j: int) -> tuple[dict, dict]:
@@ -564,7 +570,7 @@ def _bench_live(field, wls, slo, args):
             if k == 0:
                 timelines[c.name] = {"cap": live.cap_timeline,
                                      "tbt": itl_timeline(live.results)}
-            stem = c.name if k == 0 else f"{c.name}.r{k}"
+            stem = run_stem(c.name, k)
             (log_dir / f"{stem}.decisions.json").write_text(json.dumps(live.decisions))
             if live.steps:
                 (log_dir / f"{stem}.steps.json").write_text(json.dumps(live.steps))

@@ -231,11 +231,8 @@ def stream_until(t: Target, body: dict, ready, abort_after_chunks: int | None,
     return seen
 
 
-def stream_tokens(t: Target, body: dict, first: threading.Event,
-                  headers: threading.Event | None = None) -> dict:
-    """Stream a completion to its end: {finish, tokens}; ``headers`` is set when the
-    response headers arrive (vLLM adds the request to the engine right after sending
-    them), ``first`` when its first token arrives."""
+def stream_tokens(t: Target, body: dict) -> dict:
+    """Stream a completion to its end: {finish, tokens}."""
     import httpx2
 
     body = {"model": t.model, "stream": True, "stream_options": {"include_usage": True},
@@ -244,14 +241,11 @@ def stream_tokens(t: Target, body: dict, first: threading.Event,
     with httpx2.Client(timeout=600) as client:
         with client.stream("POST", f"{t.base}/v1/completions", json=body) as r:
             assert r.status_code == 200, r.status_code
-            if headers is not None:
-                headers.set()
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 for c in chunk.get("choices") or []:
-                    first.set()
                     out["finish"] = c.get("finish_reason") or out["finish"]
                 if chunk.get("usage"):
                     out["tokens"] = chunk["usage"]["completion_tokens"]
@@ -300,7 +294,7 @@ def _waiting_abort_try(t: Target, g, attempt: int) -> dict:
     def one(i):
         fill[i] = stream_tokens(t, {"prompt": prompt_ids(200 + 10 * attempt + i, 20),
                                     "max_tokens": FILL_TOKENS, "temperature": 1.0,
-                                    "ignore_eos": True}, threading.Event())
+                                    "ignore_eos": True})
 
     prompt0 = g("vllm:prompt_tokens_total")
     threads = [threading.Thread(target=one, args=(i,)) for i in range(MAX_NUM_SEQS)]

@@ -11,7 +11,6 @@ from fakes import load_tool
 from tuned.bench import report as report_mod
 
 
-
 @pytest.fixture(scope="module")
 def results():
     return load_tool("results")

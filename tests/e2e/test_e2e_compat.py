@@ -316,15 +316,7 @@ def _waiting_abort_try(t: Target, g, attempt: int) -> dict:
     for th in threads:
         th.join(600)
     wait_for("idle after the waiting abort", lambda: idle(t), 60)
-    samples = None
-    if t.steps:
-        samples, nxt = [], step0
-        while True:
-            got = t.steps(nxt)
-            if not got["samples"]:
-                break
-            samples += got["samples"]
-            nxt = got["next"]
+    samples = t.steps(step0)["samples"] if t.steps else None
     # prompt tokens prefilled, counted by vLLM once the engine is idle: the four's
     # 4 x 20 alone when the fifth never ran
     prompt_tokens = g("vllm:prompt_tokens_total") - prompt0

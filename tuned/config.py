@@ -32,6 +32,7 @@ from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
 from tuned.policies import catalog
 
 SLA_MODES = ("evidence", "paper")
+MEMORY_DEMANDS = ("occupancy", "lifetime")
 SLA_STATISTICS = catalog.SLA_STATISTICS
 TOKEN_BUDGET_POLICIES = ("sla", "max")
 WAIT_BOUND_MODES = refusal.MODES
@@ -123,6 +124,11 @@ class Config:
     # --- memory bound: seed 000, Algorithm 1 ---
     eps_m: float = _f(0.05, "allowed probability that KV demand overflows the cache (eps_M)",
                       lo=1e-6, hi=0.5)
+    memory_demand: str = _f("occupancy", "a request's KV demand in the memory bound: the "
+                            "blocks it holds at a random decode step (occupancy: a "
+                            "continuous batch's requests are at different points of their "
+                            "lives) or its whole prompt plus output (lifetime: seed 000 as "
+                            "published, a static batch's demand)", choices=MEMORY_DEMANDS)
     demand_window: int = _f(128, "finished requests used for the mean/variance of KV demand",
                             lo=2, hi=100000)
     min_demand_samples: int = _f(8, "finished requests needed before the memory bound acts",

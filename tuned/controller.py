@@ -41,7 +41,8 @@ from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
-from tuned.core.window import BindingHistory, demand_moments, request_tpot_s, step_window
+from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments,
+                               request_tpot_s, step_window)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.binding import BIND_SHARE, explained
@@ -287,9 +288,14 @@ class Controller:
         new_fin = [f for f in fin if f.seq >= self._fin_seq]
         if fin:
             self._fin_seq = fin[-1].seq + 1
-        # A request's KV demand in blocks: what the paged allocator gives it.
-        demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
-                                eng.block_size)
+        # A request's KV demand in blocks: what the paged allocator gives it, at a
+        # random decode step of its life (occupancy) or all of it (lifetime).
+        if cfg.memory_demand == "lifetime":
+            demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
+                                    eng.block_size)
+        else:
+            demand = occupancy_moments([(f.prompt_tokens, f.output_tokens) for f in fin],
+                                       eng.block_size)
         self._binding.note(now, win.binding >= BIND_SHARE)
         tpots = self._bound_tpots(new_fin)
         running, waiting = eng.counts()

@@ -200,16 +200,36 @@ def test_reload_with_missing_file_keeps_running(tmp_path):
 
 # ------------------------------------------------------------- observe
 def test_demand_is_counted_in_whole_blocks():
+    """memory_demand = "lifetime" (seed 000 as published): each request's whole demand."""
     eng = FakeEngine()
     eng.block_size = 16
     eng.kv_capacity_tokens = 64 * 16
-    ctrl = Controller(config.default(), eng, Metrics())
+    ctrl = Controller(config.validate({"memory_demand": "lifetime"}), eng, Metrics())
     for p, o in ((10, 6), (10, 7), (40, 24)):   # 16 -> 1 block, 17 -> 2, 64 -> 4
         eng.add_finished(p, o)
     ob = ctrl.observe()
     assert ob.kv_capacity_blocks == 64
     assert ob.demand_mean == pytest.approx(7 / 3)
     assert ob.demand_std == pytest.approx(((4 / 3) ** 2 + (1 / 3) ** 2 + (5 / 3) ** 2) ** 0.5 / 3 ** 0.5)
+
+
+def test_occupancy_demand_counts_the_blocks_held_at_each_decode_step():
+    """The default, memory_demand = "occupancy": one sample per decode step, the whole
+    blocks held while writing that token."""
+    eng = FakeEngine()
+    eng.block_size = 16
+    eng.kv_capacity_tokens = 64 * 16
+    ctrl = Controller(config.default(), eng, Metrics())
+    for p, o in ((10, 6), (10, 7), (40, 24)):
+        eng.add_finished(p, o)
+    ob = ctrl.observe()
+    # tokens held 11..16: 6 x 1 block; 11..17: 6 x 1, 1 x 2; 41..64: 8 x 3, 16 x 4
+    samples = [1] * 6 + [1] * 6 + [2] + [3] * 8 + [4] * 16
+    mean = sum(samples) / len(samples)
+    assert ob.demand_mean == pytest.approx(102 / 37) == pytest.approx(mean)
+    assert ob.demand_std == pytest.approx(
+        (sum((x - mean) ** 2 for x in samples) / len(samples)) ** 0.5)
+    assert ob.demand_samples == 3
 
 
 def test_observation_window_and_demand_moments():
@@ -226,9 +246,11 @@ def test_observation_window_and_demand_moments():
     ob = ctrl.last_observation
     assert ob.tbt_mean_s == pytest.approx(0.020)
     assert ob.decode_batch_mean == pytest.approx(3.0)
-    # block_size 1: demands 30 and 70 -> mean 50, population std 20
-    assert ob.demand_mean == 50.0
-    assert ob.demand_std == pytest.approx(20.0)
+    # block_size 1, occupancy: tokens held 11..30 (20 steps), then 31..70 (40 steps)
+    held = list(range(11, 31)) + list(range(31, 71))
+    assert ob.demand_mean == pytest.approx(40.5) == pytest.approx(sum(held) / 60)
+    assert ob.demand_std == pytest.approx(
+        (sum((x - 40.5) ** 2 for x in held) / 60) ** 0.5)
     assert (ob.num_running, ob.num_waiting, ob.demand_samples) == (3, 2, 2)
     # histogram got the three decode steps (all new since the last tick)
     assert ctrl.metrics.tbt._sum.get() == pytest.approx(0.540)

@@ -263,6 +263,45 @@ def test_requests_waiting_behind_the_budget_get_chunks_sized_to_the_sla_itself()
     assert none.decide(obs(running=4, waiting=8)).inputs["budget_bound"] == "none"
 
 
+def test_ttft_step_target_spends_the_windows_room_on_prefilling_steps():
+    """Mean 40 ms of decode-only 30 ms and prefilling 60 ms steps: a third of the steps
+    prefilled, f = (40 - 30) / (60 - 30). With the SLA at 50 ms they may take
+    60 + (50 - 40) * 3 = 90 ms before the mean reaches it. No room (the mean at the SLA
+    or over it), no prefilling step, or prefilling steps no slower: the SLA itself."""
+    from tuned.policies.budget import ttft_step_target
+
+    assert ttft_step_target(0.050, 0.040, 0.030, 0.060) == pytest.approx(0.090)
+    assert ttft_step_target(0.050, 0.050, 0.030, 0.060) == 0.050
+    assert ttft_step_target(0.050, 0.055, 0.030, 0.080) == 0.050
+    assert ttft_step_target(0.050, 0.040, 0.030, None) == 0.050
+    assert ttft_step_target(0.050, None, 0.030, 0.060) == 0.050
+    assert ttft_step_target(0.050, 0.040, 0.040, 0.040) == 0.050
+    # prefilling steps well under the SLA and rare: never below the SLA
+    assert ttft_step_target(0.050, 0.0201, 0.020, 0.021) == pytest.approx(0.320)
+    assert ttft_step_target(0.050, 0.030, 0.010, 0.012) == 0.050
+
+
+def test_waiting_requests_get_the_windows_room_in_their_chunks():
+    """The same wrapper as above with the window's mean 40 ms of 30 ms decode-only and
+    60 ms prefilling steps: the prefilling step may take 90 ms, so
+    T(4, c) = 14 ms + 0.1 ms c <= 90 ms -> c = 760 (bound ``ttft``); the same window
+    with nothing waiting keeps the TPOT sizing (48 ms, c = 340)."""
+    from tuned.policies.budget import TokenBudget
+    from tuned.policies.registry import StaticPolicy
+
+    wrapped = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
+                          min_chunk_tokens=32, sla_s=0.050, step_model=LinearStepModelish(),
+                          margin_s=0.002)
+    roomy = Observation(num_running=4, num_waiting=8, kv_capacity_blocks=1000,
+                        demand_mean=100.0, demand_std=0.0, demand_samples=32,
+                        tbt_mean_s=0.040, decode_batch_mean=4.0, decode_only_tbt_s=0.030,
+                        mixed_tbt_s=0.060)
+    d = wrapped.decide(roomy)
+    assert (d.inputs["budget_bound"], d.token_budget) == ("ttft", 4 + 760)
+    d = wrapped.decide(dataclasses.replace(roomy, num_waiting=0))
+    assert (d.inputs["budget_bound"], d.token_budget) == ("tpot", 4 + 340)
+
+
 def test_policy_told_whether_the_budget_can_act():
     """An inner policy with ``budget_acts`` learns each tick whether the budget can
     act: not where even one decode beside the smallest chunk misses the SLA."""

@@ -23,7 +23,8 @@ class Observation:
     num_running: int                 # N^d: requests running (decoding or mid-prefill)
     num_waiting: int                 # N^p: requests waiting for admission (prefill pending)
     kv_capacity_blocks: int          # n: KV blocks the cache holds for requests
-    demand_mean: float | None        # mean KV blocks a finished request held (l_in + l_out)
+    demand_mean: float | None        # mean KV blocks of recent finished requests: held at a
+                                     # random decode step, or l_in + l_out (memory_demand)
     demand_std: float | None         # its standard deviation (seed 000 eq. 9)
     demand_samples: int              # how many finished requests the two numbers come from
     tbt_mean_s: float | None         # T: mean step time of recent steps that ran decodes

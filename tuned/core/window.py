@@ -6,7 +6,9 @@ computes, as pure functions so the controller, the profile and the tests share t
   time between tokens), their mean decode batch (b-bar) and the latest KV usage.
 * :func:`demand_moments`: the mean and standard deviation of per-request KV
   demand, in units of ``block_size`` tokens (seed 000 eqs. (8)-(9); blocks are
-  what vLLM's paged allocator hands out, so ``block_size=1`` gives tokens).
+  what vLLM's paged allocator hands out, so ``block_size=1`` gives tokens);
+  :func:`occupancy_moments`: the same for the blocks a request holds at a random
+  decode step (a continuous batch's demand).
 * :func:`request_tpot_s`: a finished request's time per output token, as the TPOT
   SLO judges it; :class:`BindingHistory`: whether the cap bound, tick by tick, so
   that a finished request can be judged by the share of its life spent at a binding
@@ -109,6 +111,42 @@ def demand_moments(tokens_per_request: Sequence[int], block_size: int = 1) -> De
     mean = sum(units) / n
     var = sum((u - mean) ** 2 for u in units) / n if n > 1 else 0.0
     return DemandMoments(mean, math.sqrt(var), n)
+
+
+def occupancy_moments(requests: Sequence[tuple[int, int]], block_size: int = 1) -> DemandMoments:
+    """Mean and standard deviation of the KV blocks a running request holds at a random
+    decode step: the demand seed 000's memory bound sums over a continuous batch.
+
+    Seed 000 sizes the batch on each request's whole demand, ceil((l_in + l_out) / B),
+    which every request of a static batch holds until the batch ends. In a continuous
+    batch a request holds ceil((l_in + t) / B) blocks while it writes its t-th output
+    token and frees them all when it finishes, and the b requests running at once are
+    at different points of their lives; what the b slots hold together is a sum of b
+    draws of that occupancy. So each finished (prompt tokens, output tokens) pair adds
+    one sample per decode step it lived (step-weighted: a request that decodes longer
+    fills a slot for longer), and the moments are of those samples. A request that
+    produced no token adds its prompt's blocks once. ``n`` counts the requests.
+    """
+    n = len(requests)
+    if n == 0:
+        return DemandMoments(None, None, 0)
+    bs = max(int(block_size), 1)
+    w = s1 = s2 = 0
+    for prompt, output in requests:
+        p, o = max(int(prompt), 0), max(int(output), 0)
+        if o == 0:
+            k = -(-p // bs)
+            w, s1, s2 = w + 1, s1 + k, s2 + k * k
+            continue
+        # tokens held while writing output token t: p + t + 1, for t in [0, o)
+        lo, hi = p + 1, p + o
+        for k in range(-(-lo // bs), -(-hi // bs) + 1):
+            cnt = min(hi, k * bs) - max(lo, (k - 1) * bs + 1) + 1
+            w, s1, s2 = w + cnt, s1 + k * cnt, s2 + k * k * cnt
+    if w == 0:
+        return DemandMoments(None, None, n)
+    mean = s1 / w
+    return DemandMoments(mean, math.sqrt(max(s2 / w - mean * mean, 0.0)), n)
 
 
 def request_tpot_s(f: FinishedRequest) -> float | None:

@@ -19,6 +19,7 @@ cap where it cannot (:class:`tuned.policies.batch.EvidenceSlaBound`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,31 @@ def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
     return budget
 
 
+def ttft_step_target(sla_s: float, mean_s: float | None, decode_s: float | None,
+                     mixed_s: float | None) -> float:
+    """The time a prefilling step may take while requests wait for their first token:
+    the longest that keeps the window's mean decode step at the TPOT SLO, never below
+    the SLO itself.
+
+    A request's TPOT is the mean of the steps it decodes in. Over the window, a share
+    f of the decode steps also prefilled (mean time ``mixed_s``), the rest did not
+    (``decode_s``), so the mean is (1 - f) * decode_s + f * mixed_s and
+    f = (mean - decode_s) / (mixed_s - decode_s). With the decode-only steps as they
+    are, the prefilling steps may take mixed_s + (SLA - mean) / f before the mean
+    reaches the SLA. Larger chunks also mean fewer prefilling steps for the same
+    prompts (in steady state the prompt tokens a second are set by the arrivals), so
+    the mean does not rise by what a single step does. Without that room (the mean at
+    or above the SLA, or no prefilling step measured) the target is the SLA, as for
+    any step.
+    """
+    if mean_s is None or decode_s is None or mixed_s is None or mean_s >= sla_s:
+        return sla_s
+    if mixed_s <= decode_s or mean_s <= decode_s:
+        return sla_s
+    target = mixed_s + (sla_s - mean_s) * (mixed_s - decode_s) / (mean_s - decode_s)
+    return max(sla_s, target) if math.isfinite(target) else sla_s
+
+
 #: share of the window's steps with requests waiting at a full cap from which the cap,
 #: not the budget, is what holds them (the SLA search's own ``bind_share``)
 BINDING_SHARE = 0.5
@@ -95,7 +121,8 @@ class TokenBudget:
     bound: str = "none"                      # what sized the last budget: "tpot" (the
                                              # TBT SLA less margin and bias), "ttft"
                                              # (requests wait, not held by the cap: the
-                                             # SLA itself) or "none" (the full one)
+                                             # SLA, or past it by the window's room,
+                                             # ttft_step_target) or "none" (the full one)
 
     @property
     def wants_step_fit(self) -> bool:
@@ -177,10 +204,13 @@ class TokenBudget:
             # margin and the closed-loop bias: holding the mean step below
             # D_SLA - 2 eps_D here makes the waiting requests miss their TTFT to keep a
             # TPOT margin the running ones do not need (docs/results.md, "A step time
-            # that drifts"). Not past the SLO: where the step time is a staircase in
-            # the tokens (a GPU's GEMM tiles) a larger target crosses a stair.
+            # that drifts"). Where the window's mean step has room below the SLO, the
+            # prefilling steps may run past it by what keeps that mean at the SLO
+            # (:func:`ttft_step_target`): a request's TPOT averages the steps it
+            # decodes in, so the room is spent on first tokens.
             self.bias_s = 0.0
-            sla_s = self.sla_s
+            sla_s = ttft_step_target(self.sla_s, obs.tbt_mean_s, obs.decode_only_tbt_s,
+                                     obs.mixed_tbt_s)
             self.bound = "ttft"
         elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
             # close the loop on what a request's TPOT averages, the mean time of the

@@ -175,7 +175,8 @@ def throughput_part(seed: int, n: int, caps: Sequence[int],
         runs = {}
         for cap in sorted(set(caps) | {default_cap}):
             runs[f"static-{cap}"] = _throughput_run(static_config(hw, cap), hw, requests)
-        mem_cfg = _config(hw, max_num_seqs=MEMORY_B_MAX, batch_policy="memory")
+        mem_cfg = _config(hw, max_num_seqs=MEMORY_B_MAX, batch_policy="memory",
+                          memory_demand="lifetime")
         runs["tuned-memory"] = _throughput_run(mem_cfg, hw, requests)
         tuned = runs["tuned-memory"]["output_tok_s"]
         ratios = {name: tuned / r["output_tok_s"] for name, r in runs.items()
@@ -199,7 +200,8 @@ def throughput_part(seed: int, n: int, caps: Sequence[int],
 #: size"): each step's token budget is b_t decodes plus the largest prefill chunk the
 #: step model keeps within D_SLA (``token_budget_policy = "sla"`` under ``sla_mode =
 #: "paper"``: the decision's b_t, no margin, no rounding); no admission guard
-PAPER_ALGORITHM = {"sla_mode": "paper", "token_budget_policy": "sla", "admission_guard": "off"}
+PAPER_ALGORITHM = {"sla_mode": "paper", "token_budget_policy": "sla", "admission_guard": "off",
+                   "memory_demand": "lifetime"}
 #: Algorithms 1 and 2 alone, on vLLM's fixed token budget (a reading without the
 #: paper's chunk sizing; full mode, unchecked)
 PAPER_FIXED_BUDGET = {**PAPER_ALGORITHM, "token_budget_policy": "max"}

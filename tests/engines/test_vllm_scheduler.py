@@ -147,10 +147,12 @@ def test_controller_tick_decides_from_scheduler_state(sched):
     while sched.has_requests():
         step(sched)
     dec = sched.controller.run_once()
-    # 8 finished requests (the default min_demand_samples) of 40 + 10 tokens:
-    # ceil(50 / 16) = 4 blocks each, out of 63 usable blocks
-    assert dec.inputs["demand_samples"] == 8 and dec.inputs["demand_mean_blocks"] == 4.0
-    assert dec.inputs["demand_std_blocks"] == 0.0
+    # 8 finished requests (the default min_demand_samples) of 40 + 10 tokens, each
+    # holding 41..50 tokens over its 10 decode steps: 3 blocks of 16 for 8 steps, 4
+    # for 2 (memory_demand = "occupancy"), out of 63 usable blocks
+    assert dec.inputs["demand_samples"] == 8
+    assert dec.inputs["demand_mean_blocks"] == pytest.approx(3.2)
+    assert dec.inputs["demand_std_blocks"] == pytest.approx(0.4)
     assert dec.inputs["kv_capacity_blocks"] == 63
 
 

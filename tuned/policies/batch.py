@@ -19,9 +19,13 @@ target, its bounds and the reason.
 Where continuous batching differs from the paper's model (noted per class): the
 paper reasons about a batch of b requests each holding l_in + l_out tokens for its
 whole life; vLLM admits and retires requests every step, so a running request holds
-only l_in + (tokens so far). Using the full l_in + l_out per request, as the paper
-does, is therefore conservative by about l_out/2 per request; we keep the paper's
-rule and let the overflow probability eps_M absorb the rest.
+only l_in + (tokens so far), and the b running at once are at different points of
+their lives. The full l_in + l_out per request is conservative by about l_out/2 per
+request, more so with a CPU engine's 128-token blocks (docs/results.md, issue 29
+item 3), so by default the demand the CLT bound sums is
+the blocks a request holds at a random decode step (``memory_demand =
+"occupancy"``, :func:`tuned.core.window.occupancy_moments`); ``"lifetime"`` keeps
+the paper's rule (the paper runs use it).
 
 The floor b_t >= N^d exists in the paper so that a smaller batch never evicts a
 running request. vLLM's admission gate (``max_num_active_reqs``) never evicts: a

@@ -119,8 +119,11 @@ class MemoryBound:
 
     Units are KV blocks, as the paper suggests for vLLM ("our algorithm can be
     implemented using blocks rather than relying on the number of tokens"): n is
-    the blocks the cache holds for requests, and a request's demand is
-    ceil((l_in + l_out) / block_size), what vLLM's paged allocator actually gives it.
+    the blocks the cache holds for requests, and a request's demand is counted in
+    whole blocks, what vLLM's paged allocator actually gives it: ceil((l_in + t) /
+    block_size) at a random decode step t by default, ceil((l_in + l_out) /
+    block_size) with ``memory_demand = "lifetime"`` (the controller computes the
+    moments, :func:`tuned.core.window.occupancy_moments`).
     With 16-token GPU blocks this is close to the token count; with the CPU
     build's 128-token blocks a token count would over-admit several-fold. Until
     ``min_samples`` requests have finished there is no demand estimate and the bound

@@ -209,7 +209,7 @@ PAPER_FIXED_BUDGET = {**PAPER_ALGORITHM, "token_budget_policy": "max"}
 #: full mode: the published algorithm plus one of tuned's additions each, to measure
 #: which addition carries tuned's capacity beyond the paper's (diagnostics, unchecked)
 ABLATIONS = {"paper+guard": {"admission_guard": "tpot"},
-             "paper+evidence": {"sla_mode": "evidence"}}
+             "paper+evidence": {"sla_mode": "evidence", "sla_statistic": "mean"}}
 
 #: the contenders whose steps are counted at the rate the tolerance asks of them
 STALL_CONTENDERS = ("vllm-default", "tuned-paper", "tuned-paper-fixed-budget", "tuned")

@@ -613,6 +613,15 @@ def default() -> Config:
     return validate(dict(EMBEDDED_DEFAULT))
 
 
+def load_over_default(path: str | Path) -> Config:
+    """A TOML config file applied over the embedded default (``tuned demo --config``):
+    the keys the file sets replace the default's, the others stay the demo's.
+    :class:`ConfigError` on any problem, as :func:`load`."""
+    p = Path(path)
+    raw = {**EMBEDDED_DEFAULT, **read_toml(p)}
+    return validate(raw, source=str(p.resolve()), base_dir=p.resolve().parent)
+
+
 def engine_handoff(cfg: Config, serving_url: str | None = None) -> dict:
     """vLLM's ``additional_config`` entry that carries a validated config into the
     EngineCore process (`tuned serve` -> engine); :func:`from_engine_handoff` reads it."""

@@ -35,7 +35,8 @@ def register(subparsers) -> None:
         "demo", help="tuned on the embedded default, then side by side with vLLM's "
                      "default static cap on the same load",
         description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="TOML config (default: the embedded demo)")
+    p.add_argument("--config", help="TOML config applied over the embedded demo default "
+                                    "(the keys it sets replace the demo's)")
     p.add_argument("--model-cache", default=str(DEFAULT_MODEL_CACHE))
     p.add_argument("--phase-s", type=float, default=15.0,
                    help="seconds of arrivals per phase of the side-by-side workload "
@@ -124,7 +125,15 @@ def cmd_demo(args) -> int:
     from tuned.sim.hardware import VLLM_DEFAULTS
 
     try:
-        cfg = config_mod.load(args.config) if args.config else config_mod.default()
+        cfg = (config_mod.load_over_default(args.config) if args.config
+               else config_mod.default())
+        if not (cfg.tbt_sla_s or cfg.tbt_sla_auto):
+            raise ConfigError(["tbt_sla_s, tbt_sla_auto: the demo needs a TPOT SLA, so "
+                               "one of them must be set (tbt_sla_s > 0 in seconds, or "
+                               "tbt_sla_auto > 1, a multiple of the batch-1 step; the "
+                               f"demo's default is tbt_sla_auto = "
+                               f"{config_mod.EMBEDDED_DEFAULT['tbt_sla_auto']:g}); both are 0"],
+                              cfg.source_path)
     except ConfigError as e:
         for p in e.problems:
             print(f"{e.source or 'config'}: {p}", file=sys.stderr)

@@ -274,3 +274,27 @@ def test_explain_prints_numbers_as_written():
     line = next(ln for ln in text.splitlines() if ln.startswith("max_num_batched_tokens "))
     assert "in [16, 1048576]" in line
     assert "e+" not in text
+
+
+# ------------------------------------------------------------------ demo --config
+
+def test_demo_config_applies_over_the_embedded_default(tmp_path):
+    f = tmp_path / "demo.toml"
+    f.write_text('sla_statistic = "mean"\n')
+    cfg = config_mod.load_over_default(f)
+    assert (cfg.sla_statistic, cfg.model, cfg.tbt_sla_auto, cfg.num_gpu_blocks) == (
+        "mean", "demo:small", 2.5, 48)
+    assert cfg.source_path == str(f.resolve())
+
+
+def test_demo_refuses_at_once_a_config_without_a_tpot_sla(tmp_path):
+    f = tmp_path / "demo.toml"
+    f.write_text("tbt_sla_auto = 0\n")
+    code, out, err = run_main(["demo", "--config", str(f), "--log-dir",
+                               str(tmp_path / "logs")])
+    assert (code, out) == (2, "")
+    assert err == (f"{f.resolve()}: tbt_sla_s, tbt_sla_auto: the demo needs a TPOT SLA, so "
+                   "one of them must be set (tbt_sla_s > 0 in seconds, or tbt_sla_auto > 1, "
+                   "a multiple of the batch-1 step; the demo's default is tbt_sla_auto = "
+                   "2.5); both are 0\n")
+    assert not (tmp_path / "logs").exists()

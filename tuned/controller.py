@@ -42,7 +42,8 @@ from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
 from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments,
-                               request_tpot_s, step_window)
+                               request_tpot_s, step_window,
+                               prefill_residual_s)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.binding import BIND_SHARE, explained
@@ -322,7 +323,9 @@ class Controller:
             decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
-            gpu_free_fraction=gpu_free, finished_tpot_s=tpots)
+            gpu_free_fraction=gpu_free, finished_tpot_s=tpots,
+            prefill_residual_s=prefill_residual_s(eng.steps.newest_first(), now,
+                                                  cfg.tbt_window_s, self._step_fit))
         return self.last_observation
 
     def _bound_tpots(self, finished: list) -> tuple:

@@ -287,6 +287,36 @@ def test_first_step_fit_comes_as_soon_as_there_are_steps_then_every_few_seconds(
     assert ctrl.observe().step_model is not first
 
 
+def test_observation_says_how_far_the_prefilling_steps_run_from_the_fit():
+    """The fit spans the ring; the window's prefilling decode steps that ran 6 ms
+    slower than it predicts show as a residual of +6 ms (decode-only and prefill-only
+    steps do not count), and none without a fit."""
+    from tuned.core.ring import StepSample
+
+    clock = [100.0]
+    eng = FakeEngine(running=8, waiting=4)
+    ctrl = Controller(config.validate({"tbt_sla_s": 0.05, "tbt_window_s": 1.0}), eng,
+                      Metrics(), clock=lambda: clock[0])
+
+    def add(n, slower=0.0, t=None):
+        s = eng.steps
+        for i in range(n):
+            b, c = 1 + i % 8, 64 * (i % 5)
+            s.append(StepSample(s.next_seq, clock[0] if t is None else t,
+                                0.010 + 0.001 * b + 0.0001 * c + slower, b,
+                                1 if c else 0, c, b + c, b, 0.1, 1, 100 * b, 8, 4, 0))
+
+    assert ctrl.observe().prefill_residual_s is None    # no fit yet
+    add(60, t=clock[0] - 5.0)                            # the fit's steps, before the window
+    clock[0] += 0.5
+    ob = ctrl.observe()
+    assert ob.step_model is not None and ob.prefill_residual_s is None
+    add(10, slower=0.006)
+    eng.steps.append(StepSample(eng.steps.next_seq, clock[0], 0.5, 0, 1, 64, 64, 0, 0.1,
+                                1, 0, 8, 4, 0))          # prefill only: not counted
+    assert ctrl.observe().prefill_residual_s == pytest.approx(0.006)
+
+
 def test_controller_error_hands_fallback():
     eng = FakeEngine()
     eng.fail_counts = 1

@@ -343,3 +343,32 @@ def test_a_cap_that_does_not_bind_yields_to_the_budget():
                         margin_s=0.002)
     d = small.decide(obs(running=4, waiting=8))
     assert (d.cap, d.reason) == (16, "static")
+
+
+def test_waiting_requests_chunks_follow_what_the_prefilling_steps_measure():
+    """The online fit says T(4, c) = 14 ms + 0.1 ms c, and the window's room lets a
+    prefilling step take 90 ms (above: c = 760). Where the window's prefilling steps
+    ran 10 ms faster than the fit predicts for them, the chunk is sized for 100 ms
+    (c = 860); 20 ms slower, for 70 ms (c = 560). A profile's model (not the fit the
+    residual was measured against) is left as it is."""
+    from tuned.policies.budget import TokenBudget
+    from tuned.policies.registry import StaticPolicy
+
+    fit = LinearStepModelish()
+    wrapped = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
+                          min_chunk_tokens=32, sla_s=0.050, margin_s=0.002)
+    roomy = Observation(num_running=4, num_waiting=8, kv_capacity_blocks=1000,
+                        demand_mean=100.0, demand_std=0.0, demand_samples=32,
+                        tbt_mean_s=0.040, decode_batch_mean=4.0, decode_only_tbt_s=0.030,
+                        mixed_tbt_s=0.060, step_model=fit)
+    d = wrapped.decide(dataclasses.replace(roomy, prefill_residual_s=-0.010))
+    assert (d.inputs["budget_bound"], d.token_budget) == ("ttft", 4 + 860)
+    assert d.inputs["prefill_residual_s"] == -0.010
+    d = wrapped.decide(dataclasses.replace(roomy, prefill_residual_s=0.020))
+    assert (d.inputs["budget_bound"], d.token_budget) == ("ttft", 4 + 560)
+    assert wrapped.decide(roomy).token_budget == 4 + 760
+    profiled = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
+                           min_chunk_tokens=32, sla_s=0.050, step_model=fit, margin_s=0.002)
+    d = profiled.decide(dataclasses.replace(roomy, step_model=None,
+                                            prefill_residual_s=-0.010))
+    assert d.token_budget == 4 + 760

@@ -41,6 +41,8 @@ class Observation:
     mixed_tbt_s: float | None = None # mean time of the window's decode steps with prefill
     gpu_free_fraction: float | None = None  # device free memory over total (NVML), the
                                      # lowest over visible GPUs; None without NVML
+    prefill_residual_s: float | None = None  # the window's prefilling steps' time over
+                                     # step_model's prediction for them (mean)
     finished_tpot_s: tuple = ()      # TPOT of each request that finished since the last
                                      # tick having decoded mostly at a binding cap
                                      # (two output tokens or more), oldest first

@@ -89,6 +89,28 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
                       kv_res)
 
 
+def prefill_residual_s(newest_first: Iterable[StepSample], now: float, window_s: float,
+                       model) -> float | None:
+    """How much longer the window's prefilling decode steps took than ``model``
+    predicts for them (mean of measured - T(b, c, kv) over the steps that ended in
+    (now - window_s, now] with decodes and prefill tokens): negative where this
+    engine runs them faster than the fit says. None without a model or such a step.
+    The fit spans the step ring, the window only the last seconds, so this is the
+    fit's error where the token budget spends it now (a host whose speed drifts, an
+    intercept the fit over-reads)."""
+    if model is None:
+        return None
+    total, n = 0.0, 0
+    for s in newest_first:
+        if now - s.t > window_s:
+            break
+        if s.num_decode and s.prefill_tokens:
+            total += s.step_s - model.predict_step_s(s.num_decode, s.prefill_tokens,
+                                                     s.kv_tokens_resident)
+            n += 1
+    return total / n if n else None
+
+
 class DemandMoments(NamedTuple):
     mean: float | None
     std: float | None

@@ -158,6 +158,8 @@ class TokenBudget:
         inputs = dict(d.inputs or {})
         inputs["budget_bias_s"] = round(self.bias_s, 6)
         inputs["budget_bound"] = self.bound
+        if obs.prefill_residual_s is not None:
+            inputs["prefill_residual_s"] = round(obs.prefill_residual_s, 6)
         # vLLM needs the budget to hold every admitted decode plus a token (DESIGN.md:
         # keep it >= the active cap plus room for a chunk, or running requests starve).
         # Where the SLA-sized budget is below the inner cap + 1 the cap yields, down to
@@ -211,6 +213,13 @@ class TokenBudget:
             self.bias_s = 0.0
             sla_s = ttft_step_target(self.sla_s, obs.tbt_mean_s, obs.decode_only_tbt_s,
                                      obs.mixed_tbt_s)
+            if obs.prefill_residual_s is not None and obs.step_model is model:
+                # the chunk is sized on the fit; where the window's prefilling steps ran
+                # faster (or slower) than the fit predicts for them, the target moves
+                # by that much, so that the chunk is what the steps measured now allow
+                # (an online fit's intercept or KV term can over-read a window by as
+                # much as the room itself)
+                sla_s -= obs.prefill_residual_s
             self.bound = "ttft"
         elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
             # close the loop on what a request's TPOT averages, the mean time of the

@@ -367,6 +367,8 @@ def test_waiting_requests_chunks_follow_what_the_prefilling_steps_measure():
     d = wrapped.decide(dataclasses.replace(roomy, prefill_residual_s=0.020))
     assert (d.inputs["budget_bound"], d.token_budget) == ("ttft", 4 + 560)
     assert wrapped.decide(roomy).token_budget == 4 + 760
+    d = wrapped.decide(dataclasses.replace(roomy, prefill_residual_s=0.5))
+    assert (d.inputs["budget_bound"], d.token_budget) == ("ttft", 4 + 32)   # the floor
     profiled = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
                            min_chunk_tokens=32, sla_s=0.050, step_model=fit, margin_s=0.002)
     d = profiled.decide(dataclasses.replace(roomy, step_model=None,

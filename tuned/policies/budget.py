@@ -218,8 +218,9 @@ class TokenBudget:
                 # faster (or slower) than the fit predicts for them, the target moves
                 # by that much, so that the chunk is what the steps measured now allow
                 # (an online fit's intercept or KV term can over-read a window by as
-                # much as the room itself)
-                sla_s -= obs.prefill_residual_s
+                # much as the room itself). Never to 0 or below, which would mean no
+                # SLA and the full budget: at worst the smallest chunk.
+                sla_s = max(sla_s - obs.prefill_residual_s, 1e-6)
             self.bound = "ttft"
         elif sla_s > 0 and self.decode_budget == "running" and obs.tbt_mean_s is not None:
             # close the loop on what a request's TPOT averages, the mean time of the

@@ -564,10 +564,13 @@ def service_problems(cfg: Config, watchdog_s: float | None) -> list[str]:
     return problems
 
 
-def load(path: str | Path) -> Config:
-    """Read and validate a TOML config file; raise :class:`ConfigError` on any problem."""
+def load(path: str | Path, base: dict[str, Any] | None = None) -> Config:
+    """Read and validate a TOML config file; raise :class:`ConfigError` on any problem.
+    ``base``: values the file's keys are applied over (``tuned demo --config`` passes
+    :data:`EMBEDDED_DEFAULT`); without it, the keys the file leaves out take
+    :class:`Config`'s defaults."""
     p = Path(path)
-    raw = read_toml(p)
+    raw = {**(base or {}), **read_toml(p)}
     return validate(raw, source=str(p.resolve()), base_dir=p.resolve().parent)
 
 
@@ -611,15 +614,6 @@ def default() -> Config:
     """The embedded default: the small demo model on CPU, its TBT SLA derived on this
     host (see above)."""
     return validate(dict(EMBEDDED_DEFAULT))
-
-
-def load_over_default(path: str | Path) -> Config:
-    """A TOML config file applied over the embedded default (``tuned demo --config``):
-    the keys the file sets replace the default's, the others stay the demo's.
-    :class:`ConfigError` on any problem, as :func:`load`."""
-    p = Path(path)
-    raw = {**EMBEDDED_DEFAULT, **read_toml(p)}
-    return validate(raw, source=str(p.resolve()), base_dir=p.resolve().parent)
 
 
 def engine_handoff(cfg: Config, serving_url: str | None = None) -> dict:

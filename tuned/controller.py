@@ -42,8 +42,7 @@ from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
 from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments,
-                               request_tpot_s, step_window,
-                               prefill_residual_s)
+                               request_tpot_s, step_window)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.binding import BIND_SHARE, explained
@@ -282,9 +281,9 @@ class Controller:
         new_steps = eng.steps.since(self._step_seq)
         if new_steps:
             self._step_seq = new_steps[-1].seq + 1
-        win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
-                          cap=self.slot.applied.cap)
         self._refresh_step_fit(now)
+        win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
+                          cap=self.slot.applied.cap, model=self._step_fit)
         fin = eng.finished.last(cfg.demand_window)
         new_fin = [f for f in fin if f.seq >= self._fin_seq]
         if fin:
@@ -324,8 +323,7 @@ class Controller:
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
             gpu_free_fraction=gpu_free, finished_tpot_s=tpots,
-            prefill_residual_s=prefill_residual_s(eng.steps.newest_first(), now,
-                                                  cfg.tbt_window_s, self._step_fit))
+            prefill_residual_s=win.prefill_residual_s)
         return self.last_observation
 
     def _bound_tpots(self, finished: list) -> tuple:

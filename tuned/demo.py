@@ -125,8 +125,8 @@ def cmd_demo(args) -> int:
     from tuned.sim.hardware import VLLM_DEFAULTS
 
     try:
-        cfg = (config_mod.load_over_default(args.config) if args.config
-               else config_mod.default())
+        cfg = (config_mod.load(args.config, base=config_mod.EMBEDDED_DEFAULT)
+               if args.config else config_mod.default())
         if not (cfg.tbt_sla_s or cfg.tbt_sla_auto):
             raise ConfigError(["tbt_sla_s, tbt_sla_auto: the demo needs a TPOT SLA, so "
                                "one of them must be set (tbt_sla_s > 0 in seconds, or "

@@ -281,7 +281,7 @@ def test_explain_prints_numbers_as_written():
 def test_demo_config_applies_over_the_embedded_default(tmp_path):
     f = tmp_path / "demo.toml"
     f.write_text('sla_statistic = "mean"\n')
-    cfg = config_mod.load_over_default(f)
+    cfg = config_mod.load(f, base=config_mod.EMBEDDED_DEFAULT)
     assert (cfg.sla_statistic, cfg.model, cfg.tbt_sla_auto, cfg.num_gpu_blocks) == (
         "mean", "demo:small", 2.5, 48)
     assert cfg.source_path == str(f.resolve())

@@ -39,6 +39,9 @@ class StepWindow(NamedTuple):
     decode_only_tbt_s: float | None = None  # mean time of decode steps without prefill
     mixed_tbt_s: float | None = None        # mean time of decode steps with prefill
     kv_tokens_resident: int = 0     # of the newest step
+    prefill_residual_s: float | None = None  # mean of measured - model's T(b, c, kv) over
+                                    # the decode steps with prefill (None: no model or
+                                    # no such step)
 
     @property
     def binding(self) -> float:
@@ -47,14 +50,20 @@ class StepWindow(NamedTuple):
 
 
 def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
-                cap: int | None = None) -> StepWindow:
+                cap: int | None = None, model=None) -> StepWindow:
     """Aggregate the steps that ended in (now - window_s, now], newest first.
 
     ``newest_first`` may be a lazy iterator (``Ring.newest_first()``); it is read
     only as far back as the window reaches. ``cap``: the admission cap applied; a
     step is *binding* when requests were left waiting with ``cap`` running.
+    ``model``: a step model T(b, c, kv) (the controller's online fit); with one, the
+    window says how much longer its prefilling decode steps took than the model
+    predicts for them (``prefill_residual_s``, negative where they ran faster). The
+    fit spans the step ring, the window only the last seconds, so this is the fit's
+    error where the token budget spends it now (a host whose speed drifts, an
+    intercept the fit over-reads).
     """
-    tbt_sum = b_sum = dec_sum = mix_sum = 0.0
+    tbt_sum = b_sum = dec_sum = mix_sum = res_sum = 0.0
     n = steps = binding = prefill = dec_n = 0
     kv_usage = None
     kv_res = 0
@@ -76,6 +85,9 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
             if s.prefill_tokens:
                 prefill += 1
                 mix_sum += s.step_s
+                if model is not None:
+                    res_sum += s.step_s - model.predict_step_s(
+                        s.num_decode, s.prefill_tokens, s.kv_tokens_resident)
             else:
                 dec_sum += s.step_s
                 dec_n += 1
@@ -86,29 +98,7 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
     return StepWindow(tbt_sum / n if n else None, b_sum / n if n else None, n,
                       kv_usage or 0.0, p90, steps, binding, prefill,
                       dec_sum / dec_n if dec_n else None, mix_sum / prefill if prefill else None,
-                      kv_res)
-
-
-def prefill_residual_s(newest_first: Iterable[StepSample], now: float, window_s: float,
-                       model) -> float | None:
-    """How much longer the window's prefilling decode steps took than ``model``
-    predicts for them (mean of measured - T(b, c, kv) over the steps that ended in
-    (now - window_s, now] with decodes and prefill tokens): negative where this
-    engine runs them faster than the fit says. None without a model or such a step.
-    The fit spans the step ring, the window only the last seconds, so this is the
-    fit's error where the token budget spends it now (a host whose speed drifts, an
-    intercept the fit over-reads)."""
-    if model is None:
-        return None
-    total, n = 0.0, 0
-    for s in newest_first:
-        if now - s.t > window_s:
-            break
-        if s.num_decode and s.prefill_tokens:
-            total += s.step_s - model.predict_step_s(s.num_decode, s.prefill_tokens,
-                                                     s.kv_tokens_resident)
-            n += 1
-    return total / n if n else None
+                      kv_res, res_sum / prefill if prefill and model is not None else None)
 
 
 class DemandMoments(NamedTuple):

@@ -107,15 +107,16 @@ def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
     w = RefusalWatch()
     spec = (10.0, True, 2.5)
     assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
-                                    "retry_after_s": 3, "refused": 0}
+                                    "retry_after_s": 3, "refused": 0, "refusing_for_s": 0.0}
     w.note({"refused": 2}, 100.0)
+    assert [w.state(spec, 102.5)[k] for k in ("refusing", "refusing_for_s")] == [True, 7.5]
     assert w.state(spec, 109.9)["refusing"] is True
-    assert w.state(spec, 110.0)["refusing"] is False
+    assert [w.state(spec, 110.0)[k] for k in ("refusing", "refusing_for_s")] == [False, 0.0]
     w.note({"refused": 2}, 120.0)                  # no new refusal: the time stays
     assert w.last_t == 100.0 and w.seen == 2
     assert w.state((10.0, False, 2.5), 100.5)["refusing"] is False
     assert w.state(None, 100.5) == {"refusing": False, "max_wait_s": None,
-                                    "retry_after_s": None}
+                                    "retry_after_s": None, "refusing_for_s": 0.0}
     assert RefusalWatch().last_t == -math.inf
 
 
@@ -127,6 +128,10 @@ def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():
     assert ref.message == ("overloaded: requests are waiting past max_wait_s (10.0 s); "
                            "retry in 2 s")
     assert at_the_door({"refusing": True, "retry_after_s": 0}, 1.0).retry_after_s == 1
+    # an answer read at 5.0 that said refusing for 2 s more: refused until 7.0
+    said = {"refusing": True, "retry_after_s": 2, "refusing_for_s": 2.0}
+    assert at_the_door(said, 6.9, read_s=5.0) is not None
+    assert at_the_door(said, 7.0, read_s=5.0) is None
 
 
 @pytest.mark.parametrize("status, kw, text", [

@@ -307,6 +307,10 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
         wait_for("A's gateway to answer 429", gateway_refuses_while_a_refuses,
                  timeout_s=4 * BOUND_S + 120, every_s=0.05)
         assert set(probes) <= {400, 429}, probes
+        # how long A's queue says it stays refusing as the burst goes (printed: the
+        # burst must reach A within it)
+        window = get_json(f"{a.endpoint}/admission")
+        assert window["refusing"] and window["refusing_for_s"] > 0, window
         burst_args = [(proxy.base + ("/stream" if i % 2 else ""), model, [30 + i] * 8,
                        BURST_TOKENS, f"burst-{i}", i % 2 == 1) for i in range(BURST)]
         control_args = [(proxy.base + "/control", model, [60 + i] * 8, BURST_TOKENS,
@@ -353,7 +357,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
     print(f"\none backlog request {one_s:.2f} s alone on A; backlog {k}; direct to A: "
           f"{len(direct)} ({len(direct_refused)} refused at the bound, {len(direct_429)} "
           f"answered 429 by the gateway); gateway probes "
-          f"{probes}; burst {BURST}: {len(a_first)} A 429 -> B 200 "
+          f"{probes}; A refusing {window['refusing_for_s']:.2f} s more at the burst; burst {BURST}: {len(a_first)} A 429 -> B 200 "
           f"({sum(r['stream'] for r in a_first)} of them streaming), "
           f"{BURST - len(a_first)} B 200; control {CONTROL}: {len(control_a)} A 429 passed "
           f"on, {len(control_b)} B 200; engines finished A {a_engine:.0f}, B {b_engine:.0f}; "
@@ -372,7 +376,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
         route = tuple(addr[u] for u in ups)
         assert (status, route, tuple(codes)) in {("200", ("B",), ("200",)),
                                                  ("200", ("A", "B"), ("429", "200"))}, \
-            (r, chains[r["tag"]])
+            (r, chains[r["tag"]], window)
     # each round robin sends every other request to A first: streaming ones were
     # retried too (A's 429 came before any byte of a stream)
     assert len(a_first) >= BURST // 4, a_first

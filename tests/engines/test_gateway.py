@@ -108,6 +108,30 @@ def test_not_refusing_or_no_endpoint_lets_requests_through(endpoint):
     assert call(warm(dead))[0] == 200
 
 
+def test_a_failed_read_keeps_the_answer_for_the_window_it_gave(endpoint):
+    """An engine too busy to answer (the overload the door is for) does not open it:
+    the last answer holds for its refusing_for_s, then the door opens (no guess)."""
+    _Admission.state = {"refusing": True, "retry_after_s": 2, "max_wait_s": 4.0,
+                        "refusing_for_s": 3.0}
+    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    read = mw._read
+    mw.url = "http://127.0.0.1:9/admission"      # the endpoint stops answering
+    asyncio.run(mw._refresh())
+    assert (mw._read, mw._state["refusing"], call(mw)[0]) == (read, True, 429)
+    mw._read -= 3.0                              # the window it gave has passed
+    assert call(mw)[0] == 200
+    # an answer replaces it, and an older read's answer never replaces a newer one
+    mw.url = endpoint
+    _Admission.state = {"refusing": False, "refusing_for_s": 0.0}
+    asyncio.run(mw._refresh())
+    assert call(mw)[0] == 200 and mw._read > read
+    newer = mw._read
+    mw._read += 60.0                             # a newer read answered first
+    _Admission.state = {"refusing": True, "refusing_for_s": 3.0}
+    asyncio.run(mw._refresh())
+    assert mw._state == {"refusing": False, "refusing_for_s": 0.0} and mw._read == newer + 60.0
+
+
 def test_admission_url_from_the_command_line_or_the_environment(tmp_path):
     cfg = config_mod.validate({"metrics_port": 9555, "metrics_host": "0.0.0.0"})
     argv = ["api_server", "--additional-config",
@@ -131,10 +155,11 @@ def test_controller_says_refusing_for_one_bound_after_a_refusal():
     cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1})
     ctrl = Controller(cfg, FakeEngine(), Metrics(), clock=lambda: t[0])
     assert ctrl.admission_json() == {"refusing": False, "max_wait_s": 10.0,
-                                     "retry_after_s": 2, "refused": 0}
+                                     "retry_after_s": 2, "refused": 0, "refusing_for_s": 0.0}
     ctrl.refusals.note({"refused": 3}, t[0])
     t[0] += 9.9
     assert ctrl.admission_json()["refusing"] is True
+    assert ctrl.admission_json()["refusing_for_s"] == pytest.approx(0.1)
     t[0] += 0.2
     assert ctrl.admission_json()["refusing"] is False
     off = Controller(config_mod.validate({"ttft_sla_s": 1.0, "on_max_wait": "serve"}),

@@ -227,20 +227,30 @@ class RefusalWatch:
         self.seen = refused
 
     def state(self, spec: tuple | None, now: float) -> dict:
-        """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`)."""
+        """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`);
+        ``refusing_for_s``: how long it stays refusing without a new refusal (0 when
+        not refusing), which holds the door's answer through a failed read."""
         if spec is None:
-            return {"refusing": False, "max_wait_s": None, "retry_after_s": None}
+            return {"refusing": False, "max_wait_s": None, "retry_after_s": None,
+                    "refusing_for_s": 0.0}
         bound, refuse, age = spec
-        return {"refusing": bool(refuse and now - self.last_t < bound),
-                "max_wait_s": bound, "retry_after_s": max(1, math.ceil(age)),
-                "refused": self.seen}
+        left = bound - (now - self.last_t) if refuse else 0.0
+        return {"refusing": left > 0, "max_wait_s": bound,
+                "retry_after_s": max(1, math.ceil(age)), "refused": self.seen,
+                "refusing_for_s": round(max(left, 0.0), 3)}
 
 
-def at_the_door(state: dict | None, now_s: float) -> Refusal | None:
+def at_the_door(state: dict | None, now_s: float,
+                read_s: float | None = None) -> Refusal | None:
     """A new request's refusal at the API server, from the ``/admission`` answer
-    (:meth:`RefusalWatch.state`), or None to let it through (also when there is no
-    answer: never refuse on a guess)."""
+    (:meth:`RefusalWatch.state`) read at ``read_s``, or None to let it through: when
+    there is no answer (never refuse on a guess), and once the answer's
+    ``refusing_for_s`` has passed since it was read (never refuse past what the
+    endpoint said: a later read that failed keeps the answer, not its window)."""
     if not (state and state.get("refusing")):
+        return None
+    left = state.get("refusing_for_s")
+    if left is not None and read_s is not None and now_s - read_s >= left:
         return None
     return Refusal(REASON_OVERLOADED, now_s, bound_s=state.get("max_wait_s"),
                    retry_after_s=max(int(state.get("retry_after_s") or 1), 1))

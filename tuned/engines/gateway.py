@@ -14,9 +14,12 @@ The 429 is the whole answer, sent before the app runs: a streaming request is re
 before any byte of its stream, so a proxy can still pass it to another server
 (docs/kubernetes.md, "Behind a proxy"). It reads the state
 from tuned's endpoint (``GET /admission``), at most every :data:`POLL_S` seconds, and
-lets every request through when the endpoint does not answer (it never refuses on a
+lets every request through when the endpoint has not answered (it never refuses on a
 guess). A request never waits for the endpoint: a stale answer is refreshed in the
-background, so the first request after a change still sees the old state. Whether to
+background, so the first request after a change still sees the old state. A read that
+fails (an engine process too busy to answer within :data:`READ_TIMEOUT_S`, as under
+the overload the door is for) keeps the last answer, but never past the time it said
+the queue stays refusing (its ``refusing_for_s``). Whether to
 refuse and the text are :mod:`tuned.core.refusal`'s (:func:`~tuned.core.refusal.at_the_door`);
 the 429 itself is this module's answer (:meth:`RefuseWhenOverloaded.answer_refusals`).
 
@@ -41,6 +44,8 @@ from tuned.core.refusal import Refusal, at_the_door
 
 #: how long one answer of the endpoint is used
 POLL_S = 0.5
+#: how long one read of the endpoint may take (in the background: no request waits)
+READ_TIMEOUT_S = 2.0
 #: the requests it may refuse (POST only): every route of vLLM's API server whose
 #: request queues in the engine -- generation in each API flavour, then pooling
 #: (tests/engines/test_gateway.py checks the list against vLLM's routes). Not here:
@@ -106,7 +111,7 @@ def admission_url(argv: list[str] | None = None, environ: dict | None = None) ->
 
 def _fetch(url: str) -> dict | None:
     try:
-        with urllib.request.urlopen(url, timeout=0.25) as r:
+        with urllib.request.urlopen(url, timeout=READ_TIMEOUT_S) as r:
             return json.loads(r.read())
     except Exception:
         return None
@@ -120,7 +125,8 @@ class RefuseWhenOverloaded:
         self.app = app
         self.url = url if url is not None else admission_url()
         self._state: dict | None = None
-        self._at = -1e18
+        self._read = -1e18          # when the kept answer was asked for
+        self._at = -1e18            # when a read last started
         self.refused = 0
 
     def _admission(self) -> dict | None:
@@ -133,12 +139,17 @@ class RefuseWhenOverloaded:
         return self._state
 
     async def _refresh(self) -> None:
-        self._state = await asyncio.to_thread(_fetch, self.url)
+        """Read the endpoint; an answer replaces the kept one unless a newer read's
+        came first, a failed read keeps it."""
+        asked = time.monotonic()
+        got = await asyncio.to_thread(_fetch, self.url)
+        if got is not None and asked >= self._read:
+            self._state, self._read = got, asked
 
     async def __call__(self, scope, receive, send) -> None:
         if (self.url and scope.get("type") == "http" and scope.get("method") == "POST"
                 and scope.get("path") in PATHS):
-            refused = at_the_door(self._admission(), time.monotonic())
+            refused = at_the_door(self._admission(), time.monotonic(), self._read)
             if refused is not None:
                 await self.answer_refusals([(send, refused)])
                 return

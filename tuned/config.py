@@ -27,7 +27,7 @@ from typing import Any
 
 from tuned.core import refusal
 from tuned.demo_model import DEMO_MAX_MODEL_LEN, model_form
-from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
+from tuned.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
 # the policies' names and option schemas, read as data: no policy code is imported
 from tuned.policies import catalog
 
@@ -491,7 +491,7 @@ def cross_field_problems(cfg: Config) -> list[str]:
                             f"seconds > 0, got {clip(secs)}")
     if cfg.profile and not Path(cfg.profile).is_file():
         problems.append(f"profile: must be an existing file, not found: "
-                        f"{clip_text(cfg.profile)}")
+                        f"{clip_path(cfg.profile)}")
     if cfg.metrics_port == cfg.port and cfg.metrics_host == cfg.host:
         problems.append(f"metrics_port: must be different from port ({cfg.port})")
     if cfg.max_model_len and cfg.max_model_len < 16:
@@ -587,14 +587,14 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     except UserError as e:
         problem = (f"{e.problem}: a TOML file must be UTF-8" if e.problem.startswith("not UTF-8")
                    else f"cannot read config file: {e.problem}")
-        raise ConfigError([problem], clip_text(str(p))) from None
+        raise ConfigError([problem], clip_path(p)) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([f"not valid TOML: {clip_text(str(e), 2 * CLIP_CHARS)}"],
-                          clip_text(str(p))) from None
+                          clip_path(p)) from None
     except RecursionError:
-        raise ConfigError(["not valid TOML: nested too deeply"], clip_text(str(p))) from None
+        raise ConfigError(["not valid TOML: nested too deeply"], clip_path(p)) from None
 
 
 # The embedded default (`tuned serve` / `tuned demo` with no --config): the small demo
@@ -694,8 +694,8 @@ def engine_setup(additional: Any, environ: Mapping[str, str]) -> EngineSetup:
                            f"string, got {clip(path)}"])
     env_path = environ.get(CONFIG_ENV, "")
     if path and env_path and Path(path).resolve() != Path(env_path).resolve():
-        raise ConfigError([f"config_path: additional_config names {clip_text(path)} and "
-                           f"{CONFIG_ENV} names {clip_text(env_path)}; give one"])
+        raise ConfigError([f"config_path: additional_config names {clip_path(path)} and "
+                           f"{CONFIG_ENV} names {clip_path(env_path)}; give one"])
     path = path or env_path
     if not path:
         raise ConfigError([f"config: none given to tuned's scheduler; pass --additional-config "
@@ -754,7 +754,7 @@ def hf_cache_findings(model: str, environ: Mapping[str, str]) -> tuple[list[str]
     if model in cached:
         return [], []
     hint = did_you_mean(model, cached).replace("?", " (cached)?")
-    where = clip_text(str(cache))
+    where = clip_path(cache)
     if _offline(environ):
         return [f"model: {clip_text(model)} is not in the Hugging Face cache ({where}) and "
                 f"HF_HUB_OFFLINE is set, so vLLM cannot fetch it{hint}"], []
@@ -793,7 +793,7 @@ def engine_problems(cfg: Config, engine: Mapping[str, Any]) -> list[str]:
                 if Path(cfg.model).expanduser().is_dir() else cfg.model == model)
         if not same:
             problems.append(f"model: the config says {clip_text(cfg.model)}, the engine runs "
-                            f"--model {clip_text(str(model))}; give both the same model")
+                            f"--model {clip_path(model)}; give both the same model")
     return problems
 
 

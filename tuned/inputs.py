@@ -18,6 +18,9 @@ from typing import Any
 
 #: characters of a value quoted in an error message before it is cut
 CLIP_CHARS = 80
+#: characters of a file's path in an error message before it is cut: the name of what
+#: to fix, so longer than a value (deep deployment and temporary folders run past 80)
+PATH_CHARS = 3 * CLIP_CHARS
 
 
 class UserError(ValueError):
@@ -45,12 +48,17 @@ def clip_text(text: str, limit: int = CLIP_CHARS) -> str:
     return f"{text[:limit]}... ({len(text)} chars)"
 
 
+def clip_path(path: str | Path) -> str:
+    """A file's path for an error message: cut to :data:`PATH_CHARS` like :func:`clip_text`."""
+    return clip_text(str(path), PATH_CHARS)
+
+
 def read_text(path: str | Path, what: str, max_bytes: int) -> str:
     """The UTF-8 text of the regular file ``path``; :class:`UserError` naming ``what``
     (e.g. ``"config file"``) when it is missing, unreadable, not a regular file (a FIFO,
     a device, a directory), larger than ``max_bytes`` or not UTF-8."""
     p = Path(path)
-    name = clip_text(str(p))
+    name = clip_path(p)
 
     def bad(problem: str) -> UserError:
         return UserError(f"{what} {name}: {problem}", problem)

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from tuned import config as config_mod
 from tuned import sdnotify
-from tuned.inputs import CLIP_CHARS, clip_text
+from tuned.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.policies import catalog
 
 DEFAULT_URL = "http://127.0.0.1:9464"
@@ -169,12 +169,12 @@ def check_config(paths: list[str] | str, explain: bool = False, out: TextIO | No
             problems += found
         if problems:
             for line in problems:
-                print(f"{clip_text(path)}: {line}", file=err)
+                print(f"{clip_path(path)}: {line}", file=err)
             code = EXIT_INVALID
         else:
-            print(f"{clip_text(path)}: ok", file=out)
+            print(f"{clip_path(path)}: ok", file=out)
             for line in notes:
-                print(f"{clip_text(path)}: note: {line}", file=err)
+                print(f"{clip_path(path)}: note: {line}", file=err)
     if explain:
         print(config_mod.explain(), file=out)
     return code

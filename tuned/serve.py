@@ -37,7 +37,7 @@ from tuned import config as config_mod
 from tuned import launch
 from tuned import log as log_mod
 from tuned.config import Config, ConfigError
-from tuned.inputs import UserError, clip_text
+from tuned.inputs import UserError, clip_path
 
 log = structlog.get_logger("tuned.serve")
 
@@ -235,8 +235,8 @@ def _config_path(args) -> str | None:
     """--config, or the file --print-command names; a usage error when they differ."""
     named = args.print_command or None
     if named and args.config and Path(named).resolve() != Path(args.config).resolve():
-        raise UserError(f"--print-command: names {clip_text(named)} and --config names "
-                        f"{clip_text(args.config)}; give one")
+        raise UserError(f"--print-command: names {clip_path(named)} and --config names "
+                        f"{clip_path(args.config)}; give one")
     return named or args.config
 
 

@@ -44,7 +44,7 @@ from typing import Any
 from tuned import config as config_mod
 from tuned import log as log_mod
 from tuned.config import Config, ConfigError
-from tuned.inputs import CLIP_CHARS, clip_text
+from tuned.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
 
@@ -180,7 +180,7 @@ def cmd_simulate(args) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        print(f"tuned simulate: --out {clip_text(str(out))}: cannot create the folder "
+        print(f"tuned simulate: --out {clip_path(out)}: cannot create the folder "
               f"({e.strerror or e})", file=sys.stderr)
         return 2
     print(config_block(cfg))
@@ -198,7 +198,7 @@ def cmd_simulate(args) -> int:
     try:
         write_private(out / "result.json", result_json(res, wl, summary))
     except OSError as e:
-        print(f"tuned simulate: --out {clip_text(str(out))}: cannot write result.json "
+        print(f"tuned simulate: --out {clip_path(out)}: cannot write result.json "
               f"({e.strerror or e})", file=sys.stderr)
         return 2
     print(f"simulated {len(res.requests)} requests on {hw.name} in {wall:.1f}s wall "

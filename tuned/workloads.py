@@ -120,7 +120,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuned.data import trace_path
-from tuned.inputs import CLIP_CHARS, UserError, clip, clip_text, read_text
+from tuned.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
 
 __all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "LengthSource", "parse_dist",
            "parse_lengths", "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
@@ -813,7 +813,7 @@ def load_trace(path: Path | str) -> list[tuple[float, int, int]]:
     """``(arrived_at, num_prefill_tokens, num_decode_tokens)`` rows of a trace CSV,
     in file order. Raises :class:`WorkloadError` naming the file (and line)."""
     path = Path(path)
-    name = clip_text(str(path))
+    name = clip_path(path)
     need = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
     try:
         text = read_text(path, "trace", MAX_TRACE_BYTES)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fakes import run_main
 from tuned import config as config_mod
 from tuned.engines.sim import SimEngine, SimulationError
-from tuned.inputs import UserError, clip, clip_text, read_text
+from tuned.inputs import UserError, clip, clip_path, clip_text, read_text
 from tuned.opscli import check_config
 from tuned.sim.hardware import gpu_hardware
 from tuned.workloads import RequestSpec, WorkloadError, parse_workload
@@ -40,6 +40,10 @@ def test_clip_cuts_long_values_with_their_length():
     assert clip("abc") == "'abc'"
     assert clip("x" * 2_000_000) == "'" + "x" * 79 + "... (2000002 chars)"
     assert clip_text("a\nb") == "a b"
+    # a file's path is the name of what to fix: kept whole to 240 characters
+    deep = "/var/lib/" + "d" * 200 + "/tuned.toml"
+    assert clip_path(deep) == deep
+    assert clip_path("/" + "p" * 300) == "/" + "p" * 239 + "... (301 chars)"
 
 
 def test_read_text_refuses_a_fifo_without_blocking(tmp_path):

@@ -36,7 +36,7 @@ from typing import Any
 
 from tuned import config as config_mod
 from tuned import log as log_mod
-from tuned.inputs import CLIP_CHARS, clip_text
+from tuned.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.policies import catalog
 from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
@@ -138,9 +138,9 @@ def _out_dir(out: str) -> str | None:
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        return f"--out {clip_text(out)}: cannot create the folder ({e.strerror or e})"
+        return f"--out {clip_path(out)}: cannot create the folder ({e.strerror or e})"
     if not os.access(p, os.W_OK | os.X_OK):
-        return f"--out {clip_text(out)}: must be a writable folder"
+        return f"--out {clip_path(out)}: must be a writable folder"
     return None
 
 

@@ -51,7 +51,7 @@ from tuned.curves.fit import (FitError, FitResult, KvDemand, _is_number, fit_spe
                               fit_step_time, fit_usl, kv_demand, r_squared)
 from tuned.curves.models import usl_speed
 from tuned.curves.online import LinearStepModel, SpeedStepModel
-from tuned.inputs import UserError, clip_text, read_text
+from tuned.inputs import UserError, clip_path, read_text
 
 SCHEMA_VERSION = 2
 
@@ -598,7 +598,7 @@ def load_profile(path: str | Path, max_bytes: int = MAX_PROFILE_BYTES) -> Profil
     key, a wrong type, an unknown or newer ``schema_version``.
     """
     p = Path(path)
-    source = clip_text(str(p))
+    source = clip_path(p)
     if not p.exists():
         raise ProfileError(source, "file not found")
     try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (tools/setup.sh) and run the whole test suite, the slow end-to-end tests on
-# the real vLLM engine and server included. Extra arguments go to pytest.
+# the real vLLM engine and server included. Extra arguments go to pytest (one run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -17,9 +17,21 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
       "the proxy test will fail" >&2
   fi
 fi
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=30)
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=30 "$@"
-rc=$?
+if [ "$#" -gt 0 ]; then
+  # what the caller names, in one process (two real engines never run at once)
+  "${pytest[@]}" "$@"
+  rc=$?
+else
+  # the fast tests on every core (pytest-xdist), then the slow ones, which start the
+  # real engine, one at a time
+  "${pytest[@]}" -m "not slow" -n auto
+  fast=$?
+  "${pytest[@]}" -m slow
+  rc=$?
+  if [ "$fast" -ne 0 ]; then rc=$fast; fi
+fi
 set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2

@@ -129,7 +129,10 @@ class Config:
                             "continuous batch's requests are at different points of their "
                             "lives) or its whole prompt plus output (lifetime: seed 000 as "
                             "published, a static batch's demand)", choices=MEMORY_DEMANDS)
-    demand_window: int = _f(128, "finished requests used for the mean/variance of KV demand",
+    # short, so that the estimate follows a change of the request mix (a phase of long
+    # prompts, then chat) within a few seconds of load instead of lagging it by the
+    # whole window; docs/results.md has the figures
+    demand_window: int = _f(16, "finished requests used for the mean/variance of KV demand",
                             lo=2, hi=100000)
     min_demand_samples: int = _f(8, "finished requests needed before the memory bound acts",
                                  lo=1, hi=100000)

@@ -232,6 +232,25 @@ def test_occupancy_demand_counts_the_blocks_held_at_each_decode_step():
     assert ob.demand_samples == 3
 
 
+def test_demand_follows_a_change_of_mix_within_the_window():
+    """The demand window is the last demand_window finished requests (16 by default):
+    after a phase of long prompts, 16 short requests are the whole estimate."""
+    eng = FakeEngine()
+    eng.block_size = 16
+    eng.kv_capacity_tokens = 64 * 16
+    ctrl = Controller(config.default(), eng, Metrics())
+    assert ctrl.cfg.demand_window == 16
+    for _ in range(40):
+        eng.add_finished(600, 30)             # 38-40 blocks held while decoding
+    assert ctrl.observe().demand_mean > 37
+    for _ in range(15):
+        eng.add_finished(15, 1)               # 16 tokens held: one block
+    assert ctrl.observe().demand_mean > 2     # one long request still in the window
+    eng.add_finished(15, 1)
+    ob = ctrl.observe()
+    assert (ob.demand_mean, ob.demand_std, ob.demand_samples) == (1.0, 0.0, 16)
+
+
 def test_observation_window_and_demand_moments():
     eng = FakeEngine(running=3, waiting=2)
     ctrl = Controller(config.validate({"tbt_window_s": 1.0}), eng, Metrics())

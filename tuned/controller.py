@@ -284,10 +284,12 @@ class Controller:
         self._refresh_step_fit(now)
         win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
                           cap=self.slot.applied.cap, model=self._step_fit)
+        # every departure since the last tick (counted, TPOTs), however many: the
+        # demand window below may be shorter than one tick's departures
+        new_fin = eng.finished.since(self._fin_seq)
+        if new_fin:
+            self._fin_seq = new_fin[-1].seq + 1
         fin = eng.finished.last(cfg.demand_window)
-        new_fin = [f for f in fin if f.seq >= self._fin_seq]
-        if fin:
-            self._fin_seq = fin[-1].seq + 1
         # A request's KV demand in blocks: what the paged allocator gives it, at a
         # random decode step of its life (occupancy) or all of it (lifetime).
         if cfg.memory_demand == "lifetime":

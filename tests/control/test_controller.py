@@ -251,6 +251,23 @@ def test_demand_follows_a_change_of_mix_within_the_window():
     assert (ob.demand_mean, ob.demand_std, ob.demand_samples) == (1.0, 0.0, 16)
 
 
+def test_every_departure_between_two_ticks_is_counted_past_the_demand_window():
+    """More requests finish between two ticks than the demand window holds (a burst
+    refused at the wait bound): each is counted once in tuned_requests_finished_total,
+    while the demand estimate reads the window's last 16."""
+    eng = FakeEngine()
+    ctrl = Controller(config.default(), eng, Metrics())
+    for _ in range(40):
+        eng.add_finished(10, 20)
+    ctrl.run_once()
+    assert (ctrl.seen.new_finished, ctrl.last_observation.demand_samples) == (40, 16)
+    assert ctrl.metrics.finished._value.get() == 40
+    for _ in range(3):
+        eng.add_finished(10, 20)
+    ctrl.run_once()
+    assert ctrl.seen.new_finished == 3 and ctrl.metrics.finished._value.get() == 43
+
+
 def test_observation_window_and_demand_moments():
     eng = FakeEngine(running=3, waiting=2)
     ctrl = Controller(config.validate({"tbt_window_s": 1.0}), eng, Metrics())

@@ -17,8 +17,9 @@ full completion per request), nginx's access log (``$upstream_addr`` /
 once). A control location without ``http_429`` passes A's 429 and its
 ``Retry-After`` to the client.
 
-The backlog is sized from a request timed in the test, so that it outlasts the bound
-whatever this host's speed.
+The backlog keeps coming until the burst is answered: rounds every half bound, the
+first sized from a request timed in the test, each doubled while A has not refused
+yet, so that A stays overloaded whatever this host's speed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ LONG_TOKENS = 256      # each backlog request's length
 BURST = 16             # requests through the retrying proxy (every other one streams)
 CONTROL = 4            # requests through the control location (no retry on 429)
 BURST_TOKENS = 8
+MAX_ROUND = 32         # backlog requests sent to A at once, at most
+MAX_BACKLOG = 400      # backlog requests in all, at most
 
 ENGINE = ('model = "{model}"\nmax_num_seqs = {seqs}\nmax_num_batched_tokens = 512\n'
           'max_model_len = 512\nnum_gpu_blocks = 128\ninterval_s = 0.25\n'
@@ -258,26 +261,51 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
             times.append(time.monotonic() - t0)
         one_s = min(times)
         assert (direct[-1]["finish"], direct[-1]["tokens"]) == ("length", LONG_TOKENS)
-        # enough that the back of the backlog would wait four bounds at cap 1: the
-        # margin covers a host that runs faster now than when timed (others' load)
-        k = min(max(math.ceil(4 * BOUND_S / one_s) + 2, 6), 60)
-        backlog_args = [(a.base, model, [20 + i] * 16, LONG_TOKENS) for i in range(k)]
+        # A kept overloaded until the burst is answered: a round of backlog requests
+        # every half bound, sized from the timing so that they arrive faster than A
+        # serves them at cap 1, and doubled each round while A's queue has not yet
+        # refused (a host that runs faster now than when timed, or a timing taken
+        # while the other engine was busy, does not leave A under its bound)
+        first_round = min(max(math.ceil(2 * BOUND_S / one_s) + 2, 4), MAX_ROUND)
         backlog: list = []
+        rounds: list[int] = []
+        stop = threading.Event()
 
         def feed() -> None:
-            """Half the backlog now, half half a bound later: the second half is
-            refused half a bound after the first, and A refuses half a bound longer."""
-            later = threading.Thread(target=lambda: (time.sleep(BOUND_S / 2), backlog.extend(
-                run_all(complete, backlog_args[k // 2:]))), daemon=True)
-            later.start()
-            backlog.extend(run_all(complete, backlog_args[:k // 2]))
-            later.join(600)
+            threads, m, i = [], first_round, 0
+            while not stop.is_set() and i < MAX_BACKLOG:
+                m = min(m, MAX_BACKLOG - i)
+                rounds.append(m)
+                for _ in range(m):
+                    args = (a.base, model, [20 + i % 200] * 16, LONG_TOKENS)
+                    t = threading.Thread(target=lambda args=args: backlog.append(
+                        run_all(complete, [args])[0]), daemon=True)
+                    t.start()
+                    threads.append(t)
+                    i += 1
+                refused = get_json(f"{a.endpoint}/admission").get("refused", 0)
+                if not refused:
+                    m = min(2 * m, MAX_ROUND)
+                stop.wait(BOUND_S / 2)
+            for t in threads:
+                t.join(600)
 
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
 
         # A's queue refuses at the bound; once A's gateway answers a probe 429, the burst
-        wait_for("A's queue to refuse", lambda: get_json(f"{a.endpoint}/admission")["refusing"],
+        def not_refusing() -> str:
+            """What A showed when its queue never refused: enough to tell why."""
+            vals = parse_metric_values(a.metrics())
+            return (f"A's queue to refuse: one request alone {one_s:.2f} s, backlog rounds {rounds}, "
+                    f"answered so far {[(r['status'], r['finish']) for r in backlog]}; "
+                    f"/admission {get_json(f'{a.endpoint}/admission')}; "
+                    f"decision {get_json(f'{a.endpoint}/decisions?limit=3')}; "
+                    f"refused {msum(vals, 'tuned_requests_refused_total')}, finished "
+                    f"{msum(vals, 'tuned_requests_finished_total')}; A's log:\n"
+                    + a.log_tail(80))
+
+        wait_for(not_refusing, lambda: get_json(f"{a.endpoint}/admission")["refusing"],
                  timeout_s=4 * BOUND_S + 120, every_s=0.1)
         # an empty body: A's gateway answers 429 once it has read the state, vLLM 400
         # before that; either way it never reaches A's engine
@@ -318,6 +346,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
         results = run_all(lambda url, m, p, n, tag, stream: complete(url, m, p, n, tag=tag,
                                                                      stream=stream),
                           burst_args + control_args)
+        stop.set()
         feeder.join(600)
         direct += backlog
         t_done = time.monotonic()
@@ -354,7 +383,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
     control_a = [r for r in control if first.get(r["tag"]) == "A"]
     control_b = [r for r in control if first.get(r["tag"]) == "B"]
     direct_refused = [r for r in direct if r["finish"] == "abort"]
-    print(f"\none backlog request {one_s:.2f} s alone on A; backlog {k}; direct to A: "
+    print(f"\none backlog request {one_s:.2f} s alone on A; backlog rounds {rounds}; direct to A: "
           f"{len(direct)} ({len(direct_refused)} refused at the bound, {len(direct_429)} "
           f"answered 429 by the gateway); gateway probes "
           f"{probes}; A refusing {window['refusing_for_s']:.2f} s more at the burst; burst {BURST}: {len(a_first)} A 429 -> B 200 "

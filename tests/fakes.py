@@ -154,14 +154,15 @@ def make_scheduler(model: str, asynchronous: bool, additional_config: dict | Non
     return s
 
 
-def requests(n: int, prompt: int = 20, max_tokens: int = 5) -> list:
-    """``n`` vLLM Requests of ``prompt`` tokens that each generate ``max_tokens``."""
+def requests(n: int, prompt: int = 20, max_tokens: int = 5, start: int = 0) -> list:
+    """``n`` vLLM Requests of ``prompt`` tokens that each generate ``max_tokens``, named
+    r<start> on."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
     return [Request(request_id=f"r{i}", prompt_token_ids=[i + 1] * prompt,
                     sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                    pooling_params=None) for i in range(n)]
+                    pooling_params=None) for i in range(start, start + n)]
 
 
 def step(s) -> tuple:

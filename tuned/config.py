@@ -127,8 +127,10 @@ class Config:
     memory_demand: str = _f("occupancy", "a request's KV demand in the memory bound: the "
                             "blocks it holds at a random decode step (occupancy: a "
                             "continuous batch's requests are at different points of their "
-                            "lives) or its whole prompt plus output (lifetime: seed 000 as "
-                            "published, a static batch's demand)", choices=MEMORY_DEMANDS)
+                            "lives; the prompts of the requests running and waiting now "
+                            "with the finished ones' outputs) or its whole prompt plus "
+                            "output (lifetime: seed 000 as published, a static batch's "
+                            "demand, from finished requests)", choices=MEMORY_DEMANDS)
     # short, so that the estimate follows a change of the request mix (a phase of long
     # prompts, then chat) within a few seconds of load instead of lagging it by the
     # whole window; docs/results.md has the figures

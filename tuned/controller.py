@@ -42,7 +42,7 @@ from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
 from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments,
-                               request_tpot_s, step_window)
+                               present_pairs, request_tpot_s, step_window)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.binding import BIND_SHARE, explained
@@ -296,8 +296,14 @@ class Controller:
             demand = demand_moments([f.prompt_tokens + f.output_tokens for f in fin],
                                     eng.block_size)
         else:
-            demand = occupancy_moments([(f.prompt_tokens, f.output_tokens) for f in fin],
-                                       eng.block_size)
+            # the prompts of the requests the engine holds (known from their
+            # arrival: a change of mix is read at once), the finished ones' outputs
+            read = getattr(eng, "present_prompts", None)
+            pairs = present_pairs(read() if read is not None else [],
+                                  [f.output_tokens for f in fin])
+            demand = occupancy_moments(
+                pairs or [(f.prompt_tokens, f.output_tokens) for f in fin], eng.block_size)
+            demand = demand._replace(n=len(fin))
         self._binding.note(now, win.binding >= BIND_SHARE)
         tpots = self._bound_tpots(new_fin)
         running, waiting = eng.counts()

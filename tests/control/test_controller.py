@@ -251,6 +251,27 @@ def test_demand_follows_a_change_of_mix_within_the_window():
     assert (ob.demand_mean, ob.demand_std, ob.demand_samples) == (1.0, 0.0, 16)
 
 
+def test_the_demand_reads_the_prompts_the_engine_holds_at_a_change_of_mix():
+    """Where the engine says which prompts it holds (running and waiting), the demand
+    pairs them with the finished requests' outputs: a phase of long prompts is read
+    the tick it arrives, not after 16 of them finish; with none held, the finished
+    requests' own pairs."""
+    eng = FakeEngine(running=2, waiting=2)
+    eng.block_size = 16
+    held: list[int] = []
+    eng.present_prompts = lambda: list(held)
+    ctrl = Controller(config.default(), eng, Metrics())
+    for _ in range(16):
+        eng.add_finished(15, 1)               # chat: 16 tokens held, one block
+    assert (ctrl.observe().demand_mean, ctrl.observe().demand_samples) == (1.0, 16)
+    held[:] = [600, 600, 600, 600]            # long prompts arrive: 601 tokens, 38 blocks
+    ob = ctrl.observe()
+    assert (ob.demand_mean, ob.demand_std, ob.demand_samples) == (38.0, 0.0, 16)
+    held[:] = [15, 600]                       # half and half: 8 pairs each
+    ob = ctrl.observe()
+    assert (ob.demand_mean, ob.demand_std) == (19.5, 18.5)
+
+
 def test_every_departure_between_two_ticks_is_counted_past_the_demand_window():
     """More requests finish between two ticks than the demand window holds (a burst
     refused at the wait bound): each is counted once in tuned_requests_finished_total,

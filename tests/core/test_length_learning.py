@@ -79,3 +79,12 @@ def test_an_aborted_request_is_not_learnt():
     q.add_request(r)
     q.request_finished(r, learn=False)
     assert q.lengths.predictor.observed == 0 and q.info("a") is None
+
+
+def test_the_waiting_prompts_are_read_without_the_running_ones():
+    q: QueueCore = QueueCore(make_policy("fcfs", {}))
+    for rid, prompt in (("a", 8), ("b", 300), ("c", 40)):
+        q.add_request(QueuedReq(rid, 0.0, prompt, max_tokens=10))
+    assert sorted(q.waiting_prompt_tokens()) == [8, 40, 300]
+    assert q.pop_request().request_id == "a"          # running now: not waiting
+    assert sorted(q.waiting_prompt_tokens()) == [40, 300]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tuned.core.window import demand_moments
+from tuned.core.window import MAX_PRESENT_PROMPTS, demand_moments, present_pairs
 
 from tuned.curves import models as m
 from tuned.curves.fit import (FitError, FitResult, adjusted_r2, fit_speed_models,
@@ -214,3 +214,14 @@ def test_one_fitter_two_methods_for_the_step_time():
     assert fit_step_time(b, c, t2, kv_tokens=kv, method="nnls").params["gamma"] == 0.0
     with pytest.raises(ValueError, match="method must be 'ols' or 'nnls', got 'ridge'"):
         fit_step_time(b, c, t, method="ridge")
+
+
+def test_present_pairs_pair_each_prompt_with_the_finished_outputs_in_turn():
+    assert present_pairs([100, 200], [1, 2, 3]) == [(100, 1), (200, 2), (100, 3)]
+    assert present_pairs([100, 200, 300], [7]) == [(100, 7), (200, 7), (300, 7)]
+    assert present_pairs([], [1, 2]) == [] and present_pairs([5], []) == []
+    # a long queue is read by an even sample
+    long = list(range(4 * MAX_PRESENT_PROMPTS))
+    pairs = present_pairs(long, [1])
+    assert len(pairs) == MAX_PRESENT_PROMPTS
+    assert [p for p, _ in pairs[:3]] == [0, 4, 8] and pairs[-1][0] == long[-4]

@@ -156,6 +156,28 @@ def test_controller_tick_decides_from_scheduler_state(sched):
     assert dec.inputs["kv_capacity_blocks"] == 63
 
 
+def test_the_demand_reads_the_prompts_the_engine_holds_now(sched):
+    """After 8 requests of 40 + 10 tokens finish, 4 of 200-token prompts wait: the
+    memory bound's demand pairs their prompts with the finished outputs (10 tokens),
+    not the finished prompts: 201..210 tokens held, 13 blocks of 16 for 8 steps and
+    14 for 2."""
+    for r in requests(8, prompt=40, max_tokens=10):
+        sched.add_request(r)
+    sched.tuned.slot.offer(decision(8))
+    while sched.has_requests():
+        step(sched)
+    for r in requests(4, prompt=200, max_tokens=10, start=8):
+        sched.add_request(r)
+    assert sorted(sched.present_prompts()) == [200] * 4
+    dec = sched.controller.run_once()
+    assert dec.inputs["demand_samples"] == 8
+    assert dec.inputs["demand_mean_blocks"] == pytest.approx(13.2)
+    assert dec.inputs["demand_std_blocks"] == pytest.approx(0.4)
+    step(sched)                       # admitted, running: still held
+    assert len(sched.running) > 0
+    assert sorted(sched.present_prompts()) == [200] * 4
+
+
 def test_unsupported_vllm_version_is_a_clear_error():
     assert check_vllm_version("0.32.0") == (0, 32)
     with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; found 0\.31\.2"):

@@ -103,6 +103,10 @@ class EngineView(Protocol):
         when the engine runs its own FCFS queue."""
         ...
 
+    # Optional: ``present_prompts() -> list[int]``, the prompt tokens of each request
+    # running or waiting (a read from the controller's thread; an empty list where
+    # unknown): the memory bound's demand reads the prompts of the batch it sizes
+    # (tuned.core.window's present_pairs), not only those of finished requests.
     # Optional: ``kv_bytes_per_token: float | None``, the KV cache's bytes per token on
     # one GPU, with which NVML's free device memory reads as KV tokens (BucketServe's
     # N_max); absent or None where unknown (a CPU engine).

@@ -285,6 +285,14 @@ class QueueCore(Generic[R]):
                  **self.refusals.counts(), **self.lengths.prediction_stats())
         return d
 
+    def waiting_prompt_tokens(self) -> list[int]:
+        """The prompt tokens of each waiting request, in no set order. Safe to call
+        from another thread (the controller's): it copies the ids, then reads each
+        request's cached view."""
+        infos = self._infos
+        return [i.prompt_tokens for rid in list(self._waiting)
+                if (i := infos.get(rid)) is not None]
+
     def info(self, request_id: str) -> ReqInfo | None:
         """The cached view of a waiting or running request."""
         return self._infos.get(request_id)

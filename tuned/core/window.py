@@ -161,6 +161,27 @@ def occupancy_moments(requests: Sequence[tuple[int, int]], block_size: int = 1) 
     return DemandMoments(mean, math.sqrt(max(s2 / w - mean * mean, 0.0)), n)
 
 
+#: prompts the demand estimate reads at most (an even sample of a long queue)
+MAX_PRESENT_PROMPTS = 256
+
+
+def present_pairs(prompts: Sequence[int], outputs: Sequence[int]) -> list[tuple[int, int]]:
+    """(prompt, output) pairs for :func:`occupancy_moments` from the requests the engine
+    holds now, running and waiting (the batch the memory bound sizes is made of
+    them): each one's prompt, known from its arrival, so that a change of the mix
+    is read at once, with the output lengths of the recently finished requests in
+    turn (max(P, m) pairs for P prompts and m outputs; over
+    :data:`MAX_PRESENT_PROMPTS` prompts are read by an even sample). Empty when
+    either side is: the caller falls back on the finished requests' own pairs."""
+    if not prompts or not outputs:
+        return []
+    if len(prompts) > MAX_PRESENT_PROMPTS:
+        step = len(prompts) / MAX_PRESENT_PROMPTS
+        prompts = [prompts[int(i * step)] for i in range(MAX_PRESENT_PROMPTS)]
+    n = max(len(prompts), len(outputs))
+    return [(prompts[j % len(prompts)], outputs[j % len(outputs)]) for j in range(n)]
+
+
 def request_tpot_s(f: FinishedRequest) -> float | None:
     """A finished request's TPOT: (finish - first token) / (output tokens - 1), vLLM's
     benchmark definition and the one the bench's SLO judges. None for a request with

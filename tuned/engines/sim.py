@@ -276,6 +276,11 @@ class SimEngine:
         snap = getattr(self.waiting, "snapshot", None)
         return snap() if snap is not None else None
 
+    def present_prompts(self) -> list[int]:
+        read = getattr(self.waiting, "waiting_prompt_tokens", None)
+        waiting = read() if read is not None else [r.num_prompt_tokens for r in self.waiting]
+        return [r.num_prompt_tokens for r in self.running] + waiting
+
     def _apply_queue_policy(self) -> None:
         name, cfg = self._pending_queue
         self._pending_queue = None

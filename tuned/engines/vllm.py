@@ -230,6 +230,17 @@ class _TunedMixin:
         snap = getattr(self.waiting, "snapshot", None)
         return snap() if snap is not None else None
 
+    def present_prompts(self) -> list[int]:
+        """The prompt tokens of each running request and of each waiting one (tuned's
+        queue, or vLLM's own where it keeps it), read from the controller's thread."""
+        read = getattr(self.waiting, "waiting_prompt_tokens", None)
+        try:
+            waiting = (read() if read is not None
+                       else [r.num_prompt_tokens for r in list(self.waiting)])
+        except (RuntimeError, IndexError):   # changed under the copy: next tick
+            waiting = []
+        return [r.num_prompt_tokens for r in list(self.running)] + waiting
+
     def steps_json(self, since: int) -> dict:
         return {"next": self.steps.next_seq, "block_size": self.block_size,
                 "num_gpu_blocks": self._block_pool.num_gpu_blocks,

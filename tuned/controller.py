@@ -320,6 +320,8 @@ class Controller:
         kv_usage = live_kv() if live_kv is not None else win.kv_usage
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
+        read_wait = getattr(eng, "oldest_wait_s", None)
+        oldest_wait = read_wait() if read_wait is not None and waiting else None
         self.seen = Seen(new_steps, len(new_fin), switch, snap)
         self.last_observation = Observation(
             num_running=running, num_waiting=waiting, active=active,
@@ -331,7 +333,7 @@ class Controller:
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
             gpu_free_fraction=gpu_free, finished_tpot_s=tpots,
-            prefill_residual_s=win.prefill_residual_s)
+            prefill_residual_s=win.prefill_residual_s, oldest_wait_s=oldest_wait)
         return self.last_observation
 
     def _bound_tpots(self, finished: list) -> tuple:

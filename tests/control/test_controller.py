@@ -272,6 +272,18 @@ def test_the_demand_reads_the_prompts_the_engine_holds_at_a_change_of_mix():
     assert (ob.demand_mean, ob.demand_std) == (19.5, 18.5)
 
 
+def test_the_oldest_wait_is_observed_where_the_engine_reads_it_and_requests_wait():
+    """The longest wait for admission reaches the policy (the SLA bound steps aside
+    past the TTFT SLO); not read with nothing waiting, None where the engine cannot."""
+    eng = FakeEngine(running=2, waiting=3)
+    ctrl = Controller(config.default(), eng, Metrics())
+    assert ctrl.observe().oldest_wait_s is None
+    eng.oldest_wait_s = lambda: 4.25
+    assert ctrl.observe().oldest_wait_s == 4.25
+    eng.waiting = 0
+    assert ctrl.observe().oldest_wait_s is None
+
+
 def test_every_departure_between_two_ticks_is_counted_past_the_demand_window():
     """More requests finish between two ticks than the demand window holds (a burst
     refused at the wait bound): each is counted once in tuned_requests_finished_total,

@@ -88,3 +88,15 @@ def test_the_waiting_prompts_are_read_without_the_running_ones():
     assert sorted(q.waiting_prompt_tokens()) == [8, 40, 300]
     assert q.pop_request().request_id == "a"          # running now: not waiting
     assert sorted(q.waiting_prompt_tokens()) == [40, 300]
+
+
+def test_the_oldest_waiting_arrival_is_read_without_the_running_ones():
+    q: QueueCore = QueueCore(make_policy("fcfs", {}))
+    assert q.oldest_arrival_s() is None
+    for rid, arrival, prompt in (("a", 4.0, 8), ("b", 1.5, 300), ("c", 2.0, 40)):
+        q.add_request(QueuedReq(rid, arrival, prompt, max_tokens=10))
+    assert q.oldest_arrival_s() == 1.5
+    assert q.pop_request().request_id == "b"          # running now: not waiting
+    assert q.oldest_arrival_s() == 2.0
+    assert [q.pop_request().request_id for _ in range(2)] == ["c", "a"]
+    assert q.oldest_arrival_s() is None

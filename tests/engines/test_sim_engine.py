@@ -587,3 +587,25 @@ def test_an_engine_reaches_the_slot_and_the_queue_channel_through_its_runtime(en
     assert not [t for t in texts if re.search(r"controller\.(slot|queue_channel)\b", t)]
     runtime = {"sim": "self.runtime", "vllm": "self.tuned"}[engine]
     assert f"{runtime}.slot" in texts[0] and f"{runtime}.queue_channel" in texts[0]
+
+
+def test_a_late_queue_head_lifts_the_cap_on_the_simulator():
+    """60 requests at once against a 20 ms SLA (about 3 decodes on this step model)
+    and a 0.5 s TTFT SLO: with lift, once the oldest waiting request is past 0.5 s the
+    cap is the memory bound's (reason ttft_late, b_mem > b_sla) and the last first
+    token comes sooner than with hold, which never lifts it."""
+    specs = [RequestSpec(f"r{i:03d}", 0.0, 20, 30, 30) for i in range(60)]
+    last_first, late = {}, {}
+    for mode in ("lift", "hold"):
+        cfg = make_cfg(max_num_seqs=16, fallback_cap=2, batch_policy="tuned",
+                       tbt_sla_s=0.02, ttft_sla_s=0.5, late_queue=mode,
+                       max_wait_s=1000.0, on_max_wait="serve")
+        _, res, _ = run_engine(cfg, specs, num_gpu_blocks=200)
+        assert all(r.finish_s is not None for r in res.requests)
+        late[mode] = [d for d in res.decisions if d["reason"] == "ttft_late"]
+        last_first[mode] = max(r.first_token_s for r in res.requests)
+        if mode == "lift":
+            assert {d["reason"] for d in res.decisions} >= {"ttft_late", "ttft_late_settling"}
+    assert late["hold"] == [] and late["lift"]
+    assert all(d["cap"] == d["b_mem"] > d["b_sla"] for d in late["lift"])
+    assert last_first["lift"] < last_first["hold"]

@@ -256,3 +256,36 @@ def test_vllm_answers_a_refusal_by_finishing_it_aborted_with_no_tokens(tiny_mode
         assert s.waiting.refusals.take() == []          # answered once
     finally:
         s.shutdown()
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["tuned-queue", "vllm-queue"])
+def test_the_oldest_wait_is_read_from_the_queue_the_engine_keeps(tiny_model, native):
+    """The controller reads how long the longest-waiting request has waited (the SLA
+    bound steps aside past the TTFT SLO): from tuned's queue, or from vLLM's own FCFS
+    queue where tuned keeps none. Requests stamped 5 s and 2 s ago wait behind a cap
+    of 1: the oldest waited 5 s; once it is admitted, the next 2 s; none, None."""
+    over = ({"queue_policy": "fcfs", "admission_guard": "off"} if native
+            else {"queue_policy": "mcsf"})
+    s = make_scheduler(str(tiny_model), False, **over)
+    try:
+        from tuned.core.queue import QueueCore
+
+        assert isinstance(s.waiting, QueueCore) is not native
+        reqs = requests(2, max_tokens=3)
+        now = time.time()
+        reqs[0].arrival_time, reqs[1].arrival_time = now - 5.0, now - 2.0
+        assert s.oldest_wait_s() is None
+        for r in reqs:
+            s.add_request(r)
+        assert s.oldest_wait_s() == pytest.approx(5.0, abs=0.5)
+        s.tuned.slot.offer(decision(1))
+        step(s)
+        assert [r.request_id for r in s.running] == ["r0"]
+        assert s.oldest_wait_s() == pytest.approx(2.0, abs=0.5)
+        s.tuned.slot.offer(decision(2))
+        step(s)
+        assert s.oldest_wait_s() is None
+        obs = s.controller.observe()
+        assert obs.oldest_wait_s is None
+    finally:
+        s.shutdown()

@@ -107,6 +107,9 @@ class EngineView(Protocol):
     # running or waiting (a read from the controller's thread; an empty list where
     # unknown): the memory bound's demand reads the prompts of the batch it sizes
     # (tuned.core.window's present_pairs), not only those of finished requests.
+    # Optional: ``oldest_wait_s() -> float | None``, how long the longest-waiting
+    # request has waited for admission, in seconds (None: none waits): past the TTFT
+    # SLO, the SLA bound steps aside (tuned.policies.batch.BatchPolicy, "ttft_late").
     # Optional: ``kv_bytes_per_token: float | None``, the KV cache's bytes per token on
     # one GPU, with which NVML's free device memory reads as KV tokens (BucketServe's
     # N_max); absent or None where unknown (a CPU engine).

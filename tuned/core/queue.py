@@ -293,6 +293,13 @@ class QueueCore(Generic[R]):
         return [i.prompt_tokens for rid in list(self._waiting)
                 if (i := infos.get(rid)) is not None]
 
+    def oldest_arrival_s(self) -> float | None:
+        """The earliest arrival (engine clock) among the waiting requests, or None.
+        Safe to call from another thread, as :meth:`waiting_prompt_tokens`."""
+        infos = self._infos
+        return min((i.arrival_s for rid in list(self._waiting)
+                    if (i := infos.get(rid)) is not None), default=None)
+
     def info(self, request_id: str) -> ReqInfo | None:
         """The cached view of a waiting or running request."""
         return self._infos.get(request_id)

@@ -46,6 +46,8 @@ class Observation:
     finished_tpot_s: tuple = ()      # TPOT of each request that finished since the last
                                      # tick having decoded mostly at a binding cap
                                      # (two output tokens or more), oldest first
+    oldest_wait_s: float | None = None  # how long the longest-waiting request has waited
+                                     # for admission (None: nothing waits, or unknown)
 
 
 @dataclass(frozen=True)

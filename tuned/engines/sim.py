@@ -281,6 +281,12 @@ class SimEngine:
         waiting = read() if read is not None else [r.num_prompt_tokens for r in self.waiting]
         return [r.num_prompt_tokens for r in self.running] + waiting
 
+    def oldest_wait_s(self) -> float | None:
+        read = getattr(self.waiting, "oldest_arrival_s", None)
+        first = (read() if read is not None
+                 else min((r.arrival_time for r in self.waiting), default=None))
+        return None if first is None else max(self.now - first, 0.0)
+
     def _apply_queue_policy(self) -> None:
         name, cfg = self._pending_queue
         self._pending_queue = None

@@ -241,6 +241,21 @@ class _TunedMixin:
             waiting = []
         return [r.num_prompt_tokens for r in list(self.running)] + waiting
 
+    def oldest_wait_s(self) -> float | None:
+        """How long the longest-waiting request has waited for admission (tuned's
+        queue, or vLLM's own), read from the controller's thread; None when none
+        waits."""
+        read = getattr(self.waiting, "oldest_arrival_s", None)
+        try:
+            if read is not None:
+                first = read()
+            else:
+                off = self._wall_offset_s()
+                first = min((r.arrival_time - off for r in list(self.waiting)), default=None)
+        except (RuntimeError, IndexError):   # changed under the copy: next tick
+            return None
+        return None if first is None else max(self._clock() - first, 0.0)
+
     def steps_json(self, since: int) -> dict:
         return {"next": self.steps.next_seq, "block_size": self.block_size,
                 "num_gpu_blocks": self._block_pool.num_gpu_blocks,

@@ -508,6 +508,11 @@ class BatchPolicy:
     feasibility: Feasibility | None = None    # None: the paper's Algorithm 2 (no check)
     budget_acts: bool = False                 # set each tick by a TokenBudget wrapper:
                                               # whether the token budget can act
+    late_after_s: float = 0.0                 # the TTFT SLO: once the longest-waiting
+                                              # request has waited longer, the cap goes
+                                              # to the memory bound (0: never)
+    late_hold_ticks: int = 0                  # ticks the SLA search stays held after
+    _late_hold: int = 0                       # the last of those (one TBT window)
 
     wants_active = False
 
@@ -521,10 +526,20 @@ class BatchPolicy:
         feasible = True
         if self.sla is not None and self.feasibility is not None:
             feasible = self.feasibility.update(obs, model)
+        late = (self.late_after_s > 0 and obs.oldest_wait_s is not None
+                and obs.oldest_wait_s > self.late_after_s)
         if self.sla is not None and feasible:
             if isinstance(self.sla, EvidenceSlaBound):
                 self.sla.budget_controlled = self.budget_acts
-            b_sla, sla_reason = self.sla.update(obs)
+            if late or self._late_hold:
+                # the SLA search is held while the cap is lifted and until the TBT
+                # window has turned over: its steps ran at a batch the search did not
+                # choose, and answering them would collapse the interval
+                b_sla, sla_reason = (self.sla.low + self.sla.high) // 2, "ttft_late_settling"
+                self._late_hold = (self.late_hold_ticks if late
+                                   else max(self._late_hold - 1, 0))
+            else:
+                b_sla, sla_reason = self.sla.update(obs)
             lower, upper = self.sla.low, min(self.sla.high, b_mem)
         else:
             b_sla, sla_reason = None, ""
@@ -535,6 +550,8 @@ class BatchPolicy:
             target, reason = b_mem, "sla_infeasible"
         else:
             target, reason = b_mem, mem_reason
+        if late and b_sla is not None and target < b_mem:
+            target, reason = b_mem, "ttft_late"
         cap = min(max(target, self.b_min), self.ceiling)
         # Alg. 1 line 6 / Alg. 2 line 15: the batch never drops below the running
         # decodes; they drain to the gate (cap) as they finish.
@@ -628,6 +645,9 @@ def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
         max_num_batched_tokens=max_num_batched_tokens,
         min_chunk_tokens=cfg.min_chunk_tokens,
         step_model=profile.step_model() if profile is not None else None,
+        late_after_s=(cfg.ttft_sla_s if sla is not None and not paper
+                      and cfg.late_queue == "lift" else 0.0),
+        late_hold_ticks=settle_ticks(cfg) + 1,
         feasibility=(None if paper or sla is None else
                      Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha,
                                  patience=feasibility_patience(cfg))))
@@ -670,6 +690,11 @@ SEED000_REASONS = {
                          "last fall: the search waits for the window to turn over",
     "sla_expand": "TBT under the SLA at a collapsed search interval while the cap binds: "
                   "the upper end grows by a quarter",
+    "ttft_late": "the longest-waiting request has waited past ttft_sla_s (late_queue = "
+                 "lift): the SLA bound steps aside, the memory bound sets the cap, and the "
+                 "backlog drains at the engine's throughput",
+    "ttft_late_settling": "the SLA search held for one TBT window after the cap was lifted "
+                          "for late requests: its steps ran at a batch it did not choose",
     "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
                       "memory bound and full token budget maximise throughput",
 }

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tuned.core import refusal
+from tuned.core.ring import FINISHED_RING
 from tuned.demo_model import DEMO_MAX_MODEL_LEN, model_form
 from tuned.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
 # the policies' names and option schemas, read as data: no policy code is imported
@@ -134,8 +135,9 @@ class Config:
     # short, so that the estimate follows a change of the request mix (a phase of long
     # prompts, then chat) within a few seconds of load instead of lagging it by the
     # whole window; docs/results.md has the figures
-    demand_window: int = _f(16, "finished requests used for the mean/variance of KV demand",
-                            lo=2, hi=100000)
+    demand_window: int = _f(16, "finished requests used for the mean/variance of KV demand "
+                            "(at most the finished requests the engine keeps)",
+                            lo=2, hi=FINISHED_RING)
     min_demand_samples: int = _f(8, "finished requests needed before the memory bound acts",
                                  lo=1, hi=100000)
 

@@ -121,7 +121,7 @@ class Metrics:
                                     ("phase",), buckets=TICK_BUCKETS_S, registry=r)
         self.reloads = c("tuned_reloads_total", "Config reloads by outcome", ("outcome",))
         self.finished = c("tuned_requests_finished_total", "Requests whose departure tuned "
-                          "recorded (aborted ones included): the demand window's input")
+                          "recorded (aborted ones included), each once")
         self.hint_warnings = c("tuned_request_hint_warnings_total", "Request hints "
                                "(vllm_xargs) ignored as malformed", ("field",))
         self.steps = c("tuned_engine_steps_total", "Engine steps observed")

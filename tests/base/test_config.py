@@ -110,6 +110,8 @@ def test_fcfs_with_a_ttft_target_demotes_late_requests_unless_told_otherwise():
     ({"interval_s": 0.001}, "interval_s: must be in [0.05, 60], got 0.001"),
     ({"eps_m": 0.9}, "eps_m: must be in [1e-06, 0.5], got 0.9"),
     ({"gpu_memory_floor": 1.0}, "gpu_memory_floor: must be in [0, 1), got 1.0"),
+    # the window reads the engines' finished-request ring, which holds 4096
+    ({"demand_window": 5000}, "demand_window: must be in [2, 4096], got 5000"),
     ({"tbt_sla_s": 50}, "tbt_sla_s: must be in [0, 1), got 50 (probably milliseconds: "
                         "the SLA is in seconds, 50 ms is 0.05)"),
     # wrong type: the range comes with it; a bool is no number, a float no integer

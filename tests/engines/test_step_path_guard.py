@@ -161,6 +161,20 @@ def test_a_restore_that_raises_again_keeps_fcfs_and_loses_nothing(monkeypatch):
     assert sorted(r.request_id for r in q) == ["w0", "w1", "w2"]
 
 
+def test_the_controllers_reads_of_the_queue_follow_it_into_fallback():
+    """The memory bound's prompts and the oldest wait are read from whichever queue
+    holds the waiting requests: tuned's, or vLLM's FCFS queue in fallback."""
+    q = make_policy_queue("mcsf", {}, None, arrival_offset_s=0.5)
+    for rid, t, prompt in (("a", 3.0, 5), ("b", 1.0, 50), ("c", 2.0, 20)):
+        q.add_request(req(rid, prompt=prompt, t=t))
+    before = (sorted(q.waiting_prompt_tokens()), q.oldest_arrival_s())
+    assert before == ([5, 20, 50], 0.5)
+    q.enter_fallback()
+    assert (sorted(q.waiting_prompt_tokens()), q.oldest_arrival_s()) == before
+    q.pop_request()
+    assert (sorted(q.waiting_prompt_tokens()), q.oldest_arrival_s()) == ([5, 20], 1.5)
+
+
 def test_fallback_keeps_preempted_first_then_arrival_order():
 
     q = make_policy_queue("mcsf", {}, None)

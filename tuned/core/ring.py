@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+#: the finished-request ring each engine keeps: the longest demand window it can serve
+FINISHED_RING = 4096
+
 
 class StepSample(NamedTuple):
     """One engine step, as the scheduler saw it."""

@@ -77,11 +77,10 @@ from tuned.core.refusal import Refusal
 from tuned.runtime import Runtime, build_runtime
 from tuned.policies.queues import AdmitContext, make_policy
 from tuned.sim.stepmodel import StepShape, StepClock
-from tuned.core.ring import FinishedRequest, Ring, StepSample
+from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample
 from tuned.workloads import RequestSpec
 
 STEP_RING = 8192
-FINISHED_RING = 4096
 
 
 class SimulationError(RuntimeError):

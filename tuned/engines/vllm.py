@@ -50,11 +50,10 @@ from tuned.core import refusal
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
 from tuned.runtime import production_runtime
 from tuned.core.steppath import StepPathGuard
-from tuned.core.ring import FinishedRequest, Ring, StepSample
+from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample
 from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
 STEP_RING = 8192
-FINISHED_RING = 4096
 
 #: vLLM's ``additional_config`` entry carrying tuned's config (kept under this name)
 tuned_additional_config = config_mod.engine_handoff

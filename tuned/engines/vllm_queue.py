@@ -145,6 +145,21 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
         """Called from the scheduler's ``_free_request`` once per request."""
         self.request_finished(request, learn=request.status in _LEARN_FROM)
 
+    # ---------------------------------------- reads from the controller's thread
+    def waiting_prompt_tokens(self) -> list[int]:
+        fb = self.fallback
+        if fb is None:
+            return super().waiting_prompt_tokens()
+        return [r.num_prompt_tokens for r in list(fb)]
+
+    def oldest_arrival_s(self) -> float | None:
+        fb = self.fallback
+        if fb is None:
+            return super().oldest_arrival_s()
+        off = self.arrival_offset_s
+        off = off() if callable(off) else off
+        return min((r.arrival_time - off for r in list(fb)), default=None)
+
     # ------------------------------------------------------------ fallback
     def enter_fallback(self) -> None:
         """Serve vLLM's FCFS order from now on (idempotent; never raises). The waiting

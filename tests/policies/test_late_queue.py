@@ -46,6 +46,7 @@ def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
     for _ in range(3):
         d = pol.decide(_obs(3.5, tbt=0.200))
         assert (d.reason, d.cap, d.b_mem, d.b_sla) == ("ttft_late", 32, 32, 16)
+        assert d.lower <= d.target <= d.upper == 32
         assert (pol.sla.low, pol.sla.high) == interval
     # nothing late any more: the search is held for four ticks (its window still holds
     # the lifted cap's steps), then answers the violation

@@ -551,7 +551,7 @@ class BatchPolicy:
         else:
             target, reason = b_mem, mem_reason
         if late and b_sla is not None and target < b_mem:
-            target, reason = b_mem, "ttft_late"
+            target, reason, upper = b_mem, "ttft_late", b_mem
         cap = min(max(target, self.b_min), self.ceiling)
         # Alg. 1 line 6 / Alg. 2 line 15: the batch never drops below the running
         # decodes; they drain to the gate (cap) as they finish.

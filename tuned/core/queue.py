@@ -116,6 +116,26 @@ def live_order_of(policy: QueuePolicy) -> LiveOrder | None:
     return make() if make is not None else None
 
 
+def queue_prompt_tokens(waiting: Any) -> list[int]:
+    """The prompt tokens of each request in an engine's waiting queue: tuned's
+    (:meth:`QueueCore.waiting_prompt_tokens`), or a plain queue of requests (vLLM's
+    own, the simulator's FCFS list) read through a copy. For the controller's thread."""
+    read = getattr(waiting, "waiting_prompt_tokens", None)
+    return read() if read is not None else [r.num_prompt_tokens for r in list(waiting)]
+
+
+def queue_oldest_arrival_s(waiting: Any, offset_s: float | Callable[[], float] = 0.0) -> float | None:
+    """The earliest arrival among an engine's waiting requests, or None: tuned's queue
+    reads its own (:meth:`QueueCore.oldest_arrival_s`); a plain queue of requests is
+    read through a copy, each ``arrival_time`` less ``offset_s`` (vLLM stamps wall
+    time). For the controller's thread."""
+    read = getattr(waiting, "oldest_arrival_s", None)
+    if read is not None:
+        return read()
+    off = offset_s() if callable(offset_s) else offset_s
+    return min((r.arrival_time - off for r in list(waiting)), default=None)
+
+
 class _Popped(NamedTuple):
     info: ReqInfo
     now_s: float

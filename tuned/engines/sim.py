@@ -72,7 +72,7 @@ from typing import Any
 
 from tuned.config import Config
 from tuned.core import refusal
-from tuned.core.queue import QueueCore
+from tuned.core.queue import QueueCore, queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.refusal import Refusal
 from tuned.runtime import Runtime, build_runtime
 from tuned.policies.queues import AdmitContext, make_policy
@@ -276,14 +276,10 @@ class SimEngine:
         return snap() if snap is not None else None
 
     def present_prompts(self) -> list[int]:
-        read = getattr(self.waiting, "waiting_prompt_tokens", None)
-        waiting = read() if read is not None else [r.num_prompt_tokens for r in self.waiting]
-        return [r.num_prompt_tokens for r in self.running] + waiting
+        return [r.num_prompt_tokens for r in self.running] + queue_prompt_tokens(self.waiting)
 
     def oldest_wait_s(self) -> float | None:
-        read = getattr(self.waiting, "oldest_arrival_s", None)
-        first = (read() if read is not None
-                 else min((r.arrival_time for r in self.waiting), default=None))
+        first = queue_oldest_arrival_s(self.waiting)
         return None if first is None else max(self.now - first, 0.0)
 
     def _apply_queue_policy(self) -> None:

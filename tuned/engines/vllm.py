@@ -50,6 +50,7 @@ from tuned.core import refusal
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
 from tuned.runtime import production_runtime
 from tuned.core.steppath import StepPathGuard
+from tuned.core.queue import queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample
 from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
@@ -232,10 +233,8 @@ class _TunedMixin:
     def present_prompts(self) -> list[int]:
         """The prompt tokens of each running request and of each waiting one (tuned's
         queue, or vLLM's own where it keeps it), read from the controller's thread."""
-        read = getattr(self.waiting, "waiting_prompt_tokens", None)
         try:
-            waiting = (read() if read is not None
-                       else [r.num_prompt_tokens for r in list(self.waiting)])
+            waiting = queue_prompt_tokens(self.waiting)
         except (RuntimeError, IndexError):   # changed under the copy: next tick
             waiting = []
         return [r.num_prompt_tokens for r in list(self.running)] + waiting
@@ -244,13 +243,8 @@ class _TunedMixin:
         """How long the longest-waiting request has waited for admission (tuned's
         queue, or vLLM's own), read from the controller's thread; None when none
         waits."""
-        read = getattr(self.waiting, "oldest_arrival_s", None)
         try:
-            if read is not None:
-                first = read()
-            else:
-                off = self._wall_offset_s()
-                first = min((r.arrival_time - off for r in list(self.waiting)), default=None)
+            first = queue_oldest_arrival_s(self.waiting, self._wall_offset_s)
         except (RuntimeError, IndexError):   # changed under the copy: next tick
             return None
         return None if first is None else max(self._clock() - first, 0.0)

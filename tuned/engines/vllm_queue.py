@@ -26,7 +26,7 @@ from vllm.v1.core.sched.request_queue import (FCFSRequestQueue, PriorityRequestQ
                                                RequestQueue)
 from vllm.v1.request import Request, RequestStatus
 
-from tuned.core.queue import QueueCore
+from tuned.core.queue import QueueCore, queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.predictor import OutputLengthPredictor
 from tuned.policies.queues import AdmitContext, make_policy
 
@@ -148,17 +148,12 @@ class PolicyQueue(QueueCore[Request], RequestQueue):
     # ---------------------------------------- reads from the controller's thread
     def waiting_prompt_tokens(self) -> list[int]:
         fb = self.fallback
-        if fb is None:
-            return super().waiting_prompt_tokens()
-        return [r.num_prompt_tokens for r in list(fb)]
+        return super().waiting_prompt_tokens() if fb is None else queue_prompt_tokens(fb)
 
     def oldest_arrival_s(self) -> float | None:
         fb = self.fallback
-        if fb is None:
-            return super().oldest_arrival_s()
-        off = self.arrival_offset_s
-        off = off() if callable(off) else off
-        return min((r.arrival_time - off for r in list(fb)), default=None)
+        return (super().oldest_arrival_s() if fb is None
+                else queue_oldest_arrival_s(fb, self.arrival_offset_s))
 
     # ------------------------------------------------------------ fallback
     def enter_fallback(self) -> None:

@@ -16,6 +16,7 @@ from tuned.config import VLLM_FLAGS_SET, ConfigError, did_you_mean
 from tuned.curves.profile import ProfileError
 from tuned.extras import BENCH_EXTRA_MODULES, bench_extra_error, bench_extra_message
 from tuned.inputs import CLIP_CHARS, UserError, clip_text
+from tuned.launch import EngineError
 from tuned.workloads import WorkloadError
 
 #: the errors that mean bad input, not a bug: one line and exit 2, never a traceback
@@ -113,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         for line in user_error_lines(e):
             print(f"tuned {args.command}: {line}", file=sys.stderr)
         return 2
+    except EngineError as e:
+        # an engine that did not start or answered wrongly (a bench contender, the
+        # demo's servers): what it said and its log's tail, not a traceback of ours
+        first, *rest = str(e).splitlines() or [type(e).__name__]
+        print(f"tuned {args.command}: error: {first}", file=sys.stderr)
+        for line in rest:
+            print(f"  {line}", file=sys.stderr)
+        return 1
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> "Parser | None":

@@ -138,3 +138,28 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
     assert [v["vs_run"] for v in rep["noise"]] == ["vllm-default"]
     assert rep["noise"][0]["state"] in ("above", "inside", "below")
     assert "## Above the noise?" in out and rep["noise"][0]["words"] in out
+
+
+def test_a_contender_that_does_not_start_is_its_message_and_log_tail_not_a_traceback(
+        tmp_path, monkeypatch):
+    """A contender's engine that exits while starting (here: a config the engine's
+    own tuned refuses) ends the bench with exit 1 and the start error's lines."""
+    from tuned.bench import command
+    from tuned.bench.live import LiveStartError
+
+    def fail(*a, **k):
+        raise LiveStartError("contender 'tuned' (tuned) did not start: engine exited with "
+                             "code 1 while starting; last lines of LOG:\n"
+                             "tuned.config.ConfigError: F: sla_statistic: must be one of "
+                             "mean, p90, attainment, got 'x'")
+
+    monkeypatch.setattr(command, "_sweep", fail)
+    code, out, err = run_main(["bench", "--out", str(tmp_path / "o"), *W,
+                               "--hardware", "a100-llama2-7b", "--slo", "ttft=2,tpot=0.05"])
+    assert code == 1
+    assert err.splitlines()[-2:] == [
+        "tuned bench: error: contender 'tuned' (tuned) did not start: engine exited with "
+        "code 1 while starting; last lines of LOG:",
+        "  tuned.config.ConfigError: F: sla_statistic: must be one of mean, p90, attainment, "
+        "got 'x'"]
+    assert "Traceback" not in err

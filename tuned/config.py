@@ -183,8 +183,9 @@ class Config:
                             "(attainment; the tuned and sla batch policies, sla_mode "
                             "evidence)", choices=SLA_STATISTICS)
     late_queue: str = _f("lift", "what the SLA bound does once the longest-waiting request "
-                         "has waited past ttft_sla_s: lift (the cap goes to the memory "
-                         "bound until none has: holding TPOT while the queue's head is "
+                         "has waited past ttft_sla_s: lift (the cap goes to the largest "
+                         "batch the step model puts within tbt_sla_s, at most the memory "
+                         "bound, until none has: holding TPOT while the queue's head is "
                          "already late grows the queue and every later request's TTFT; the "
                          "SLA search resumes one TBT window later) or hold (seed 000's: the "
                          "SLA bound holds whatever waits); needs ttft_sla_s > 0 and "

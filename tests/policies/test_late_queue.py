@@ -1,5 +1,6 @@
 """``late_queue``: once the longest-waiting request has waited past ``ttft_sla_s``,
-the SLA bound steps aside (the cap goes to the memory bound) and its search is held
+the SLA bound steps aside (the cap goes to the largest batch the step model puts
+within the TPOT SLO, the memory bound without a model) and its search is held
 until the TBT window has turned over."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import pytest
 from tuned import config as config_mod
 from tuned.core.types import Observation
 from tuned.policies import registry
-from tuned.policies.batch import BatchPolicy
+from tuned.curves.online import LinearStepModel
+from tuned.policies.batch import BatchPolicy, lift_target
 
 SLA = 0.050
 
@@ -52,6 +54,26 @@ def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
     # the lifted cap's steps), then answers the violation
     got = [pol.decide(_obs(None, tbt=0.200)) for _ in range(5)]
     assert [(d.reason, d.cap) for d in got] == [("ttft_late_settling", 16)] * 4 + [("sla_over", 15)]
+
+
+def test_with_a_step_model_the_lift_stops_where_the_model_puts_the_mean_step_at_the_slo():
+    """T(b) = 10 ms + 2 ms per decode: 16 decodes take 42 ms on the model and 46 ms
+    measured, so 4 ms of each step is prefill or a slower host; the SLA less that
+    leaves 36 ms of decodes: 18, not the memory bound's 32."""
+    pol = _inner()
+    pol.sla.low = pol.sla.high = 16
+    model = LinearStepModel(a=0.010, beta=0.002, gamma=0.0, eta=0.0, r2=1.0, n_samples=100,
+                            source="test")
+    d = pol.decide(dataclasses.replace(_obs(3.5, tbt=0.046), step_model=model))
+    assert (d.reason, d.cap, d.b_mem, d.b_sla, d.upper) == ("ttft_late", 18, 32, 16, 18)
+    assert lift_target(_obs(3.5, tbt=0.046), model, SLA, 32) == 18
+    # 60 ms measured: 18 ms over the model, room for 11 decodes, under the search's 16:
+    # no lift, the search's cap stays (held while late)
+    d = pol.decide(dataclasses.replace(_obs(3.5, tbt=0.060), step_model=model))
+    assert (d.reason, d.cap) == ("ttft_late_settling", 16)
+    # no model, or no measured window: the memory bound, as before
+    assert lift_target(_obs(3.5, tbt=0.046), None, SLA, 32) == 32
+    assert lift_target(dataclasses.replace(_obs(3.5), tbt_mean_s=None), model, SLA, 32) == 32
 
 
 @pytest.mark.parametrize("raw", [{"late_queue": "hold"}, {"sla_mode": "paper"},

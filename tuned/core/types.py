@@ -92,5 +92,8 @@ class StepModel(Protocol):
     def largest_chunk_within(self, b: int, tbt_s: float, lo: int, hi: int,
                              kv_tokens: float = 0.0) -> int: ...
 
+    def largest_batch_within(self, tbt_s: float, b_max: int, kv_tokens_per_seq: float = 0.0,
+                             chunk_tokens: float = 0.0) -> int: ...
+
 
 __all__ = ["Decision", "GpuMemory", "Observation", "StepModel"]

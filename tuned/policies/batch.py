@@ -493,6 +493,29 @@ class Feasibility:
         return self.feasible
 
 
+def lift_target(obs: Observation, model: StepModel | None, sla_s: float, b_mem: int) -> int:
+    """The cap a late queue lifts to: the largest batch whose mean step the step model
+    puts within the TPOT SLO, at the running requests' context and with the window's
+    measured excess over the model's decode-only step (the prefill the steps carried,
+    and a host slower than the fit) taken off the SLO; never above the memory bound.
+
+    A request whose first token is already late is lost to goodput whatever the cap;
+    lifting past this batch to drain the queue faster makes every request decoding
+    meanwhile miss its TPOT as well (the memory bound's cap of 30 against the SLA's 7
+    ran 36-42 ms steps against a 15 ms SLO on the CPU engine, docs/results.md). Up to
+    it the queue drains as fast as the running requests' TPOT allows. Without a model
+    or a measured window the lift is to the memory bound, as seed 000's Algorithm 1
+    would set it."""
+    if (model is None or not obs.num_running or obs.tbt_mean_s is None
+            or obs.decode_batch_mean is None or not math.isfinite(obs.tbt_mean_s)
+            or not math.isfinite(obs.decode_batch_mean)):
+        return b_mem
+    kv_seq = obs.kv_tokens_resident / obs.num_running
+    bbar = max(obs.decode_batch_mean, 1.0)
+    excess = max(obs.tbt_mean_s - model.predict_step_s(bbar, 0.0, bbar * kv_seq), 0.0)
+    return min(max(model.largest_batch_within(sla_s - excess, b_mem, kv_seq), 1), b_mem)
+
+
 @dataclass
 class BatchPolicy:
     """b* = min(b_mem, b_SLA), clamped; owns the two algorithms' state."""
@@ -551,7 +574,9 @@ class BatchPolicy:
         else:
             target, reason = b_mem, mem_reason
         if late and b_sla is not None and target < b_mem:
-            target, reason, upper = b_mem, "ttft_late", b_mem
+            lift = lift_target(obs, model, self.sla.sla_s, b_mem)
+            if lift > target:
+                target, reason, upper = lift, "ttft_late", lift
         cap = min(max(target, self.b_min), self.ceiling)
         # Alg. 1 line 6 / Alg. 2 line 15: the batch never drops below the running
         # decodes; they drain to the gate (cap) as they finish.

@@ -183,13 +183,15 @@ class Config:
                             "(attainment; the tuned and sla batch policies, sla_mode "
                             "evidence)", choices=SLA_STATISTICS)
     late_queue: str = _f("lift", "what the SLA bound does once the longest-waiting request "
-                         "has waited past ttft_sla_s: lift (the cap goes to the largest "
-                         "batch the step model puts within tbt_sla_s, at most the memory "
-                         "bound, until none has: holding TPOT while the queue's head is "
+                         "has waited past ttft_sla_s: lift (the cap goes to the memory "
+                         "bound until none has: holding TPOT while the queue's head is "
                          "already late grows the queue and every later request's TTFT; the "
-                         "SLA search resumes one TBT window later) or hold (seed 000's: the "
-                         "SLA bound holds whatever waits); needs ttft_sla_s > 0 and "
-                         "sla_mode evidence", choices=("lift", "hold"))
+                         "SLA search resumes one TBT window later), lift_tpot (the same, "
+                         "to the largest batch the step model puts within tbt_sla_s, at "
+                         "most the memory bound: the decoding requests keep their TPOT, "
+                         "the queue drains slower) or hold (seed 000's: the SLA bound "
+                         "holds whatever waits); needs ttft_sla_s > 0 and sla_mode "
+                         "evidence", choices=("lift", "lift_tpot", "hold"))
     sla_attainment_target: float = _f(0.9, "with sla_statistic = attainment: the share of "
                                       "finished requests whose TPOT the margin aims to "
                                       "keep within tbt_sla_s", lo=0.5, hi=0.999)

@@ -592,11 +592,8 @@ def test_an_engine_reaches_the_slot_and_the_queue_channel_through_its_runtime(en
 def test_a_late_queue_head_lifts_the_cap_on_the_simulator():
     """60 requests at once against a 20 ms SLA (about 3 decodes on this step model)
     and a 0.5 s TTFT SLO: with lift, once the oldest waiting request is past 0.5 s the
-    cap is lifted (reason ttft_late) and the last first token comes sooner than with
-    hold, which never lifts it. The lifts here come before the online step model has
-    its samples, so the cap is the memory bound's (b_mem > b_sla); with a model it
-    stops where the model puts the mean step at the SLA (tests/policies/
-    test_late_queue.py)."""
+    cap is the memory bound's (reason ttft_late, b_mem > b_sla) and the last first
+    token comes sooner than with hold, which never lifts it."""
     specs = [RequestSpec(f"r{i:03d}", 0.0, 20, 30, 30) for i in range(60)]
     last_first, late = {}, {}
     for mode in ("lift", "hold"):
@@ -610,6 +607,5 @@ def test_a_late_queue_head_lifts_the_cap_on_the_simulator():
         if mode == "lift":
             assert {d["reason"] for d in res.decisions} >= {"ttft_late", "ttft_late_settling"}
     assert late["hold"] == [] and late["lift"]
-    assert all(d["cap"] == d["b_mem"] > d["b_sla"] and not d["inputs"].get("step_model")
-               for d in late["lift"])
+    assert all(d["cap"] == d["b_mem"] > d["b_sla"] for d in late["lift"])
     assert last_first["lift"] < last_first["hold"]

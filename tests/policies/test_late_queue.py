@@ -1,6 +1,6 @@
 """``late_queue``: once the longest-waiting request has waited past ``ttft_sla_s``,
-the SLA bound steps aside (the cap goes to the largest batch the step model puts
-within the TPOT SLO, the memory bound without a model) and its search is held
+the SLA bound steps aside (the cap goes to the memory bound, or with ``lift_tpot``
+to the largest batch the step model puts within the TPOT SLO) and its search is held
 until the TBT window has turned over."""
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
     assert [(d.reason, d.cap) for d in got] == [("ttft_late_settling", 16)] * 4 + [("sla_over", 15)]
 
 
-def test_with_a_step_model_the_lift_stops_where_the_model_puts_the_mean_step_at_the_slo():
-    """T(b) = 10 ms + 2 ms per decode: 16 decodes take 42 ms on the model and 46 ms
+def test_lift_tpot_stops_where_the_model_puts_the_mean_step_at_the_slo():
+    """``late_queue = "lift_tpot"``: T(b) = 10 ms + 2 ms per decode: 16 decodes take 42 ms on the model and 46 ms
     measured, so 4 ms of each step is prefill or a slower host; the SLA less that
-    leaves 36 ms of decodes: 18, not the memory bound's 32."""
-    pol = _inner()
+    leaves 36 ms of decodes: 18, not the memory bound's 32 (``lift``'s, below)."""
+    pol = _inner(late_queue="lift_tpot")
     pol.sla.low = pol.sla.high = 16
     model = LinearStepModel(a=0.010, beta=0.002, gamma=0.0, eta=0.0, r2=1.0, n_samples=100,
                             source="test")
@@ -71,9 +71,14 @@ def test_with_a_step_model_the_lift_stops_where_the_model_puts_the_mean_step_at_
     # no lift, the search's cap stays (held while late)
     d = pol.decide(dataclasses.replace(_obs(3.5, tbt=0.060), step_model=model))
     assert (d.reason, d.cap) == ("ttft_late_settling", 16)
-    # no model, or no measured window: the memory bound, as before
+    # no model, or no measured window: the memory bound, as with lift
     assert lift_target(_obs(3.5, tbt=0.046), None, SLA, 32) == 32
     assert lift_target(dataclasses.replace(_obs(3.5), tbt_mean_s=None), model, SLA, 32) == 32
+    # lift, the default: the memory bound whatever the model says
+    pol = _inner()
+    pol.sla.low = pol.sla.high = 16
+    d = pol.decide(dataclasses.replace(_obs(3.5, tbt=0.046), step_model=model))
+    assert (d.reason, d.cap, d.upper) == ("ttft_late", 32, 32)
 
 
 @pytest.mark.parametrize("raw", [{"late_queue": "hold"}, {"sla_mode": "paper"},
@@ -86,7 +91,7 @@ def test_hold_the_paper_or_no_ttft_slo_keep_the_sla_bound(raw):
 
 
 def test_late_queue_is_validated_by_name():
-    with pytest.raises(config_mod.ConfigError, match=r"late_queue: must be one of lift, hold"):
+    with pytest.raises(config_mod.ConfigError, match=r"late_queue: must be one of lift, lift_tpot, hold"):
         config_mod.validate({"late_queue": "drop"})
     assert config_mod.validate({}).late_queue == "lift"
     assert dataclasses.fields(Observation)[-1].name == "oldest_wait_s"

@@ -109,8 +109,7 @@ class EngineView(Protocol):
     # (tuned.core.window's present_pairs), not only those of finished requests.
     # Optional: ``oldest_wait_s() -> float | None``, how long the longest-waiting
     # request has waited for admission, in seconds (None: none waits): past the TTFT
-    # SLO, the cap is lifted past the SLA search's (tuned.policies.batch.lift_target,
-    # "ttft_late").
+    # SLO, the SLA bound steps aside (tuned.policies.batch.BatchPolicy, "ttft_late").
     # Optional: ``kv_bytes_per_token: float | None``, the KV cache's bytes per token on
     # one GPU, with which NVML's free device memory reads as KV tokens (BucketServe's
     # N_max); absent or None where unknown (a CPU engine).

@@ -57,9 +57,10 @@ def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
 
 
 def test_lift_tpot_stops_where_the_model_puts_the_mean_step_at_the_slo():
-    """``late_queue = "lift_tpot"``: T(b) = 10 ms + 2 ms per decode: 16 decodes take 42 ms on the model and 46 ms
-    measured, so 4 ms of each step is prefill or a slower host; the SLA less that
-    leaves 36 ms of decodes: 18, not the memory bound's 32 (``lift``'s, below)."""
+    """``late_queue = "lift_tpot"``: T(b) = 10 ms + 2 ms per decode: 16 decodes take
+    42 ms on the model and 46 ms measured, so 4 ms of each step is prefill or a slower
+    host; the SLA less that leaves 36 ms of decodes: 18, not the memory bound's 32
+    (``lift``'s, below)."""
     pol = _inner(late_queue="lift_tpot")
     pol.sla.low = pol.sla.high = 16
     model = LinearStepModel(a=0.010, beta=0.002, gamma=0.0, eta=0.0, r2=1.0, n_samples=100,
@@ -91,7 +92,8 @@ def test_hold_the_paper_or_no_ttft_slo_keep_the_sla_bound(raw):
 
 
 def test_late_queue_is_validated_by_name():
-    with pytest.raises(config_mod.ConfigError, match=r"late_queue: must be one of lift, lift_tpot, hold"):
+    with pytest.raises(config_mod.ConfigError,
+                       match=r"late_queue: must be one of lift, lift_tpot, hold"):
         config_mod.validate({"late_queue": "drop"})
     assert config_mod.validate({}).late_queue == "lift"
     assert dataclasses.fields(Observation)[-1].name == "oldest_wait_s"

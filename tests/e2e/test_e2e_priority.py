@@ -30,7 +30,7 @@ import pytest
 from serve_harness import get_json, tuned_serve
 from test_e2e_queue_policies import (Ctx, admissions, engine_pause, engine_resume,
                                      policy_lines, queue_installed, settle, steps_since,
-                                     use_policy)
+                                     use_policy, wait_ticks)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -84,24 +84,48 @@ def telemetry(c: Ctx) -> dict:
     return c.srv.decisions(0)["telemetry"]
 
 
+def start_long_and_pause(c: Ctx) -> tuple[PReq, threading.Thread, int]:
+    """The long request admitted and still running with the engine paused (mode
+    keep); returns it, its thread and the /steps sequence before it was sent.
+
+    Its 900 tokens take about a second on a fast host, and /decisions sees it
+    running up to a tick (0.25 s) late, so the pause can land after it finished
+    (a CI host did: running 0 once the other four were queued). The state is
+    read after the pause, one whole tick later; if the long request finished
+    before that, the engine is resumed, the request is let finish, and it starts
+    again."""
+    for _ in range(5):
+        settle(c)
+        step0 = get_json(f"{c.srv.endpoint}/steps?since=0")["next"]
+        long = PReq("long", 0, 30, 900)
+        thread = threading.Thread(target=send, args=(c, long), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while telemetry(c)["running"] < 1 and long.completion_tokens is None:
+            assert long.error is None and time.monotonic() < deadline, long
+            time.sleep(0.01)
+        if long.completion_tokens is None:
+            engine_pause(c)
+            wait_ticks(c.srv, 1)
+            tel = telemetry(c)
+            if (tel["running"], tel["waiting"]) == (1, 0) and long.completion_tokens is None:
+                return long, thread, step0
+            engine_resume(c)
+        thread.join(300)
+        assert long.error is None, long
+    raise AssertionError("the long request finished before the pause, 5 times")
+
+
 def run_priority_measurement(c: Ctx) -> list[str]:
     """The long request admitted and running, then the engine paused while three
     priority-10 requests and one priority -10 request queue behind it; the admission
     order after the resume, by name."""
-    long = PReq("long", 0, 30, 900)
+    long, first, step0 = start_long_and_pause(c)
     low = [PReq("lo1", 10, 31, 30), PReq("lo2", 10, 32, 20), PReq("lo3", 10, 33, 10)]
     high = PReq("hi", -10, 34, 40)
     reqs = [long, *low, high]
     by_len = {r.prompt_tokens: r.name for r in reqs}
-    settle(c)
-    step0 = get_json(f"{c.srv.endpoint}/steps?since=0")["next"]
-    threads = [threading.Thread(target=send, args=(c, long), daemon=True)]
-    threads[0].start()
-    deadline = time.monotonic() + 60
-    while telemetry(c)["running"] < 1:
-        assert long.completion_tokens is None and time.monotonic() < deadline, long
-        time.sleep(0.01)
-    engine_pause(c)
+    threads = [first]
     try:
         for i, r in enumerate([*low, high]):
             t = threading.Thread(target=send, args=(c, r), daemon=True)

@@ -179,13 +179,19 @@ def run_sampling(t: Target) -> dict:
 
 
 def run_preemption(t: Target) -> dict:
-    """Four requests of 200 + PREEMPT_TOKENS tokens at once: 13 blocks each, so any
-    two running together want 26 of the 23 usable and vLLM preempts, however late the
-    others reach the engine on a busy host (with 700 tokens, 8 blocks each, preemption
-    needed three at once: one run here had none when the four arrived spread out)."""
+    """Four requests of 200 + PREEMPT_TOKENS tokens, all four in the engine before any
+    is scheduled: 13 blocks each at the end, so the four running together want 52 of
+    the 23 usable and vLLM preempts. The engine is paused (vLLM's dev-mode
+    ``/pause``, mode keep) while they are sent, and resumed once its log has added
+    all four: sent at once without the pause, the front end can hand them over
+    spread out, and on a fast host one may finish before the next arrives (a CI run
+    here saw no preemption with them sent at once)."""
     results: list = [None] * MAX_NUM_SEQS
     before = t.vllm_gauge("vllm:num_preemptions_total")
     step0 = t.steps()["next"] if t.steps else None
+    added0 = added_requests(t)
+    status, body = post(f"{t.base}/pause?mode=keep&clear_cache=false", {})
+    assert status == 200 and get_json(f"{t.base}/is_paused")["is_paused"] is True, body
 
     def one(i):
         results[i] = complete(t, prompt=prompt_ids(100 + i, 200),
@@ -193,14 +199,25 @@ def run_preemption(t: Target) -> dict:
                               temperature=0, ignore_eos=True)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(MAX_NUM_SEQS)]
-    for th in threads:
-        th.start()
+    try:
+        for th in threads:
+            th.start()
+        wait_for("the four requests added to the paused engine",
+                 lambda: added_requests(t) >= added0 + MAX_NUM_SEQS, 60)
+    finally:
+        post(f"{t.base}/resume", {})
     for th in threads:
         th.join(600)
     return {"results": results,
             "preemptions": t.vllm_gauge("vllm:num_preemptions_total") - before,
             "ring_preempted": (sum(s["preempted"] for s in t.steps(step0)["samples"])
                                if t.steps else None)}
+
+
+def added_requests(t: Target) -> int:
+    """vLLM's "Added request <id>." lines in the server's log so far
+    (``--enable-log-requests``): requests the front end handed to the engine."""
+    return len(re.findall(r"Added request \S+\.", t.log.read_text(errors="replace")))
 
 
 def stream_until(t: Target, body: dict, ready, abort_after_chunks: int | None,
@@ -409,6 +426,9 @@ def runs(tmp_path_factory, tiny_model):
     lora = build_tiny_lora(Path(tiny_model), tmp / "lora")
     old = os.environ.get(DTYPE_ENV)
     os.environ[DTYPE_ENV] = "float32"
+    # vLLM's /pause and /resume (the preemption part) for both servers
+    old_dev = os.environ.get("VLLM_SERVER_DEV_MODE")
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"
     timings = {}
     try:
         # plain vLLM
@@ -449,10 +469,11 @@ def runs(tmp_path_factory, tiny_model):
             timings["tuned_run_s"] = time.monotonic() - t0
             tuned_out["log"] = srv.log_path.read_text(errors="replace")
     finally:
-        if old is None:
-            os.environ.pop(DTYPE_ENV, None)
-        else:
-            os.environ[DTYPE_ENV] = old
+        for name, value in ((DTYPE_ENV, old), ("VLLM_SERVER_DEV_MODE", old_dev)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     print("compat timings:", {k: round(v, 1) for k, v in timings.items()})
     return plain_out, tuned_out
 

@@ -177,11 +177,14 @@ class Config:
                        choices=SLA_MODES)
     sla_statistic: str = _f("p90", "what is held to tbt_sla_s: the 90th percentile of the "
                             "decode step times over tbt_window_s (p90) or their mean (mean, "
-                            "seed 000's), or the "
+                            "seed 000's), the "
                             "mean held to a margin below tbt_sla_s learnt from finished "
                             "requests' TPOT so that sla_attainment_target of them meet it "
                             "(attainment; the tuned and sla batch policies, sla_mode "
-                            "evidence)", choices=SLA_STATISTICS)
+                            "evidence), or the 90th percentile of the decode steps without "
+                            "prefill plus what prefill added to the mean step (decode_p90: "
+                            "p90 without its jump once a tenth of the steps prefill)",
+                            choices=SLA_STATISTICS)
     late_queue: str = _f("lift", "what the SLA bound does once the longest-waiting request "
                          "has waited past ttft_sla_s: lift (the cap goes to the memory "
                          "bound until none has: holding TPOT while the queue's head is "

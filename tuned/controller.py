@@ -330,6 +330,7 @@ class Controller:
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
             kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
             decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
+            decode_only_p90_s=win.decode_only_p90_s,
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
             gpu_free_fraction=gpu_free, finished_tpot_s=tpots,

@@ -306,6 +306,7 @@ counts = st.one_of(st.integers(min_value=0, max_value=10), st.integers(min_value
 _OBS_FIELDS = {f.name for f in dataclasses.fields(Observation)}
 # optional fields (telemetry that only some policies read) where this version has them
 _OBS_OPTIONAL = {"tbt_p90_s": timings, "decode_only_tbt_s": timings,
+                 "decode_only_p90_s": timings,
                  "binding": st.one_of(st.floats(min_value=0.0, max_value=1.0), ODD_FLOATS),
                  "kv_tokens_resident": st.one_of(st.just(0), st.integers(0, 10**12))}
 observations = st.builds(

@@ -137,8 +137,46 @@ def test_p90_statistic():
                     demand_std=0.0, demand_samples=10, tbt_mean_s=0.030,
                     decode_batch_mean=8.0, tbt_p90_s=0.070, binding=1.0)
     assert ev.update(o)[1] == "sla_over"          # mean within, p90 over
-    with pytest.raises(ValueError, match="statistic: must be one of mean, p90, attainment, got .p99."):
+    with pytest.raises(ValueError, match="statistic: must be one of mean, p90, attainment, "
+                       "decode_p90, got .p99."):
         EvidenceSlaBound(SLA, EPS, 2, 1, 1, 64, statistic="p99")
+
+
+def test_decode_p90_statistic_reads_the_decode_steps_spread_and_the_prefill_mean():
+    """Twenty steps in the window: 18 decode-only steps of 40-57 ms (1 ms apart) and two
+    that carried prefill at 120 ms. The p90 of all steps is a prefill step (120 ms);
+    decode_p90 is the decode-only steps' p90 (56 ms) plus what the prefill added to
+    the mean step (mean of all 55.65 ms - decode-only mean 48.5 ms): 63.15 ms."""
+    from tuned.core.ring import StepSample
+    from tuned.core.window import step_window
+
+    times = [0.040 + 0.001 * i for i in range(18)] + [0.120, 0.120]
+    steps = [StepSample(i, 10.0 - 0.01 * i, t, 8, 1 if t > 0.1 else 0, 64 if t > 0.1 else 0,
+                        8, 8, 0.5, 10, 800, 8, 4, 0) for i, t in enumerate(times)]
+    w = step_window(steps, now=10.0, window_s=2.0, cap=8)
+    assert (w.decode_steps, w.prefill_steps) == (20, 2)
+    assert w.tbt_p90_s == pytest.approx(0.120)
+    assert w.decode_only_p90_s == pytest.approx(0.056)
+    assert w.tbt_mean_s == pytest.approx(0.05565)
+    assert w.decode_only_tbt_s == pytest.approx(0.0485)
+
+    def seen(statistic, sla):
+        ev = EvidenceSlaBound(sla, EPS, 2, 1, 1, 64, statistic=statistic)
+        o = Observation(num_running=8, num_waiting=4, kv_capacity_blocks=100,
+                        demand_mean=1.0, demand_std=0.0, demand_samples=10,
+                        tbt_mean_s=w.tbt_mean_s, decode_batch_mean=8.0,
+                        tbt_p90_s=w.tbt_p90_s, decode_only_tbt_s=w.decode_only_tbt_s,
+                        decode_only_p90_s=w.decode_only_p90_s, binding=1.0)
+        return ev.measured(o), ev.update(o)[1]
+
+    t, why = seen("decode_p90", 0.064)
+    assert t == pytest.approx(0.06315) and why == "sla_hold"
+    # over: 63.15 > 56 + 2 ms, and the decode-only steps' p90 (56 ms) is over 56 - 2 ms
+    # too, so the batch falls (not the prefill's fault: sla_over_prefill)
+    assert seen("decode_p90", 0.056)[1] == "sla_over"
+    # p90 reads a prefill step (120 ms), which the decode-only mean puts on the prefill
+    assert seen("p90", 0.064)[1] == "sla_over_prefill"
+    assert seen("mean", 0.064)[1] == "sla_under"            # 55.65 < 64 - 2 ms
 
 
 # ---------------------------------------------------------------- infeasible SLA

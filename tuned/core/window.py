@@ -42,6 +42,7 @@ class StepWindow(NamedTuple):
     prefill_residual_s: float | None = None  # mean of measured - model's T(b, c, kv) over
                                     # the decode steps with prefill (None: no model or
                                     # no such step)
+    decode_only_p90_s: float | None = None  # 90th percentile of the decode-only steps
 
     @property
     def binding(self) -> float:
@@ -68,6 +69,7 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
     kv_usage = None
     kv_res = 0
     times: list[float] = []
+    dtimes: list[float] = []
     for s in newest_first:
         if kv_usage is None:
             kv_usage = s.kv_usage
@@ -91,14 +93,20 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
             else:
                 dec_sum += s.step_s
                 dec_n += 1
+                dtimes.append(s.step_s)
     p90 = None
+    dp90 = None
+    if dtimes:
+        dtimes.sort()
+        dp90 = dtimes[min(math.ceil(0.9 * (len(dtimes) - 1)), len(dtimes) - 1)]
     if times:
         times.sort()
         p90 = times[min(math.ceil(0.9 * (len(times) - 1)), len(times) - 1)]
     return StepWindow(tbt_sum / n if n else None, b_sum / n if n else None, n,
                       kv_usage or 0.0, p90, steps, binding, prefill,
                       dec_sum / dec_n if dec_n else None, mix_sum / prefill if prefill else None,
-                      kv_res, res_sum / prefill if prefill and model is not None else None)
+                      kv_res, res_sum / prefill if prefill and model is not None else None,
+                      dp90)
 
 
 class DemandMoments(NamedTuple):

@@ -352,9 +352,15 @@ class EvidenceSlaBound(SlaBound):
 
     ``statistic`` picks T: the mean step time of decode steps (the paper's), their
     90th percentile (``p90``), which holds most requests' TPOT, not only the average,
-    or the mean held to a margin below D_SLA learnt from finished requests' TPOT
+    the mean held to a margin below D_SLA learnt from finished requests' TPOT
     (``attainment``, :class:`AttainmentMargin`, aiming at ``attainment_target`` of
-    them within the SLO). The SLA itself stays what feasibility is judged against.
+    them within the SLO), or ``decode_p90``: the 90th percentile of the decode steps
+    that carried no prefill plus the window's mean step less their mean (what prefill
+    added per step). Where a prefilling step takes several decode steps' time (a CPU
+    host), the plain p90 reads a prefill step once more than a tenth of the steps
+    prefill and the cap swings; a request's TPOT spreads the prefill over its steps,
+    as ``decode_p90`` does. With ``decode_p90`` the decode-only steps' p90 (not their
+    mean) also decides whether prefill caused a violation. The SLA itself stays what feasibility is judged against.
     The warm start seeds the midpoint and keeps an interval of width max(alpha, b)
     around it, so a wrong prediction is corrected by bisection, not by delta per tick.
     """
@@ -384,7 +390,11 @@ class EvidenceSlaBound(SlaBound):
         self.high = min(self.b_max, b + w)
 
     def measured(self, obs: Observation) -> float | None:
-        t = obs.tbt_p90_s if self.statistic == "p90" else obs.tbt_mean_s
+        if self.statistic == "decode_p90" and obs.decode_only_p90_s is not None \
+                and obs.decode_only_tbt_s is not None and obs.tbt_mean_s is not None:
+            t = obs.decode_only_p90_s + obs.tbt_mean_s - obs.decode_only_tbt_s
+        else:
+            t = obs.tbt_p90_s if self.statistic == "p90" else obs.tbt_mean_s
         return t if t is not None and math.isfinite(t) else None
 
     def update(self, obs: Observation) -> tuple[int, str]:
@@ -399,6 +409,8 @@ class EvidenceSlaBound(SlaBound):
         settling, self.settling = self.settling, max(self.settling - 1, 0)
         if t > setpoint + self.eps_s:
             dec = obs.decode_only_tbt_s
+            if self.statistic == "decode_p90" and obs.decode_only_p90_s is not None:
+                dec = obs.decode_only_p90_s
             if dec is None and obs.step_model is not None:
                 # every step carried prefill: what would the decodes alone take?
                 dec = obs.step_model.predict_step_s(bbar, 0.0, obs.kv_tokens_resident)
@@ -613,6 +625,7 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
          "demand_mean_blocks": obs.demand_mean, "demand_std_blocks": obs.demand_std,
          "demand_samples": obs.demand_samples, "tbt_mean_s": obs.tbt_mean_s,
          "tbt_p90_s": obs.tbt_p90_s, "decode_only_tbt_s": obs.decode_only_tbt_s,
+         "decode_only_p90_s": obs.decode_only_p90_s,
          "binding": round(obs.binding, 3), "kv_tokens_resident": obs.kv_tokens_resident,
          "mixed_tbt_s": obs.mixed_tbt_s,
          "decode_batch_mean": obs.decode_batch_mean,

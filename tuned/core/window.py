@@ -94,19 +94,19 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
                 dec_sum += s.step_s
                 dec_n += 1
                 dtimes.append(s.step_s)
-    p90 = None
-    dp90 = None
-    if dtimes:
-        dtimes.sort()
-        dp90 = dtimes[min(math.ceil(0.9 * (len(dtimes) - 1)), len(dtimes) - 1)]
-    if times:
-        times.sort()
-        p90 = times[min(math.ceil(0.9 * (len(times) - 1)), len(times) - 1)]
     return StepWindow(tbt_sum / n if n else None, b_sum / n if n else None, n,
-                      kv_usage or 0.0, p90, steps, binding, prefill,
+                      kv_usage or 0.0, _p90(times), steps, binding, prefill,
                       dec_sum / dec_n if dec_n else None, mix_sum / prefill if prefill else None,
                       kv_res, res_sum / prefill if prefill and model is not None else None,
-                      dp90)
+                      _p90(dtimes))
+
+
+def _p90(times: list[float]) -> float | None:
+    """The 90th percentile (nearest rank above) of ``times``, sorted in place."""
+    if not times:
+        return None
+    times.sort()
+    return times[min(math.ceil(0.9 * (len(times) - 1)), len(times) - 1)]
 
 
 class DemandMoments(NamedTuple):

@@ -360,7 +360,8 @@ class EvidenceSlaBound(SlaBound):
     host), the plain p90 reads a prefill step once more than a tenth of the steps
     prefill and the cap swings; a request's TPOT spreads the prefill over its steps,
     as ``decode_p90`` does. With ``decode_p90`` the decode-only steps' p90 (not their
-    mean) also decides whether prefill caused a violation. The SLA itself stays what feasibility is judged against.
+    mean) also decides whether prefill caused a violation. The SLA itself stays what
+    feasibility is judged against.
     The warm start seeds the midpoint and keeps an interval of width max(alpha, b)
     around it, so a wrong prediction is corrected by bisection, not by delta per tick.
     """

@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from tuned.core.predictor import upper_quantile
 from tuned.core.ring import FinishedRequest, StepSample
 
 
@@ -102,11 +103,8 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
 
 
 def _p90(times: list[float]) -> float | None:
-    """The 90th percentile (nearest rank above) of ``times``, sorted in place."""
-    if not times:
-        return None
-    times.sort()
-    return times[min(math.ceil(0.9 * (len(times) - 1)), len(times) - 1)]
+    """The 90th percentile of ``times`` (the rank above), None when there are none."""
+    return upper_quantile(sorted(times), 0.9) if times else None
 
 
 class DemandMoments(NamedTuple):

@@ -195,6 +195,14 @@ class Config:
                          "the queue drains slower) or hold (seed 000's: the SLA bound "
                          "holds whatever waits); needs ttft_sla_s > 0 and sla_mode "
                          "evidence", choices=("lift", "lift_tpot", "hold"))
+    sla_climb: str = _f("search", "how the SLA search rises while the cap binds under the "
+                        "SLA: search (seed 000's: the low end to the measured batch, the "
+                        "high end up by delta or a quarter) or model (when the step model, "
+                        "calibrated on the window's measured statistic, puts the batch at "
+                        "the SLA alpha or more above the cap, the search is centred there "
+                        "at once and held one TBT window: after a phase that pushed the cap "
+                        "down, the queue does not grow while the search climbs back); "
+                        "sla_mode evidence", choices=("search", "model"))
     sla_attainment_target: float = _f(0.9, "with sla_statistic = attainment: the share of "
                                       "finished requests whose TPOT the margin aims to "
                                       "keep within tbt_sla_s", lo=0.5, hi=0.999)

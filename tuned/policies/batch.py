@@ -369,7 +369,8 @@ class EvidenceSlaBound(SlaBound):
     def __init__(self, sla_s: float, eps_s: float, alpha: int, delta: int, b_min: int,
                  b_max: int, *, statistic: str = "mean", bind_share: float = 0.5,
                  budget_controlled: bool = True, settle_ticks: int = 0,
-                 attainment_target: float = 0.9, climb: str = "search") -> None:
+                 attainment_target: float = 0.9, climb: str = "search",
+                 band: str = "around") -> None:
         super().__init__(sla_s, eps_s, alpha, delta, b_min, b_max)
         if statistic not in SLA_STATISTICS:
             raise ValueError(f"statistic: must be one of {', '.join(SLA_STATISTICS)}, "
@@ -378,6 +379,9 @@ class EvidenceSlaBound(SlaBound):
             raise ValueError(f"settle_ticks: must be >= 0, got {settle_ticks!r}")
         if climb not in ("search", "model"):
             raise ValueError(f"climb: must be one of search, model, got {climb!r}")
+        if band not in ("around", "below"):
+            raise ValueError(f"band: must be one of around, below, got {band!r}")
+        self.band = band
         self.statistic = statistic
         self.bind_share = bind_share
         self.budget_controlled = budget_controlled
@@ -388,6 +392,12 @@ class EvidenceSlaBound(SlaBound):
         self.jumped = 0         # ticks left in which a rise waits for the window after a jump
         self.margin = (AttainmentMargin(sla_s, attainment_target)
                        if statistic == "attainment" else None)
+
+    @property
+    def setpoint_s(self) -> float:
+        """``band = "below"``: eps_D below the SLA (or the learnt margin), so that the
+        tolerance band [setpoint - eps_D, setpoint + eps_D] ends at it."""
+        return super().setpoint_s - (self.eps_s if self.band == "below" else 0.0)
 
     def warm_start(self, b: int) -> None:
         b = min(max(b, self.b_min), self.b_max)
@@ -716,7 +726,7 @@ def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                                    cfg.b_min, b_max, statistic=cfg.sla_statistic,
                                    settle_ticks=settle_ticks(cfg),
                                    attainment_target=cfg.sla_attainment_target,
-                                   climb=cfg.sla_climb)
+                                   climb=cfg.sla_climb, band=cfg.sla_band)
         if profile is not None:
             # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
             sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))

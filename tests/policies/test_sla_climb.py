@@ -95,3 +95,23 @@ def test_sla_climb_is_validated_by_name():
                        match=r"sla_climb: must be one of search, model"):
         config_mod.validate({"sla_climb": "leap"})
     assert config_mod.validate({}).sla_climb == "search"
+
+
+def test_band_below_ends_the_tolerance_at_the_sla():
+    """``sla_band = "below"``: held between SLA - 2 eps and the SLA (setpoint 48 ms with
+    the default 2 ms), so 49 ms, within the paper's band, is a violation."""
+    pol = _inner(sla_band="below")
+    assert pol.sla.setpoint_s == pytest.approx(SLA - 0.002)
+    pol.sla.low, pol.sla.high = 10, 20
+    d = pol.decide(_obs(0.0505, batch=15.0))
+    assert (d.reason, d.inputs["sla_setpoint_s"]) == ("sla_over", 0.048)
+    # the default, around: 50.5 ms is within 2 ms of the SLA, held
+    pol = _inner()
+    pol.sla.low, pol.sla.high = 10, 20
+    assert pol.decide(_obs(0.0505, batch=15.0)).reason == "sla_hold"
+    # 46.5 ms: under the paper's band, held by below's
+    pol = _inner(sla_band="below")
+    pol.sla.low, pol.sla.high = 10, 20
+    assert pol.decide(_obs(0.0465, batch=15.0)).reason == "sla_hold"
+    with pytest.raises(config_mod.ConfigError, match=r"sla_band: must be one of around, below"):
+        config_mod.validate({"sla_band": "above"})

@@ -40,27 +40,40 @@ def _obs(tbt, batch=4.0, model=MODEL):
 
 def test_model_climb_jumps_to_the_models_batch_at_the_sla_and_waits_a_window():
     pol = _inner(sla_climb="model")
-    pol.sla.low = pol.sla.high = 4
-    # 4 decodes measured at 18 ms, the model's own: 20 fit in 50 ms; the search is
-    # centred there with 5 either side
-    d = pol.decide(_obs(0.018))
-    assert (d.reason, d.cap, pol.sla.low, pol.sla.high) == ("sla_jump", 20, 15, 25)
-    # the window still holds the steps at 4: one window of 4 ticks (2 s of 0.5 s) holds
-    got = [pol.decide(_obs(0.018)) for _ in range(4)]
+    pol.sla.low = pol.sla.high = 10
+    # 10 decodes measured at 30 ms, the model's own: 20 fit in 50 ms; the midpoint
+    # goes there, the low end stays at the cap
+    d = pol.decide(_obs(0.030, batch=10.0))
+    assert (d.reason, d.cap, pol.sla.low, pol.sla.high) == ("sla_jump", 20, 10, 30)
+    # the window still holds the steps at 10: one window of 4 ticks (2 s of 0.5 s) holds
+    got = [pol.decide(_obs(0.030, batch=10.0)) for _ in range(4)]
     assert [(g.reason, g.cap) for g in got] == [("sla_jump_settling", 20)] * 4
     # then the search moves on evidence again: 20 decodes at 40 ms, under the SLA
     d = pol.decide(_obs(0.040, batch=20.0))
     assert d.reason in ("sla_under", "sla_expand") and d.cap >= 20
 
 
-def test_a_violation_after_a_jump_bisects_back_at_once():
+def test_a_jump_at_most_doubles_the_cap():
+    """From 4 decodes at 18 ms the model puts 20 at the SLA: an extrapolation from
+    the batch the window ran at, so the jump stops at 8, and goes on a window later."""
     pol = _inner(sla_climb="model")
     pol.sla.low = pol.sla.high = 4
-    assert pol.decide(_obs(0.018)).cap == 20
-    # the new cap runs over the SLA: the fall is not held by the jump
+    d = pol.decide(_obs(0.018))
+    assert (d.reason, d.cap, pol.sla.low, pol.sla.high) == ("sla_jump", 8, 4, 12)
+    for _ in range(4):
+        pol.decide(_obs(0.026, batch=8.0))
+    d = pol.decide(_obs(0.026, batch=8.0))
+    assert (d.reason, d.cap) == ("sla_jump", 16)
+
+
+def test_a_violation_after_a_jump_bisects_back_at_once():
+    pol = _inner(sla_climb="model")
+    pol.sla.low = pol.sla.high = 10
+    assert pol.decide(_obs(0.030, batch=10.0)).cap == 20
+    # the new cap runs over the SLA: the fall is not held by the jump, and the low end
+    # (the cap before the jump) bisects it back: high to the measured 20, low 10 - 1
     d = pol.decide(_obs(0.070, batch=20.0))
-    assert (d.reason, pol.sla.jumped) == ("sla_over", 0)
-    assert d.cap < 20
+    assert (d.reason, pol.sla.jumped, d.cap) == ("sla_over", 0, 14)
 
 
 def test_the_measured_excess_over_the_model_is_taken_off_the_sla():
@@ -69,7 +82,9 @@ def test_the_measured_excess_over_the_model_is_taken_off_the_sla():
     assert model_batch(_obs(0.026), MODEL, 0.026, SLA, 32) == 16
     pol = _inner(sla_climb="model")
     pol.sla.low = pol.sla.high = 4
-    assert (pol.decide(_obs(0.026)).reason, pol.sla.low, pol.sla.high) == ("sla_jump", 12, 20)
+    pol.sla.low = pol.sla.high = 10
+    d = pol.decide(_obs(0.030 + 0.008, batch=10.0))   # 8 ms over the model at 10
+    assert (d.reason, d.cap, pol.sla.low, pol.sla.high) == ("sla_jump", 16, 10, 22)
     # 15 decodes at 47 ms, 7 over the model: 16 fit, less than alpha above the cap:
     # the paper's climb
     pol = _inner(sla_climb="model")

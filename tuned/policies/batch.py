@@ -464,18 +464,23 @@ class EvidenceSlaBound(SlaBound):
         return self._midpoint(), reason
 
     def _jump(self, obs: Observation, t: float, setpoint: float) -> bool:
-        """``climb = "model"``: centre the search on the step model's batch at the
-        setpoint when that is alpha or more above the cap, with an interval of
-        max(alpha, b / 4) either side (an overshoot is bisected back), and hold the
-        rise for one TBT window (``settle_ticks`` + 1 ticks, a violation ends it) while
-        the window fills with steps at the new cap."""
+        """``climb = "model"``: move the search's midpoint to the step model's batch at
+        the setpoint when that is alpha or more above the cap, at most twice the cap
+        (the model is extrapolated from the batches the window ran at), keeping the
+        low end at the cap so that an overshoot is bisected back in one fall, and hold
+        the rise for one TBT window (``settle_ticks`` + 1 ticks, a violation ends it)
+        while the window fills with steps at the new cap."""
         if self.climb != "model":
             return False
+        cap = (self.low + self.high) // 2
         b = model_batch(obs, self.model, t, setpoint, self.b_max)
-        if b is None or b < (self.low + self.high) // 2 + self.alpha:
+        if b is None:
             return False
-        w = max(self.alpha, b // 4)
-        self.low, self.high = max(b - w, self.b_min), min(b + w, self.b_max)
+        b = min(b, 2 * max(cap, 1))
+        if b < cap + self.alpha:
+            return False
+        self.low = max(cap, self.b_min)
+        self.high = min(2 * b - self.low, self.b_max)
         self.jumped = self.settle_ticks + 1
         return True
 

@@ -195,20 +195,6 @@ class Config:
                          "the queue drains slower) or hold (seed 000's: the SLA bound "
                          "holds whatever waits); needs ttft_sla_s > 0 and sla_mode "
                          "evidence", choices=("lift", "lift_tpot", "hold"))
-    sla_climb: str = _f("search", "how the SLA search rises while the cap binds under the "
-                        "SLA: search (seed 000's: the low end to the measured batch, the "
-                        "high end up by delta or a quarter) or model (when the step model, "
-                        "calibrated on the window's measured statistic, puts the batch at "
-                        "the SLA alpha or more above the cap, the search is centred there "
-                        "at once and held one TBT window: after a phase that pushed the cap "
-                        "down, the queue does not grow while the search climbs back); "
-                        "sla_mode evidence", choices=("search", "model"))
-    sla_band: str = _f("around", "where the SLA search's tolerance eps_d_s lies: around "
-                       "(seed 000's: the statistic falls only above tbt_sla_s + eps_d_s "
-                       "and is held anywhere within eps_d_s of it) or below (the band "
-                       "ends at tbt_sla_s: held between tbt_sla_s - 2 eps_d_s and "
-                       "tbt_sla_s, so a held statistic never exceeds the SLA); sla_mode "
-                       "evidence", choices=("around", "below"))
     sla_attainment_target: float = _f(0.9, "with sla_statistic = attainment: the share of "
                                       "finished requests whose TPOT the margin aims to "
                                       "keep within tbt_sla_s", lo=0.5, hi=0.999)

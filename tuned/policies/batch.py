@@ -369,35 +369,20 @@ class EvidenceSlaBound(SlaBound):
     def __init__(self, sla_s: float, eps_s: float, alpha: int, delta: int, b_min: int,
                  b_max: int, *, statistic: str = "mean", bind_share: float = 0.5,
                  budget_controlled: bool = True, settle_ticks: int = 0,
-                 attainment_target: float = 0.9, climb: str = "search",
-                 band: str = "around") -> None:
+                 attainment_target: float = 0.9) -> None:
         super().__init__(sla_s, eps_s, alpha, delta, b_min, b_max)
         if statistic not in SLA_STATISTICS:
             raise ValueError(f"statistic: must be one of {', '.join(SLA_STATISTICS)}, "
                              f"got {statistic!r}")
         if settle_ticks < 0:
             raise ValueError(f"settle_ticks: must be >= 0, got {settle_ticks!r}")
-        if climb not in ("search", "model"):
-            raise ValueError(f"climb: must be one of search, model, got {climb!r}")
-        if band not in ("around", "below"):
-            raise ValueError(f"band: must be one of around, below, got {band!r}")
-        self.band = band
         self.statistic = statistic
         self.bind_share = bind_share
         self.budget_controlled = budget_controlled
         self.settle_ticks = settle_ticks
         self.settling = 0       # ticks left before another fall may follow the last one
-        self.climb = climb
-        self.model: StepModel | None = None   # set each tick by BatchPolicy (climb model)
-        self.jumped = 0         # ticks left in which a rise waits for the window after a jump
         self.margin = (AttainmentMargin(sla_s, attainment_target)
                        if statistic == "attainment" else None)
-
-    @property
-    def setpoint_s(self) -> float:
-        """``band = "below"``: eps_D below the SLA (or the learnt margin), so that the
-        tolerance band [setpoint - eps_D, setpoint + eps_D] ends at it."""
-        return super().setpoint_s - (self.eps_s if self.band == "below" else 0.0)
 
     def warm_start(self, b: int) -> None:
         b = min(max(b, self.b_min), self.b_max)
@@ -423,7 +408,6 @@ class EvidenceSlaBound(SlaBound):
         bb = int(math.floor(bbar + 0.5))
         setpoint = self.setpoint_s
         settling, self.settling = self.settling, max(self.settling - 1, 0)
-        jumped, self.jumped = self.jumped, max(self.jumped - 1, 0)
         if t > setpoint + self.eps_s:
             dec = obs.decode_only_tbt_s
             if self.statistic == "decode_p90" and obs.decode_only_p90_s is not None:
@@ -443,13 +427,8 @@ class EvidenceSlaBound(SlaBound):
                     cap = (self.low + self.high) // 2
                     reason = self._fall(max(bb, cap // 2))
                 self.settling = self.settle_ticks
-            self.jumped = 0
         elif not binding:
             reason = "sla_idle"
-        elif jumped:
-            reason = "sla_jump_settling"
-        elif t < setpoint - self.eps_s and self._jump(obs, t, setpoint):
-            reason = "sla_jump"
         elif t < setpoint - self.eps_s:
             self.low = min(bb, self.high - self.alpha)
             if self.high - self.low <= 2 * self.alpha + 1:
@@ -462,44 +441,6 @@ class EvidenceSlaBound(SlaBound):
         else:
             reason = self._narrow(bb)
         return self._midpoint(), reason
-
-    def _jump(self, obs: Observation, t: float, setpoint: float) -> bool:
-        """``climb = "model"``: move the search's midpoint to the step model's batch at
-        the setpoint when that is alpha or more above the cap, at most twice the cap
-        (the model is extrapolated from the batches the window ran at), keeping the
-        low end at the cap so that an overshoot is bisected back in one fall, and hold
-        the rise for one TBT window (``settle_ticks`` + 1 ticks, a violation ends it)
-        while the window fills with steps at the new cap."""
-        if self.climb != "model":
-            return False
-        cap = (self.low + self.high) // 2
-        b = model_batch(obs, self.model, t, setpoint, self.b_max)
-        if b is None:
-            return False
-        b = min(b, 2 * max(cap, 1))
-        if b < cap + self.alpha:
-            return False
-        self.low = max(cap, self.b_min)
-        self.high = min(2 * b - self.low, self.b_max)
-        self.jumped = self.settle_ticks + 1
-        return True
-
-
-def model_batch(obs: Observation, model: StepModel | None, t: float | None,
-                target_s: float, b_limit: int) -> int | None:
-    """The largest batch (1..b_limit) whose step the step model puts within
-    ``target_s``, at the running requests' context, once the window's measured
-    statistic ``t`` has been compared with the model's decode-only step at the
-    window's mean batch and its excess (the prefill the steps carried, their spread, a
-    host slower than the fit) taken off the target. None without a model, a running
-    request or a measured window."""
-    if (model is None or not obs.num_running or t is None or obs.decode_batch_mean is None
-            or not math.isfinite(t) or not math.isfinite(obs.decode_batch_mean)):
-        return None
-    kv_seq = obs.kv_tokens_resident / obs.num_running
-    bbar = max(obs.decode_batch_mean, 1.0)
-    excess = max(t - model.predict_step_s(bbar, 0.0, bbar * kv_seq), 0.0)
-    return min(max(model.largest_batch_within(target_s - excess, b_limit, kv_seq), 1), b_limit)
 
 
 class Feasibility:
@@ -579,8 +520,14 @@ def lift_target(obs: Observation, model: StepModel | None, sla_s: float, b_mem: 
     throughput pay, which is why ``lift``, to the memory bound, stays the default
     (docs/results.md, "A lift that stops at the TPOT SLO"). Without a model or a
     measured window the lift is to the memory bound, as with ``lift``."""
-    b = model_batch(obs, model, obs.tbt_mean_s, sla_s, b_mem)
-    return b_mem if b is None else b
+    if (model is None or not obs.num_running or obs.tbt_mean_s is None
+            or obs.decode_batch_mean is None or not math.isfinite(obs.tbt_mean_s)
+            or not math.isfinite(obs.decode_batch_mean)):
+        return b_mem
+    kv_seq = obs.kv_tokens_resident / obs.num_running
+    bbar = max(obs.decode_batch_mean, 1.0)
+    excess = max(obs.tbt_mean_s - model.predict_step_s(bbar, 0.0, bbar * kv_seq), 0.0)
+    return min(max(model.largest_batch_within(sla_s - excess, b_mem, kv_seq), 1), b_mem)
 
 
 @dataclass
@@ -623,7 +570,6 @@ class BatchPolicy:
         if self.sla is not None and feasible:
             if isinstance(self.sla, EvidenceSlaBound):
                 self.sla.budget_controlled = self.budget_acts
-                self.sla.model = model
             if late or self._late_hold:
                 # the SLA search is held while the cap is lifted and until the TBT
                 # window has turned over: its steps ran at a batch the search did not
@@ -730,8 +676,7 @@ def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
             sla = EvidenceSlaBound(cfg.tbt_sla_s, cfg.eps_d_s, cfg.alpha, cfg.delta,
                                    cfg.b_min, b_max, statistic=cfg.sla_statistic,
                                    settle_ticks=settle_ticks(cfg),
-                                   attainment_target=cfg.sla_attainment_target,
-                                   climb=cfg.sla_climb, band=cfg.sla_band)
+                                   attainment_target=cfg.sla_attainment_target)
         if profile is not None:
             # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
             sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))
@@ -793,11 +738,6 @@ SEED000_REASONS = {
                  "lift): the SLA bound steps aside, the memory bound sets the cap, and the "
                  "backlog drains at the engine's throughput (lift_tpot: the largest batch "
                  "the step model puts within tbt_sla_s sets it)",
-    "sla_jump": "TBT under the SLA while the cap binds, and the step model puts the batch "
-                "at the SLA alpha or more above the cap (sla_climb = model): the search "
-                "is centred there",
-    "sla_jump_settling": "after a jump of the SLA search, a rise waits one TBT window for "
-                         "steps at the new cap",
     "ttft_late_settling": "the SLA search held for one TBT window after the cap was lifted "
                           "for late requests: its steps ran at a batch it did not choose",
     "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "

@@ -7,9 +7,13 @@ default static cap side by side on the same load, through the benchmark's code.
    host (``tbt_sla_auto``: a multiple of the decode step measured at batch 1), so
    the demo tells the same story on a fast and on a slow machine; a short
    calibration load (two requests in flight) lets the controller measure it.
-3. Size an open-loop, phase-shifting workload from that measurement (chat, then long
-   prompts with short answers, then heavier chat) and drive it through ``tuned``,
-   printing each decision that changes the cap or the token budget.
+3. Drive a burst of prompts short and long (batches 1 to the cap) and fit the
+   engine's step times over it; size an open-loop, phase-shifting workload from that
+   fit and the SLA (chat, then long prompts with short answers, then heavier chat) and
+   drive it through ``tuned``, printing each decision that changes the cap or the
+   token budget. (A fit from the calibration alone, one or two requests in flight,
+   can put the SLA's batch at twice the engine's and size a load past what any cap
+   serves.)
 4. Drive the very same arrivals through plain vLLM with its own default
    ``max_num_seqs`` and token budget for this engine kind (the cap an operator gets
    without tuning).
@@ -117,7 +121,7 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | No
 
 
 def cmd_demo(args) -> int:
-    from tuned.bench.live import LiveServer, calibrate, run_live
+    from tuned.bench.live import LiveServer, calibrate, measure_step_fit, run_live
     from tuned.bench.metrics import Slo, summarize
     from tuned.bench.runner import Contender
     from tuned.demo_model import resolve_model
@@ -163,6 +167,15 @@ def cmd_demo(args) -> int:
             _say(f"  TBT SLA derived on this host: {derived['factor']:g} x "
                  f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1) = "
                  f"{sla_s * 1e3:.1f} ms")
+        probe = measure_step_fit(server, cfg)
+        if probe:
+            fit = probe
+            _say(f"  step time over a burst ({probe['n_samples']} steps, batches 1-"
+                 f"{probe['batch_max']}): {probe['a'] * 1e3:.2f} ms + "
+                 f"{probe['beta'] * 1e3:.3f} ms a sequence + {probe['gamma'] * 1e3:.4f} ms "
+                 f"a prompt token + {probe['eta'] * 1e6:.2f} us a cached token")
+        else:
+            _say("  no step fit from the burst: the load is sized from the calibration's")
         wl, b_sla = demo_workload(sla_s, fit, seed=args.seed, phase_s=args.phase_s,
                                   max_model_len=cfg.effective_max_model_len,
                                   ceiling=cfg.max_num_seqs)
@@ -184,13 +197,25 @@ def cmd_demo(args) -> int:
     slo = Slo(ttft_s=ttft, tpot_s=sla_s)
     rows = [("tuned", summarize(tuned_run.results, slo)),
             ("vllm-default", summarize(static_run.results, slo))]
+    _write_records(log_dir, slo, tuned_run, static_run)
     verdict = _summary(rows, slo, printer.reasons, tuned_run, static_run)
     (log_dir / "demo-summary.json").write_text(json.dumps(
-        {"slo": str(slo), "workload": wl.spec, "runs": dict(rows),
+        {"slo": str(slo), "workload": wl.spec, "step_fit": fit, "runs": dict(rows),
          "reasons": printer.reasons, "noise": verdict}, indent=1, default=str))
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     bad_exit = [r for r in (tuned_run, static_run) if r.server_returncode is not None]
     return 0 if lost == 0 and not bad_exit else 1
+
+
+def _write_records(log_dir: Path, slo, tuned_run, static_run) -> None:
+    """Each run's requests (``NAME.requests.csv``, as ``tuned bench`` writes them) and
+    tuned's decisions and engine steps, to see which requests a run missed and why."""
+    from tuned.bench.metrics import write_requests_csv
+
+    for name, run in (("tuned", tuned_run), ("vllm-default", static_run)):
+        write_requests_csv(log_dir / f"{name}.requests.csv", run.results, slo)
+    (log_dir / "tuned.decisions.json").write_text(json.dumps(tuned_run.decisions))
+    (log_dir / "tuned.steps.json").write_text(json.dumps(tuned_run.steps))
 
 
 def _fmt_s(v) -> str:

@@ -12,6 +12,7 @@ import threading
 import tomllib
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -463,3 +464,55 @@ def test_a_runs_step_records_are_those_after_its_start_on_its_clock():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class _BurstServer:
+    """A server whose ``drive`` returns given step records: the demo's burst probe
+    without an engine (what it sends is checked to be the probe workload)."""
+
+    def __init__(self, steps):
+        self.steps, self.driven = steps, []
+
+    def drive(self, wl):
+        self.driven.append(wl)
+        return SimpleNamespace(steps=self.steps)
+
+
+def test_the_burst_probe_fits_the_steps_it_drove():
+    """`tuned demo` sizes its load from the steps of a burst, not from the calibration's
+    fit: T = 5 ms + 0.6 ms a sequence + 0.3 ms a prompt token + 1 us a cached token is
+    recovered from the burst's steps (idle steps left out), with the largest batch."""
+    steps = []
+    for i in range(120):
+        b, c, kv = 1 + i % 12, (i * 37) % 200 if i % 5 == 0 else 0, 100 + 61 * (i % 17)
+        steps.append({"num_decode": b, "prefill_tokens": c, "kv_tokens_resident": kv,
+                      "step_s": 0.005 + 0.0006 * b + 0.0003 * c + 1e-6 * kv})
+    steps.append({"num_decode": 0, "prefill_tokens": 0, "kv_tokens_resident": 0,
+                  "step_s": 9.0})                              # idle: not a busy step
+    srv = _BurstServer(steps)
+    fit = live.measure_step_fit(srv, validate({}))
+    assert srv.driven[0].spec == live.PROBE_WORKLOAD
+    assert len(srv.driven[0].requests) == 24
+    assert fit["n_samples"] == 120 and fit["batch_max"] == 12
+    assert fit["a"] == pytest.approx(0.005, rel=1e-6)
+    assert fit["beta"] == pytest.approx(0.0006, rel=1e-6)
+    assert fit["gamma"] == pytest.approx(0.0003, rel=1e-6)
+    assert fit["eta"] == pytest.approx(1e-6, rel=1e-6)
+    # plain vLLM keeps no step records: no fit, the caller keeps the calibration's
+    assert live.measure_step_fit(_BurstServer([]), validate({})) is None
+
+
+@pytest.mark.slow
+def test_the_demo_burst_spans_batches_on_the_real_engine(tiny_model, tmp_path):
+    """The burst after the calibration reaches batches above the calibration's one or
+    two in flight, and its fit has a positive prefill cost (states only: the values
+    are this host's)."""
+    from serve_harness import dtype_args
+
+    cfg = validate({"num_gpu_blocks": 64, "tbt_sla_auto": 2.5})
+    with live.LiveServer(Contender("probe", "tuned", cfg), model_path=str(tiny_model),
+                         log_dir=tmp_path, extra_vllm_args=dtype_args()) as srv:
+        fit = live.measure_step_fit(srv, cfg)
+    assert fit is not None and fit["n_samples"] >= 50
+    assert fit["batch_max"] >= 4
+    assert fit["gamma"] > 0 and fit["r2"] > 0.5

@@ -623,6 +623,32 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
                        f"{timeout_s:.0f}s of calibration load")
 
 
+#: the load that follows the calibration in ``tuned demo``: a burst of prompts short and
+#: long, so the engine's steps span batches 1 to the cap and prefills of up to 600
+#: tokens, and the step fit the demo sizes its workload from is measured there rather
+#: than extrapolated from the calibration's one or two requests in flight
+PROBE_WORKLOAD = "poisson:rate=200,prompt=U(32,600),output=64,n=24"
+
+
+def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:
+    """Drive :data:`PROBE_WORKLOAD` on ``server`` and fit its engine steps with the
+    online fitter (:func:`tuned.curves.online.fit_step_times`): ``a``, ``beta``,
+    ``gamma``, ``eta``, ``r2``, ``n_samples`` and ``batch_max`` (the largest decode
+    batch it saw). None when the server keeps no step records (plain vLLM) or the
+    steps give no fit."""
+    from tuned.curves.online import fit_step_times
+    from tuned.workloads import parse_workload
+
+    wl = parse_workload(PROBE_WORKLOAD, 0, max_model_len=cfg.effective_max_model_len)
+    busy = [s for s in server.drive(wl).steps if s["num_decode"] or s["prefill_tokens"]]
+    fit = fit_step_times([s["num_decode"] for s in busy], [s["prefill_tokens"] for s in busy],
+                         [s["kv_tokens_resident"] for s in busy], [s["step_s"] for s in busy])
+    if fit is None:
+        return None
+    return {"a": fit.a, "beta": fit.beta, "gamma": fit.gamma, "eta": fit.eta, "r2": fit.r2,
+            "n_samples": fit.n_samples, "batch_max": max(s["num_decode"] for s in busy)}
+
+
 def measure_batch1_step(base: Config, *, model_path: str, log_dir: Path, seed: int = 0,
                         factor: float = 2.5, startup_timeout_s: float = 600.0,
                         extra_vllm_args: Sequence[str] = ()) -> dict:

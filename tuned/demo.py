@@ -6,14 +6,15 @@ default static cap side by side on the same load, through the benchmark's code.
 2. Start ``tuned serve`` with the embedded default. Its TBT SLA is derived on this
    host (``tbt_sla_auto``: a multiple of the decode step measured at batch 1), so
    the demo tells the same story on a fast and on a slow machine; a short
-   calibration load (two requests in flight) lets the controller measure it.
-3. Drive a burst of prompts short and long (batches 1 to the cap) and fit the
-   engine's step times over it; size an open-loop, phase-shifting workload from that
-   fit and the SLA (chat, then long prompts with short answers, then heavier chat) and
-   drive it through ``tuned``, printing each decision that changes the cap or the
-   token budget. (A fit from the calibration alone, one or two requests in flight,
-   can put the SLA's batch at twice the engine's and size a load past what any cap
-   serves.)
+   calibration load (two requests in flight) lets the controller measure it. Then a
+   burst of prompts short and long (batches 1 to the cap), whose step times are
+   fitted; that server stops. (A fit from the calibration alone, one or two requests
+   in flight, can put the SLA's batch at twice the engine's and size a load past
+   what any cap serves.)
+3. Size an open-loop, phase-shifting workload from the burst's fit and the SLA
+   (chat, then long prompts with short answers, then heavier chat) and drive it
+   through a fresh ``tuned serve`` with that SLA, printing each decision that
+   changes the cap or the token budget.
 4. Drive the very same arrivals through plain vLLM with its own default
    ``max_num_seqs`` and token budget for this engine kind (the cap an operator gets
    without tuning).
@@ -152,10 +153,10 @@ def cmd_demo(args) -> int:
                                    log=lambda m: _say("  " + m)))
     log_dir = Path(args.log_dir)
     t0 = time.monotonic()
-    tuned = Contender("tuned", "tuned", cfg)
     _say(f"[2/5] starting tuned serve ({cfg.source_path or 'embedded default'}; logs in "
          f"{log_dir}/) and measuring this host")
-    with LiveServer(tuned, model_path=model_path, log_dir=log_dir, seed=args.seed,
+    with LiveServer(Contender("calibration", "tuned", cfg), model_path=model_path,
+                    log_dir=log_dir, seed=args.seed,
                     startup_timeout_s=args.startup_timeout_s) as server:
         _say(f"  ready after {time.monotonic() - t0:.0f}s")
         if cfg.tbt_sla_s:
@@ -168,21 +169,29 @@ def cmd_demo(args) -> int:
                  f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1) = "
                  f"{sla_s * 1e3:.1f} ms")
         probe = measure_step_fit(server, cfg)
-        if probe:
-            fit = probe
-            _say(f"  step time over a burst ({probe['n_samples']} steps, batches 1-"
-                 f"{probe['batch_max']}): {probe['a'] * 1e3:.2f} ms + "
-                 f"{probe['beta'] * 1e3:.3f} ms a sequence + {probe['gamma'] * 1e3:.4f} ms "
-                 f"a prompt token + {probe['eta'] * 1e6:.2f} us a cached token")
-        else:
-            _say("  no step fit from the burst: the load is sized from the calibration's")
-        wl, b_sla = demo_workload(sla_s, fit, seed=args.seed, phase_s=args.phase_s,
-                                  max_model_len=cfg.effective_max_model_len,
-                                  ceiling=cfg.max_num_seqs)
-        info = wl.describe()
-        _say(f"[3/5] tuned: {len(wl.requests)} requests open-loop over "
-             f"{info.get('duration_s', 0):.0f}s (chat, long prompts, heavier chat; sized "
-             f"for about {b_sla:.0f} decodes within the SLA); decisions as they change:")
+    if probe:
+        fit = probe
+        _say(f"  step time over a burst ({probe['n_samples']} steps, batches 1-"
+             f"{probe['batch_max']}): {probe['a'] * 1e3:.2f} ms + "
+             f"{probe['beta'] * 1e3:.3f} ms a sequence + {probe['gamma'] * 1e3:.4f} ms "
+             f"a prompt token + {probe['eta'] * 1e6:.2f} us a cached token")
+    else:
+        _say("  no step fit from the burst: the load is sized from the calibration's")
+    wl, b_sla = demo_workload(sla_s, fit, seed=args.seed, phase_s=args.phase_s,
+                              max_model_len=cfg.effective_max_model_len,
+                              ceiling=cfg.max_num_seqs)
+    info = wl.describe()
+    # tuned runs the load on a fresh server with the SLA just derived, as vLLM's
+    # default runs it on a fresh one: the calibration and the burst (24 requests at
+    # once) would otherwise hand it an SLA search already narrowed to the batch the
+    # burst overloaded, and the run would measure that start, not the controller
+    tuned = Contender("tuned", "tuned", replace(cfg, tbt_sla_s=sla_s))
+    _say(f"[3/5] tuned (a fresh server, TBT SLA {sla_s * 1e3:.1f} ms): "
+         f"{len(wl.requests)} requests open-loop over {info.get('duration_s', 0):.0f}s "
+         f"(chat, long prompts, heavier chat; sized for about {b_sla:.0f} decodes within "
+         f"the SLA); decisions as they change:")
+    with LiveServer(tuned, model_path=model_path, log_dir=log_dir, seed=args.seed,
+                    startup_timeout_s=args.startup_timeout_s) as server:
         printer = _DecisionPrinter(time.monotonic())
         tuned_run = server.drive(wl, on_decision=printer)
     seqs, toks = VLLM_DEFAULTS["cpu"]

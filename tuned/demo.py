@@ -171,10 +171,10 @@ def cmd_demo(args) -> int:
         probe = measure_step_fit(server, cfg)
     if probe:
         fit = probe
-        _say(f"  step time over a burst ({probe['n_samples']} steps, batches 1-"
-             f"{probe['batch_max']}): {probe['a'] * 1e3:.2f} ms + "
+        _say(f"  step time over a burst (medians of {probe['n_samples']} decode steps, "
+             f"batches up to {probe['batch_max']}): {probe['a'] * 1e3:.2f} ms + "
              f"{probe['beta'] * 1e3:.3f} ms a sequence + {probe['gamma'] * 1e3:.4f} ms "
-             f"a prompt token + {probe['eta'] * 1e6:.2f} us a cached token")
+             f"a prompt token")
     else:
         _say("  no step fit from the burst: the load is sized from the calibration's")
     wl, b_sla = demo_workload(sla_s, fit, seed=args.seed, phase_s=args.phase_s,

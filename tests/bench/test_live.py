@@ -480,26 +480,42 @@ class _BurstServer:
 
 def test_the_burst_probe_fits_the_steps_it_drove():
     """`tuned demo` sizes its load from the steps of a burst, not from the calibration's
-    fit: T = 5 ms + 0.6 ms a sequence + 0.3 ms a prompt token + 1 us a cached token is
-    recovered from the burst's steps (idle steps left out), with the largest batch."""
+    fit: T = 5 ms + 0.6 ms a sequence + 0.3 ms a prompt token is recovered from each
+    batch's median decode step and the prefilling steps' excess, whatever a few
+    stalled steps took; a batch seen twice, a short prefill and idle steps stay out."""
     steps = []
-    for i in range(120):
-        b, c, kv = 1 + i % 12, (i * 37) % 200 if i % 5 == 0 else 0, 100 + 61 * (i % 17)
+
+    def step(b, c, t, kv=0):
         steps.append({"num_decode": b, "prefill_tokens": c, "kv_tokens_resident": kv,
-                      "step_s": 0.005 + 0.0006 * b + 0.0003 * c + 1e-6 * kv})
-    steps.append({"num_decode": 0, "prefill_tokens": 0, "kv_tokens_resident": 0,
-                  "step_s": 9.0})                              # idle: not a busy step
+                      "step_s": t})
+
+    for b in range(1, 13):
+        for k in range(4):
+            step(b, 0, 0.005 + 0.0006 * b, kv=100 * b + k)
+    for b in (2, 5, 9):
+        step(b, 0, 0.250)                               # stalls: one of five at a batch
+    step(13, 0, 0.100)
+    step(13, 0, 0.100)                                  # two steps: not on the line
+    for b, c in ((0, 64), (3, 200), (6, 500), (1, 96)):
+        step(b, c, 0.005 + 0.0006 * b + 0.0003 * c)
+    step(4, 8, 0.5)                                     # a prefill under 32 tokens
+    step(0, 0, 9.0)                                     # idle
     srv = _BurstServer(steps)
     fit = live.measure_step_fit(srv, validate({}))
     assert srv.driven[0].spec == live.PROBE_WORKLOAD
     assert len(srv.driven[0].requests) == 24
-    assert fit["n_samples"] == 120 and fit["batch_max"] == 12
-    assert fit["a"] == pytest.approx(0.005, rel=1e-6)
-    assert fit["beta"] == pytest.approx(0.0006, rel=1e-6)
-    assert fit["gamma"] == pytest.approx(0.0003, rel=1e-6)
-    assert fit["eta"] == pytest.approx(1e-6, rel=1e-6)
-    # plain vLLM keeps no step records: no fit, the caller keeps the calibration's
+    assert fit["n_samples"] == 51 and fit["batch_max"] == 12
+    assert fit["a"] == pytest.approx(0.005, rel=1e-9)
+    assert fit["beta"] == pytest.approx(0.0006, rel=1e-9)
+    assert fit["gamma"] == pytest.approx(0.0003, rel=1e-9)
+    assert fit["eta"] == 0.0
+    # plain vLLM keeps no step records, and two batches make no line: no fit, the
+    # caller keeps the calibration's
     assert live.measure_step_fit(_BurstServer([]), validate({})) is None
+    assert live.burst_step_fit([s for s in steps if s["num_decode"] in (1, 2)]) is None
+    # a line with no cost per sequence (every batch alike) is no fit either
+    flat = [{**s, "step_s": 0.01} for s in steps if not s["prefill_tokens"]]
+    assert live.burst_step_fit(flat) is None
 
 
 @pytest.mark.slow

@@ -631,22 +631,55 @@ PROBE_WORKLOAD = "poisson:rate=200,prompt=U(32,600),output=64,n=24"
 
 
 def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:
-    """Drive :data:`PROBE_WORKLOAD` on ``server`` and fit its engine steps with the
-    online fitter (:func:`tuned.curves.online.fit_step_times`): ``a``, ``beta``,
-    ``gamma``, ``eta``, ``r2``, ``n_samples`` and ``batch_max`` (the largest decode
-    batch it saw). None when the server keeps no step records (plain vLLM) or the
-    steps give no fit."""
-    from tuned.curves.online import fit_step_times
+    """Drive :data:`PROBE_WORKLOAD` on ``server`` and fit its engine steps
+    (:func:`burst_step_fit`). None when the server keeps no step records (plain vLLM)
+    or the steps give no fit."""
     from tuned.workloads import parse_workload
 
     wl = parse_workload(PROBE_WORKLOAD, 0, max_model_len=cfg.effective_max_model_len)
-    busy = [s for s in server.drive(wl).steps if s["num_decode"] or s["prefill_tokens"]]
-    fit = fit_step_times([s["num_decode"] for s in busy], [s["prefill_tokens"] for s in busy],
-                         [s["kv_tokens_resident"] for s in busy], [s["step_s"] for s in busy])
-    if fit is None:
+    return burst_step_fit(server.drive(wl).steps)
+
+
+#: a decode batch joins the burst's line with this many decode-only steps or more
+MIN_STEPS_PER_BATCH = 3
+
+
+def burst_step_fit(steps: Sequence[dict]) -> dict | None:
+    """T(b, c) = a + beta b + gamma c from a burst's step records, robust to the few
+    steps a shared host stalls or a new shape compiles: ``a`` and ``beta`` are the
+    line (the one fitter, :func:`tuned.curves.fit.fit_step_time`, slopes >= 0)
+    through each decode batch's median decode-only step (batches with at least
+    :data:`MIN_STEPS_PER_BATCH` of them); ``gamma`` the median, over the steps that
+    prefilled 32 tokens or more, of what each took over that line per prompt token;
+    ``eta`` 0 (the KV read of the burst's context is in ``beta``). Also ``r2``,
+    ``n_samples`` (the decode-only steps on the line) and ``batch_max``. None with
+    fewer than 3 such batches or a line with no cost per sequence: least squares on
+    the raw steps (four terms, the online fit's) once gave 13.9 ms and nothing a
+    sequence on a burst where a few steps stalled."""
+    import statistics
+
+    from tuned.curves.fit import FitError, fit_step_time
+
+    by_batch: dict[int, list[float]] = {}
+    for s in steps:
+        if s["num_decode"] and not s["prefill_tokens"]:
+            by_batch.setdefault(int(s["num_decode"]), []).append(float(s["step_s"]))
+    batches = sorted(b for b, v in by_batch.items() if len(v) >= MIN_STEPS_PER_BATCH)
+    if len(batches) < 3:
         return None
-    return {"a": fit.a, "beta": fit.beta, "gamma": fit.gamma, "eta": fit.eta, "r2": fit.r2,
-            "n_samples": fit.n_samples, "batch_max": max(s["num_decode"] for s in busy)}
+    medians = [statistics.median(by_batch[b]) for b in batches]
+    try:
+        fit = fit_step_time(batches, [0] * len(batches), medians)
+    except FitError:
+        return None
+    a, beta = fit.params["a"], fit.params["beta"]
+    if not beta > 0:
+        return None
+    per_token = [(s["step_s"] - a - beta * s["num_decode"]) / s["prefill_tokens"]
+                 for s in steps if s["prefill_tokens"] >= 32]
+    gamma = max(statistics.median(per_token), 0.0) if per_token else 0.0
+    return {"a": a, "beta": beta, "gamma": gamma, "eta": 0.0, "r2": fit.r2,
+            "n_samples": sum(len(by_batch[b]) for b in batches), "batch_max": batches[-1]}
 
 
 def measure_batch1_step(base: Config, *, model_path: str, log_dir: Path, seed: int = 0,

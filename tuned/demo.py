@@ -94,8 +94,10 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | No
     U(32,96), 64) costs the engine 80*gamma of prefill plus 64 decode steps shared
     with b_sla - 1 others, so the engine serves at most mu = 1 / (80*gamma +
     64*SLA/b_sla) chat requests a second within the SLA. The phases, ``phase_s``
-    each: chat at 0.4 mu; long prompts (U(300,700)) with short answers taking a
-    quarter of the engine's time in prefill; chat at 0.8 mu. A CPU host spends most
+    each: chat at 0.3 mu; long prompts (U(300,700)) with short answers taking a
+    quarter of the engine's time in prefill; chat at 0.6 mu (mu counts the decodes at
+    the SLA's batch as if no prefill shared their steps, so 0.6 mu is near what the
+    SLA lets a cap serve once the prompts' prefill does). A CPU host spends most
     of a chat request in its prefill (a prompt costs several decode steps), so
     leaving prefill out sizes the load past what any cap could serve.
     """
@@ -111,8 +113,8 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | No
         r = max(load * mu, 0.05)
         return round(r, 3), max(int(r * phase_s), 4)
 
-    r1, n1 = chat(0.4)
-    r3, n3 = chat(0.8)
+    r1, n1 = chat(0.3)
+    r3, n3 = chat(0.6)
     r2 = round(max(0.25 / (max(gamma, 1e-6) * 500.0), 0.05), 3)  # prompts ~500 tokens
     n2 = max(int(r2 * phase_s), 4)
     spec = (f"phases:poisson:rate={r1},prompt=U(32,128),output=U(32,96),n={n1};"

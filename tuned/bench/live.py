@@ -628,8 +628,11 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 #: at the chat's context, and the step fit the demo sizes its workload from is
 #: measured there rather than extrapolated from the calibration's one or two requests
 #: in flight (prompts of up to 600 tokens put the cache's reads of long prompts in the
-#: cost a sequence: about 1.05 ms against 0.6 ms at the chat's context on one host)
-PROBE_WORKLOAD = "poisson:rate=200,prompt=U(32,128),output=64,n=24"
+#: cost a sequence: about 1.05 ms against 0.6 ms at the chat's context on one host).
+#: Outputs of 16-112 tokens end one by one, so the decode batch steps down through
+#: every size to 1; with all 64 tokens long they ended together, and where the
+#: engine admitted the burst at once no three batches had decode-only steps to fit
+PROBE_WORKLOAD = "poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24"
 
 
 def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:

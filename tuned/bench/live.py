@@ -627,11 +627,11 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 #: requests (the demo's chat phases), so the engine's steps span batches 1 to the cap
 #: at the chat's context, and the step fit the demo sizes its workload from is
 #: measured there rather than extrapolated from the calibration's one or two requests
-#: in flight (prompts of up to 600 tokens put the cache's reads of long prompts in the
-#: cost a sequence: about 1.05 ms against 0.6 ms at the chat's context on one host).
-#: Outputs of 16-112 tokens end one by one, so the decode batch steps down through
-#: every size to 1; with all 64 tokens long they ended together, and where the
-#: engine admitted the burst at once no three batches had decode-only steps to fit
+#: in flight (long prompts would put their cache reads in the cost a sequence, which
+#: the chat phases do not pay). Outputs of 16-112 tokens end one by one, so the decode
+#: batch steps down through every size to 1; outputs all of one length end together,
+#: and where the engine admitted the burst at once no three batches had decode-only
+#: steps to fit (docs/results.md, "The demo sized from a burst's measured steps")
 PROBE_WORKLOAD = "poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24"
 
 
@@ -658,9 +658,9 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
     prefilled 32 tokens or more, of what each took over that line per prompt token;
     ``eta`` 0 (the KV read of the burst's context is in ``beta``). Also ``r2``,
     ``n_samples`` (the decode-only steps on the line) and ``batch_max``. None with
-    fewer than 3 such batches or a line with no cost per sequence: least squares on
-    the raw steps (four terms, the online fit's) once gave 13.9 ms and nothing a
-    sequence on a burst where a few steps stalled."""
+    fewer than 3 such batches or a line with no cost per sequence (least squares on
+    the raw steps, the online fit's four terms, can put everything in the intercept
+    where a few steps stalled)."""
     import statistics
 
     from tuned.curves.fit import FitError, fit_step_time

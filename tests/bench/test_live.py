@@ -520,15 +520,23 @@ def test_the_burst_probe_fits_the_steps_it_drove():
 
 @pytest.mark.slow
 def test_the_demo_burst_spans_batches_on_the_real_engine(tiny_model, tmp_path):
-    """The burst after the calibration reaches batches above the calibration's one or
-    two in flight, and its fit has a positive prefill cost (states only: the values
-    are this host's)."""
+    """The burst after the calibration steps the decode batch down through sizes: at
+    least three batches, one of 4 or more, each with enough decode-only steps to join
+    the line (states only: the step times, and whether the tiny model's near-flat
+    steps give a line with a cost a sequence, are this host's)."""
     from serve_harness import dtype_args
 
     cfg = validate({"num_gpu_blocks": 64, "tbt_sla_auto": 2.5})
+    wl = parse_workload(live.PROBE_WORKLOAD, 0, max_model_len=cfg.effective_max_model_len)
     with live.LiveServer(Contender("probe", "tuned", cfg), model_path=str(tiny_model),
                          log_dir=tmp_path, extra_vllm_args=dtype_args()) as srv:
-        fit = live.measure_step_fit(srv, cfg)
-    assert fit is not None and fit["n_samples"] >= 50
-    assert fit["batch_max"] >= 4
-    assert fit["gamma"] > 0 and fit["r2"] > 0.5
+        steps = srv.drive(wl).steps
+    counts: dict[int, int] = {}
+    for s in steps:
+        if s["num_decode"] and not s["prefill_tokens"]:
+            counts[s["num_decode"]] = counts.get(s["num_decode"], 0) + 1
+    full = sorted(b for b, n in counts.items() if n >= live.MIN_STEPS_PER_BATCH)
+    assert len(full) >= 3 and full[-1] >= 4, counts
+    fit = live.burst_step_fit(steps)
+    if fit is not None:
+        assert fit["beta"] > 0 and fit["batch_max"] == full[-1]

@@ -21,7 +21,15 @@ W = ["--workload", "phase-shift:rate=1,n=4"]
     (W + ["--engine", "vllm", "--model", "demo:tiny", "--data-dir", "d"],
      "--data-dir is for the simulator's --hardware (--engine sim)"),
     (W + ["--engine", "vllm", "--model", "demo:tiny", "--events", "x"],
-     "--events is for the simulator (--engine sim): a real engine's events are its own"),
+     "--events: 'x' must be throttle=T0-T1@F on the real engine (the server runs 1/F of "
+     "the time from T0 to T1 seconds of the workload; seconds T0 < T1, F in [1, 10])"),
+    (W + ["--engine", "vllm", "--model", "demo:tiny", "--events", "throttle=5-2@2"],
+     "--events: 'throttle=5-2@2' needs T0 < T1, got T0=5, T1=2"),
+    (W + ["--engine", "vllm", "--model", "demo:tiny", "--events", "throttle=0-2@20"],
+     "--events: 'throttle=0-2@20' needs F in [1, 10], got F=20"),
+    (W + ["--engine", "vllm", "--model", "demo:tiny", "--events",
+          "throttle=0-20@2,throttle=10-30@2"],
+     "--events: 'throttle=10-30@2' overlaps throttle=0-20@2"),
     (W + ["--hardware", "a100-llama2-7b", "--caps", "4,x"],
      "--caps: expected comma-separated whole numbers, got '4,x'"),
 ])

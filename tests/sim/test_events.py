@@ -118,8 +118,9 @@ def test_simulate_cli_drift(tmp_path, capsys):
         "tuned simulate: --events: 'drift=30@20' needs F in [0.1, 10], got F=20")
 
 
-def test_bench_refuses_events_on_the_real_engine(tmp_path, capsys):
+def test_bench_refuses_the_simulators_events_on_the_real_engine(tmp_path, capsys):
     rc = main(["bench", "--engine", "vllm", "--model", "demo:tiny", "--workload", SPEC,
                "--events", "drift=30@2", "--out", str(tmp_path)])
     assert rc == 2
-    assert "--events is for the simulator (--engine sim)" in capsys.readouterr().err
+    assert ("--events: 'drift=30@2' must be throttle=T0-T1@F on the real engine"
+            in capsys.readouterr().err)

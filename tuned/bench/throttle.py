@@ -37,28 +37,22 @@ _THROTTLER = """\
 import os, signal, sys, time
 pids = [int(p) for p in sys.argv[1].split(",")]
 run_s, stop_s, end = float(sys.argv[2]), float(sys.argv[3]), time.monotonic() + float(sys.argv[4])
-def cont(*_):
+def send(sig):
     for p in pids:
         try:
-            os.kill(p, signal.SIGCONT)
+            os.kill(p, sig)
         except OSError:
             pass
+def cont(*_):
+    send(signal.SIGCONT)
     sys.exit(0)
 signal.signal(signal.SIGTERM, cont)
 try:
     while time.monotonic() < end:
         time.sleep(run_s)
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGSTOP)
-            except OSError:
-                pass
+        send(signal.SIGSTOP)
         time.sleep(stop_s)
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except OSError:
-                pass
+        send(signal.SIGCONT)
 finally:
     cont()
 """

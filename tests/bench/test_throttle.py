@@ -92,3 +92,17 @@ def test_cancelling_the_run_continues_the_server(tree):
 
     asyncio.run(main())
     assert seen == {"after": {psutil.STATUS_SLEEPING}, "throttlers": []}
+
+
+def test_an_attached_server_is_not_throttled_silently(tmp_path):
+    from tuned.bench.live import LiveServer, _Server
+    from tuned.workloads import parse_workload
+
+    server = LiveServer.__new__(LiveServer)   # as LiveServer.attach leaves it, no HTTP
+    server.contender = None
+    server.srv = _Server(None, "http://127.0.0.1:1", None, tmp_path / "log", None, 0.0)
+    wl = parse_workload("poisson:rate=1,prompt=U(8,16),output=U(8,16),n=2")
+    with pytest.raises(ValueError) as e:
+        server.drive(wl, throttles=(Throttle(0, 1, 2),))
+    assert str(e.value) == ("throttles: only a server this bench started can be "
+                            "throttled, not an attached one")

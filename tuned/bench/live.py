@@ -66,9 +66,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from tuned import launch
-from tuned.bench.throttle import Throttle, run_throttles
 from tuned.bench.metrics import RequestResult
 from tuned.bench.runner import Contender
+from tuned.bench.throttle import Throttle, run_throttles
 from tuned.config import FIELDS, Config
 from tuned.core.refusal import REFUSAL_STATUSES, client_refusal  # noqa: F401  (re-exported)
 from tuned.launch import EngineError, log_tail, server_info, stop_process, wait_ready
@@ -549,6 +549,9 @@ class LiveServer:
         ``on_decision`` sees each new tuned decision as it is polled; ``throttles``
         slow the server at their times (:mod:`tuned.bench.throttle`)."""
         contender, srv = self.contender, self.srv
+        if throttles and srv.proc is None:
+            raise ValueError("throttles: only a server this bench started can be "
+                             "throttled, not an attached one")
         prompts = [self.factory.make(s.prompt_tokens) for s in workload.requests]
         warm_prompt = self.factory.make(WARMUP.prompt_tokens)
         client = _Client(srv.url, self.model_id, srv.endpoint, on_decision=on_decision)
@@ -556,8 +559,7 @@ class LiveServer:
         async def main():
             try:
                 return await _run_async(client, workload, prompts, warm_prompt, progress,
-                                        throttles,
-                                        srv.proc.pid if srv.proc is not None else None)
+                                        throttles, srv.proc.pid if throttles else None)
             finally:
                 await client.aclose()
 

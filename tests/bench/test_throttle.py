@@ -54,7 +54,7 @@ def test_parse_refuses_with_the_item_and_its_range(text, want):
 
 def test_the_server_is_stopped_between_t0_and_t1_and_runs_after(tree):
     """At F = 10 the tree is stopped 90 % of each period: sampled 40 times within the
-    throttle, each process is seen stopped, and after T1 none is."""
+    throttle, a process is seen stopped, and before T0 and after T1 none is."""
     seen = {"before": None, "during": set(), "after": None}
 
     async def main():
@@ -71,9 +71,10 @@ def test_the_server_is_stopped_between_t0_and_t1_and_runs_after(tree):
         seen["ended_at"] = time.monotonic() - t0
 
     asyncio.run(main())
-    assert seen["before"] == {psutil.STATUS_SLEEPING}
+    # asleep, or running while the host schedules it, but never stopped outside
+    assert psutil.STATUS_STOPPED not in seen["before"]
     assert psutil.STATUS_STOPPED in seen["during"]
-    assert seen["after"] == {psutil.STATUS_SLEEPING}
+    assert psutil.STATUS_STOPPED not in seen["after"]
     assert seen["ended_at"] >= 2.5
 
 
@@ -91,7 +92,8 @@ def test_cancelling_the_run_continues_the_server(tree):
                               if "SIGSTOP" in " ".join(p.cmdline())]
 
     asyncio.run(main())
-    assert seen == {"after": {psutil.STATUS_SLEEPING}, "throttlers": []}
+    assert psutil.STATUS_STOPPED not in seen["after"]
+    assert seen["throttlers"] == []
 
 
 def test_an_attached_server_is_not_throttled_silently(tmp_path):

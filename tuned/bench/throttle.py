@@ -66,10 +66,6 @@ class Throttle:
     end_s: float
     factor: float
 
-    def describe(self) -> dict:
-        return {"kind": "throttle", "start_s": self.start_s, "end_s": self.end_s,
-                "factor": self.factor, "period_s": PERIOD_S}
-
 
 def parse_throttles(text: str) -> tuple[Throttle, ...]:
     """``--events`` for the real engine: comma-separated ``throttle=T0-T1@F``, not

@@ -694,7 +694,9 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
     except FitError:
         return None
     a, beta = fit.params["a"], fit.params["beta"]
-    if not beta > 0:
+    # no cost per sequence: a slope whose whole span is rounding next to the
+    # intercept (one host's least squares returned 5e-20 s for a flat line)
+    if not beta * batches[-1] > 1e-6 * abs(a):
         return None
     per_token = [(s["step_s"] - a - beta * s["num_decode"]) / s["prefill_tokens"]
                  for s in steps if s["prefill_tokens"] >= 32]

@@ -103,36 +103,21 @@ def test_no_bound_no_refusal_and_zero_counts():
     assert r.counts() == {"aged": 0, "refused": 0}
 
 
-def test_the_watch_says_refusing_for_one_bound_after_a_refusal_while_requests_wait():
+def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
     w = RefusalWatch()
     spec = (10.0, True, 2.5)
     assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
                                     "retry_after_s": 3, "refused": 0, "refusing_for_s": 0.0}
-    w.note({"refused": 2, "waiting": 7}, 100.0)
+    w.note({"refused": 2}, 100.0)
     assert [w.state(spec, 102.5)[k] for k in ("refusing", "refusing_for_s")] == [True, 7.5]
     assert w.state(spec, 109.9)["refusing"] is True
     assert [w.state(spec, 110.0)[k] for k in ("refusing", "refusing_for_s")] == [False, 0.0]
-    w.note({"refused": 2, "waiting": 3}, 120.0)    # no new refusal: the time stays
+    w.note({"refused": 2}, 120.0)                  # no new refusal: the time stays
     assert w.last_t == 100.0 and w.seen == 2
     assert w.state((10.0, False, 2.5), 100.5)["refusing"] is False
     assert w.state(None, 100.5) == {"refusing": False, "max_wait_s": None,
                                     "retry_after_s": None, "refusing_for_s": 0.0}
     assert RefusalWatch().last_t == -math.inf
-
-
-def test_the_door_opens_once_no_request_waits_behind_the_refusal():
-    # a refusal shut the door for the whole bound: on the real engine the queue
-    # drained and the engine ran out of work while the door turned requests away
-    w = RefusalWatch()
-    spec = (6.0, True, 6.0)
-    w.note({"refused": 4, "waiting": 18}, 20.0)
-    assert w.state(spec, 21.0)["refusing"] is True
-    w.note({"refused": 4, "waiting": 0}, 22.0)     # the backlog has drained
-    assert [w.state(spec, 22.5)[k] for k in ("refusing", "refusing_for_s")] == [False, 0.0]
-    w.note({"refused": 4, "waiting": 5}, 23.0)     # requests wait again, no new refusal
-    assert [w.state(spec, 23.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 3.0]
-    w.note({"refused": 4}, 24.0)                   # a snapshot without the count: none
-    assert w.state(spec, 24.0)["refusing"] is False
 
 
 def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():

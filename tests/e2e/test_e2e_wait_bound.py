@@ -64,9 +64,8 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
 
         def probe() -> None:
             """While /admission says the queue is refusing, send a request now and then;
-            after the backlog is answered, for one bound more at most (the state lasts
-            a bound after the last refusal while requests wait), until a probe was
-            answered 429. The gateway reads
+            after the backlog is answered, for one bound more (the state lasts a bound
+            after the last refusal), until a probe was answered 429. The gateway reads
             /admission in the background, so the first probe after the queue starts
             refusing may still get through."""
             until: list[float] = []

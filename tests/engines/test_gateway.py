@@ -156,7 +156,7 @@ def test_controller_says_refusing_for_one_bound_after_a_refusal():
     ctrl = Controller(cfg, FakeEngine(), Metrics(), clock=lambda: t[0])
     assert ctrl.admission_json() == {"refusing": False, "max_wait_s": 10.0,
                                      "retry_after_s": 2, "refused": 0, "refusing_for_s": 0.0}
-    ctrl.refusals.note({"refused": 3, "waiting": 2}, t[0])
+    ctrl.refusals.note({"refused": 3}, t[0])
     t[0] += 9.9
     assert ctrl.admission_json()["refusing"] is True
     assert ctrl.admission_json()["refusing_for_s"] == pytest.approx(0.1)
@@ -164,7 +164,7 @@ def test_controller_says_refusing_for_one_bound_after_a_refusal():
     assert ctrl.admission_json()["refusing"] is False
     off = Controller(config_mod.validate({"ttft_sla_s": 1.0, "on_max_wait": "serve"}),
                      FakeEngine(), Metrics(), clock=lambda: t[0])
-    off.refusals.note({"refused": 3, "waiting": 2}, t[0])
+    off.refusals.note({"refused": 3}, t[0])
     assert off.admission_json()["refusing"] is False
 
 

@@ -211,26 +211,20 @@ def answer(refusals: QueueRefusals[R], engine: RefusalAnswer[R]) -> int:
 class RefusalWatch:
     """Whether the queue is refusing, for the door (what ``GET /admission`` answers,
     :mod:`tuned.engines.gateway` reads): refusing while the queue refused a request
-    at its wait bound within the last bound and requests still wait (a sustained
-    overload: a new request would wait behind them past the bound too), and when to
-    retry (the aging point: by then the oldest waiting have turned over). Once none
-    waits, a new request would be admitted at once, so the door opens: a door shut
-    for the whole bound after a refusal turned requests away while the engine ran
-    out of work."""
+    at its wait bound within the last bound (a sustained overload: a new request
+    would wait past it too), and when to retry (the aging point: by then the oldest
+    waiting have turned over)."""
 
     def __init__(self) -> None:
         self.seen = 0                      # the queue's refusals at the wait bound
         self.last_t = -math.inf
-        self.waiting = 0                   # requests waiting at the last snapshot
 
     def note(self, snap: dict | None, now: float) -> None:
-        """The queue's snapshot at ``now``: a refusal since the last one, and how many
-        wait?"""
+        """The queue's snapshot at ``now``: a refusal since the last one?"""
         refused = (snap or {}).get("refused", 0)
         if refused > self.seen:
             self.last_t = now
         self.seen = refused
-        self.waiting = int((snap or {}).get("waiting", 0) or 0)
 
     def state(self, spec: tuple | None, now: float) -> dict:
         """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`);
@@ -240,7 +234,7 @@ class RefusalWatch:
             return {"refusing": False, "max_wait_s": None, "retry_after_s": None,
                     "refusing_for_s": 0.0}
         bound, refuse, age = spec
-        left = bound - (now - self.last_t) if refuse and self.waiting > 0 else 0.0
+        left = bound - (now - self.last_t) if refuse else 0.0
         return {"refusing": left > 0, "max_wait_s": bound,
                 "retry_after_s": max(1, math.ceil(age)), "refused": self.seen,
                 "refusing_for_s": round(max(left, 0.0), 3)}

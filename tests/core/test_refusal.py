@@ -107,7 +107,8 @@ def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
     w = RefusalWatch()
     spec = (10.0, True, 2.5)
     assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
-                                    "retry_after_s": 3, "refused": 0, "refusing_for_s": 0.0}
+                                    "retry_after_s": 3, "refused": 0, "room": False,
+                                    "refusing_for_s": 0.0}
     w.note({"refused": 2}, 100.0)
     assert [w.state(spec, 102.5)[k] for k in ("refusing", "refusing_for_s")] == [True, 7.5]
     assert w.state(spec, 109.9)["refusing"] is True
@@ -118,6 +119,28 @@ def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
     assert w.state(None, 100.5) == {"refusing": False, "max_wait_s": None,
                                     "retry_after_s": None, "refusing_for_s": 0.0}
     assert RefusalWatch().last_t == -math.inf
+
+
+def test_the_door_opens_while_the_engine_has_room_for_a_new_request():
+    # a refusal shut the door for the whole bound: on the real engine the queue
+    # drained and the engine ran out of work while the door turned requests away
+    w = RefusalWatch()
+    spec = (6.0, True, 6.0)
+    w.note({"refused": 4}, 20.0, running=16, waiting=18, cap=16)
+    assert [w.state(spec, 21.0)[k] for k in ("refusing", "room")] == [True, False]
+    w.note({"refused": 4}, 22.0, running=16, waiting=0, cap=16)   # drained, full
+    assert [w.state(spec, 22.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 4.0]
+    w.note({"refused": 4}, 22.5, running=15, waiting=0, cap=16)   # a slot is free
+    assert w.state(spec, 22.5) == {"refusing": False, "max_wait_s": 6.0,
+                                   "retry_after_s": 6, "refused": 4, "room": True,
+                                   "refusing_for_s": 0.0}
+    w.note({"refused": 4}, 23.0, running=15, waiting=2, cap=16)   # requests wait again
+    assert [w.state(spec, 23.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 3.0]
+    w.note({"refused": 4}, 23.5, running=3, waiting=0, cap=2)     # the cap came down
+    assert w.state(spec, 23.5)["refusing"] is True
+    w.note({"refused": 4}, 24.0, running=0, waiting=0)            # no cap: no guess
+    assert w.state(spec, 24.0)["refusing"] is True
+    assert w.state(spec, 26.0)["refusing"] is False               # the bound has passed
 
 
 def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():

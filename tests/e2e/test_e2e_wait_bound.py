@@ -3,11 +3,13 @@ OpenAI server, a backlog that cannot all start within ``max_wait_s`` gets a prom
 answer for every request -- served, or refused with finish reason ``abort`` and no
 tokens, never before the bound -- and tuned counts each refusal. While the queue is
 refusing (tuned's ``/admission``), a new request is answered 429 with
-``Retry-After`` by the gateway middleware `tuned serve` puts in the API server.
+``Retry-After`` by the gateway middleware `tuned serve` puts in the API server; once
+the engine has room (none waits, fewer run than the cap) the door opens again.
 
 One request runs at a time (cap 1: ``b_min = b_max = fallback_cap = 1``). The backlog
-is sized from a request timed in the test: enough requests that those at its back
-would wait four bounds, whatever this host's speed.
+is a stream paced from a request timed in the test: three arrivals for each request
+served, for five bounds, whatever this host's speed, so requests wait behind every
+refusal while it lasts (a sustained overload, what the door is for).
 """
 
 from __future__ import annotations
@@ -64,10 +66,10 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
 
         def probe() -> None:
             """While /admission says the queue is refusing, send a request now and then;
-            after the backlog is answered, for one bound more (the state lasts a bound
-            after the last refusal), until a probe was answered 429. The gateway reads
-            /admission in the background, so the first probe after the queue starts
-            refusing may still get through."""
+            after the backlog is answered, for one bound more at most (the state lasts
+            a bound after the last refusal, while the engine has no room), until a probe
+            was answered 429. The gateway reads /admission in the background, so the
+            first probe after the queue starts refusing may still get through."""
             until: list[float] = []
             while len(probes) < 5:
                 if stop.is_set():
@@ -86,11 +88,14 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
         complete(0)
         one_s, reason, tokens = complete(1)
         assert (reason, tokens) == ("length", MAX_TOKENS)
-        n = min(max(math.ceil(4 * BOUND_S / one_s) + 2, 6), 200)
-        print(f"\none request {one_s:.2f} s alone: a backlog of {n}")
+        gap_s = one_s / 3
+        n = min(max(math.ceil(5 * BOUND_S / gap_s), 6), 200)
+        print(f"\none request {one_s:.2f} s alone: a backlog of {n}, one each {gap_s:.2f} s")
         results: list = [None] * n
+        start = time.monotonic()
 
         def run(i: int) -> None:
+            time.sleep(max(start + i * gap_s - time.monotonic(), 0.0))
             results[i] = complete(100 + i)
 
         threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
@@ -103,6 +108,9 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
         stop.set()
         prober.join(120)
         values = metric_values(srv)
+        # every request answered, the engine idle: the door is open, within the bound
+        # after the last refusal or not (one tick for the controller to see it)
+        time.sleep(1.0)
         admission = get_json(f"{srv.endpoint}/admission")
 
     assert all(r is not None for r in results), "a request got no answer"
@@ -127,6 +135,8 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
     assert mval(values, "tuned_requests_refused_total", reason="max_wait") == (
         len(refused) + len(refused_probes)), (refused, probes)
     assert probes, "the queue refused, so /admission said so"
-    assert any(p[1] == "429" for p in probes)
+    # the door answered 429 while the queue refused: a probe, or the stream itself
+    assert any(p[1] == "429" for p in probes + shed), (probes, len(shed))
+    assert (admission["refusing"], admission["room"]) == (False, True), admission
     # a 429 comes with Retry-After: the aging point, 2 x ttft_sla_s
     assert all(p[2] == "2" for p in probes + shed if p[1] == "429")

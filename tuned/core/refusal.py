@@ -212,32 +212,43 @@ class RefusalWatch:
     """Whether the queue is refusing, for the door (what ``GET /admission`` answers,
     :mod:`tuned.engines.gateway` reads): refusing while the queue refused a request
     at its wait bound within the last bound (a sustained overload: a new request
-    would wait past it too), and when to retry (the aging point: by then the oldest
-    waiting have turned over)."""
+    would wait past it too), unless the engine has room (no request waits and fewer
+    run than the cap: a new request would start at once), and when to retry (the
+    aging point: by then the oldest waiting have turned over). A door shut for the
+    whole bound after a refusal turned requests away while the engine ran out of
+    work (docs/results.md, "A burst past capacity on the real engine")."""
 
     def __init__(self) -> None:
         self.seen = 0                      # the queue's refusals at the wait bound
         self.last_t = -math.inf
+        self.room = False                  # a new request would start at once
 
-    def note(self, snap: dict | None, now: float) -> None:
-        """The queue's snapshot at ``now``: a refusal since the last one?"""
+    def note(self, snap: dict | None, now: float, running: int | None = None,
+             waiting: int | None = None, cap: int | None = None) -> None:
+        """The queue's snapshot at ``now``: a refusal since the last one? ``running``,
+        ``waiting`` (the engine's counts) and the applied ``cap``: room for a new
+        request? Without all three, no room is assumed (the door stays shut for the
+        bound, never opened on a guess)."""
         refused = (snap or {}).get("refused", 0)
         if refused > self.seen:
             self.last_t = now
         self.seen = refused
+        self.room = (None not in (running, waiting, cap)
+                     and waiting <= 0 and running < cap)
 
     def state(self, spec: tuple | None, now: float) -> dict:
         """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`);
         ``refusing_for_s``: how long it stays refusing without a new refusal (0 when
-        not refusing), which holds the door's answer through a failed read."""
+        not refusing), which holds the door's answer through a failed read; ``room``:
+        whether a new request would start at once (then the door is open)."""
         if spec is None:
             return {"refusing": False, "max_wait_s": None, "retry_after_s": None,
                     "refusing_for_s": 0.0}
         bound, refuse, age = spec
-        left = bound - (now - self.last_t) if refuse else 0.0
+        left = bound - (now - self.last_t) if refuse and not self.room else 0.0
         return {"refusing": left > 0, "max_wait_s": bound,
                 "retry_after_s": max(1, math.ceil(age)), "refused": self.seen,
-                "refusing_for_s": round(max(left, 0.0), 3)}
+                "room": self.room, "refusing_for_s": round(max(left, 0.0), 3)}
 
 
 def at_the_door(state: dict | None, now_s: float,

@@ -8,8 +8,9 @@ waited the whole bound first. This ASGI middleware, loaded into vLLM's API serve
 with ``--middleware tuned.engines.gateway.RefuseWhenOverloaded`` (`tuned serve` adds
 it), answers new requests for the engine (completions, chat, responses and the other
 generation and pooling routes: :data:`PATHS`) with 429 and ``Retry-After`` at once
-while the queue has refused one within the last bound, as an overloaded gateway does,
-so the client or a proxy in front can retry elsewhere; the engine never sees them.
+while the queue has refused one within the last bound and the engine has no room for
+a new one (it would wait), as an overloaded gateway does, so the client or a proxy in
+front can retry elsewhere; the engine never sees them.
 The 429 is the whole answer, sent before the app runs: a streaming request is refused
 before any byte of its stream, so a proxy can still pass it to another server
 (docs/kubernetes.md, "Behind a proxy"). It reads the state

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,17 @@ CLIP_CHARS = 80
 #: characters of a file's path in an error message before it is cut: the name of what
 #: to fix, so longer than a value (deep deployment and temporary folders run past 80)
 PATH_CHARS = 3 * CLIP_CHARS
+
+
+#: an unsigned decimal in an event's spec (``3``, ``2.5``, ``.5``), one regex group
+EVENT_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+
+
+def window_event(kind: str) -> re.Pattern:
+    """The form ``KIND=T0-T1@X`` of an event over a window of seconds with one figure
+    (the simulator's ``gpu_pressure`` and ``slowdown``, the real engine's
+    ``throttle``): groups T0, T1 and X, each an :data:`EVENT_NUMBER`."""
+    return re.compile(rf"{re.escape(kind)}={EVENT_NUMBER}-{EVENT_NUMBER}@{EVENT_NUMBER}")
 
 
 class UserError(ValueError):

@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tuned.inputs import window_event
+
 FORM = "throttle=T0-T1@F"
 FACTOR_RANGE = (1.0, 10.0)
 PERIOD_S = 0.02
-_NUM = r"(\d+(?:\.\d*)?|\.\d+)"
-_THROTTLE = re.compile(rf"throttle={_NUM}-{_NUM}@{_NUM}")
+_THROTTLE = window_event("throttle")
 
 # argv: pids (comma-separated), run seconds, stopped seconds, duration; continues
 # every pid when it ends or is terminated

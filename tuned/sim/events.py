@@ -21,15 +21,15 @@ import math
 import re
 from dataclasses import dataclass
 
+from tuned.inputs import EVENT_NUMBER, window_event
 from tuned.sim.nvml import GpuPressure
 from tuned.sim.nvml import parse_events as parse_pressure
 
 EVENT_KINDS = ("gpu_pressure", "slowdown", "drift")
 FACTOR_RANGE = (0.1, 10.0)
 MAX_PERIOD_S = 1e6
-_NUM = r"(\d+(?:\.\d*)?|\.\d+)"
-_SLOWDOWN = re.compile(rf"slowdown={_NUM}-{_NUM}@{_NUM}")
-_DRIFT = re.compile(rf"drift={_NUM}@{_NUM}")
+_SLOWDOWN = window_event("slowdown")
+_DRIFT = re.compile(rf"drift={EVENT_NUMBER}@{EVENT_NUMBER}")
 FORMS = "gpu_pressure=T0-T1@U, slowdown=T0-T1@F or drift=P@F"
 HELP = ("events in simulated time, comma-separated: gpu_pressure=T0-T1@U makes the GPU U "
         "used (a fraction of its memory, another tenant's; --hardware only, read through a "

@@ -12,15 +12,14 @@ a real GPU runs (the GPU-memory guard reads it, ``tuned_gpu_memory_*`` exports i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuned.core.types import GpuMemory
+from tuned.inputs import window_event
 
 EVENT_KINDS = ("gpu_pressure",)
-_NUM = r"(\d+(?:\.\d*)?|\.\d+)"
-_PRESSURE = re.compile(rf"gpu_pressure={_NUM}-{_NUM}@{_NUM}")
+_PRESSURE = window_event("gpu_pressure")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from tuned.control.reload import Reloader
 from tuned.control.sla import SlaSource
 from tuned.control.status import decisions_view
 from tuned.metrics import Metrics
+from tuned.core.admission import holds_between
 from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
@@ -322,6 +323,7 @@ class Controller:
                   if getattr(self.policy, "wants_active", False) else ())
         read_wait = getattr(eng, "oldest_wait_s", None)
         oldest_wait = read_wait() if read_wait is not None and waiting else None
+        held = holds_between(self.seen.queue if self.seen is not None else None, snap)
         self.seen = Seen(new_steps, len(new_fin), switch, snap)
         self.last_observation = Observation(
             num_running=running, num_waiting=waiting, active=active,
@@ -334,7 +336,8 @@ class Controller:
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
             gpu_free_fraction=gpu_free, finished_tpot_s=tpots,
-            prefill_residual_s=win.prefill_residual_s, oldest_wait_s=oldest_wait)
+            prefill_residual_s=win.prefill_residual_s, oldest_wait_s=oldest_wait,
+            held=held)
         return self.last_observation
 
     def _bound_tpots(self, finished: list) -> tuple:

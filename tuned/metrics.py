@@ -129,6 +129,8 @@ class Metrics:
                             ("policy",))
         self.q_deferred = c("tuned_queue_deferred_total", "Admissions the queue policy "
                             "refused (request x step)", ("policy",))
+        self.q_held = c("tuned_queue_held_total", "Admissions the admission guard held "
+                        "(request x step), by check: tpot_guard, ttft_guard", ("reason",))
         self.q_demoted = c("tuned_queue_demoted_total", "Requests demoted to the low-priority "
                            "queue (saber)", ("policy",))
         self.q_aged = c("tuned_queue_aged_total", "Requests admitted before the queue "

@@ -467,6 +467,31 @@ def test_observe_reads_only_and_the_tick_exports_and_publishes():
     assert ctrl2.queue_channel.inputs == ctrl2.queue_inputs()
 
 
+def test_a_tick_says_what_held_admissions_since_the_last_and_counts_the_guards():
+    """The queue's snapshot counts the guard's holds by check; each tick's observation
+    has those since the last tick (the decision's note names them) and
+    tuned_queue_held_total{reason} counts them."""
+    eng = FakeEngine(running=2, waiting=3)
+    snap = {"policy": "fcfs", "admitted": 0, "deferred": 4, "demoted": 0,
+            "bins_in_use": 0, "buckets_in_use": 0, "prediction_count": 0,
+            "prediction_mae_tokens": 0.0, "prediction_mean_error_tokens": 0.0,
+            "guard_held": {"tpot_guard": 3, "ttft_guard": 0}}
+    eng.queue_snapshot = lambda: dict(snap)
+    m = Metrics()
+    ctrl = Controller(config.default(), eng, m)
+    d = ctrl.run_once()
+    assert ctrl.last_observation.held == (("tpot_guard", 3), ("queue_policy", 1))
+    assert "held by the admission guard's TPOT check (3 holds) and the queue policy (1 " \
+        "hold) since the last decision" in d.inputs["cap_note"]
+    snap.update(deferred=9, guard_held={"tpot_guard": 3, "ttft_guard": 5})
+    ctrl.run_once()
+    assert ctrl.last_observation.held == (("ttft_guard", 5),)
+    assert [m.q_held.labels(r)._value.get() for r in ("tpot_guard", "ttft_guard")] == [3, 5]
+    ctrl.run_once()                               # nothing new
+    assert ctrl.last_observation.held == ()
+    assert m.q_held.labels("tpot_guard")._value.get() == 3
+
+
 # ------------------------------------------------------------- the attainment margin
 def test_the_margin_learns_only_from_requests_that_decoded_at_a_binding_cap():
     """``sla_statistic = "attainment"``: a request over its TPOT that decoded while the

@@ -62,6 +62,8 @@ def test_a_prompt_whose_prefill_would_break_a_running_request_waits():
     assert not q and len(q) == 1
     assert q.last_verdict.reason == "tpot_guard"
     assert q.guard.holds == 1 and q.stats.deferred == 1 and q.stats.last_reason == "tpot_guard"
+    assert q.guard.held == {"tpot_guard": 1, "ttft_guard": 0}
+    assert q.snapshot()["guard_held"] == {"tpot_guard": 1, "ttft_guard": 0}
     q.remove_requests([next(iter(q))])
     q.add_request(Req("small", 0.0, 100, 8))
     assert q and q.peek_request().request_id == "small"
@@ -184,6 +186,7 @@ def test_a_prompt_that_would_push_a_prefilling_one_past_its_ttft_waits():
     q.add_request(PReq("b600", 0.0, 600, 50))
     assert not q and q.last_verdict.reason == "ttft_guard"
     assert q.guard.holds == 1 and q.stats.last_reason == "ttft_guard"
+    assert q.guard.held == {"tpot_guard": 0, "ttft_guard": 1}
     q.remove_requests([next(iter(q))])
     q.add_request(PReq("b400", 0.0, 400, 50))
     assert q and q.peek_request().request_id == "b400"
@@ -300,3 +303,20 @@ def test_fcfs_paces_prefill_with_the_resident_kv_and_the_running_prompts():
     backlog = AdmitContext(kv_free_tokens=1 << 20, prefill_backlog_tokens=400, **base)
     assert [r.request_id for r in pol.order([a, c, d], 0.0, backlog)] == ["c", "d", "a"]
     assert pol.stats.demoted == 1
+
+
+def test_holds_between_two_snapshots_name_who_held_and_how_often():
+    from tuned.core.admission import holds_between
+
+    then = {"policy": "fcfs", "deferred": 5, "guard_held": {"tpot_guard": 2, "ttft_guard": 0}}
+    now = {"policy": "fcfs", "deferred": 12, "guard_held": {"tpot_guard": 6, "ttft_guard": 1}}
+    # the policy's deferred count includes the guard's 5 holds: 2 are the policy's own
+    assert holds_between(then, now) == (("tpot_guard", 4), ("ttft_guard", 1),
+                                        ("queue_policy", 2))
+    assert holds_between(now, now) == ()
+    assert holds_between(None, now) == (("tpot_guard", 6), ("ttft_guard", 1),
+                                        ("queue_policy", 5))
+    assert holds_between(now, None) is None                # vLLM's own queue: unknown
+    # a policy switch restarts the policy's counts: the new policy's count from zero
+    switched = {"policy": "sjf", "deferred": 3, "guard_held": {"tpot_guard": 7, "ttft_guard": 1}}
+    assert holds_between(now, switched) == (("tpot_guard", 1), ("queue_policy", 2))

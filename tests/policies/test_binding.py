@@ -6,10 +6,10 @@ from tuned.core.types import Observation
 from tuned.policies.binding import cap_binding
 
 
-def obs(running, waiting, binding=0.0):
+def obs(running, waiting, binding=0.0, held=None):
     return Observation(num_running=running, num_waiting=waiting, kv_capacity_blocks=1000,
                        demand_mean=None, demand_std=None, demand_samples=0,
-                       tbt_mean_s=None, decode_batch_mean=None, binding=binding)
+                       tbt_mean_s=None, decode_batch_mean=None, binding=binding, held=held)
 
 
 def test_binds_when_requests_wait_at_a_full_cap():
@@ -36,6 +36,27 @@ def test_requests_waiting_under_the_cap_are_held_by_something_else():
         "the cap does not bind: 13 running under cap 20 while 22 wait, held by the token "
         "budget, the admission guard, the queue policy or the KV cache, not by the cap "
         "(full with requests waiting on 0% of the window's steps)")
+
+
+def test_the_note_names_what_in_tuneds_queue_held_them_since_the_last_tick():
+    tail = " (full with requests waiting on 0% of the window's steps)"
+    assert cap_binding(obs(2, 3, held=(("tpot_guard", 14),)), 10)["cap_note"] == (
+        "the cap does not bind: 2 running under cap 10 while 3 wait, held by the "
+        "admission guard's TPOT check (14 holds) since the last decision, not by the cap"
+        + tail)
+    assert cap_binding(obs(2, 3, held=(("tpot_guard", 4), ("ttft_guard", 1),
+                                       ("queue_policy", 2))), 10)["cap_note"] == (
+        "the cap does not bind: 2 running under cap 10 while 3 wait, held by the "
+        "admission guard's TPOT check (4 holds), the admission guard's TTFT check (1 "
+        "hold) and the queue policy (2 holds) since the last decision, not by the cap"
+        + tail)
+    # tuned's queue held none: what holds admissions without counting them
+    assert cap_binding(obs(2, 3, held=()), 10)["cap_note"] == (
+        "the cap does not bind: 2 running under cap 10 while 3 wait, held by the token "
+        "budget or the KV cache (tuned's queue held no admission since the last "
+        "decision), not by the cap" + tail)
+    # a binding cap says so whatever else held
+    assert cap_binding(obs(10, 3, held=(("tpot_guard", 1),)), 10)["cap_binds"] is True
 
 
 def test_a_request_that_just_finished_does_not_unbind_the_cap():

@@ -20,6 +20,7 @@ class MetricsExport:
         self.m = metrics
         self._queue_last: dict = {}
         self._bound_last: dict = {}      # the wait bound's counts: the queue's, not a policy's
+        self._held_last: dict = {}       # the admission guard's holds: the queue's too
         self._gpu_seen = False
 
     def steps(self, new_steps: Sequence) -> None:
@@ -70,6 +71,11 @@ class MetricsExport:
             if delta > 0:
                 counter.inc(delta)
             self._bound_last[key] = snap.get(key, 0)
+        for reason, n in (snap.get("guard_held") or {}).items():
+            delta = n - self._held_last.get(reason, 0)
+            if delta > 0:
+                m.q_held.labels(reason).inc(delta)
+            self._held_last[reason] = n
         m.q_bins.set(snap["bins_in_use"])
         m.q_buckets.set(snap["buckets_in_use"])
         m.pred_mae.set(snap["prediction_mae_tokens"])

@@ -17,6 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tuned.core.queue_policy import AdmitContext, ReqInfo
 
+#: why the guard holds a choice: a running request's TPOT, a prefilling cohort's TTFT
+HOLD_REASONS = ("tpot_guard", "ttft_guard")
+
 
 def prompt_tokens_left(r) -> int:
     """Prompt tokens a running request has still to prefill (0 once through its
@@ -25,13 +28,46 @@ def prompt_tokens_left(r) -> int:
     return max(int(r.num_prompt_tokens) - done, 0)
 
 
+#: who held an admission besides the guard: the queue policy's own deferrals
+HELD_BY_POLICY = "queue_policy"
+
+
+def holds_between(before: Mapping | None, after: Mapping | None) -> tuple | None:
+    """The admissions held between two queue snapshots (:meth:`QueueCore.snapshot
+    <tuned.core.queue.QueueCore.snapshot>`), by who held them: ``((reason, n), ...)``
+    for the guard's :data:`HOLD_REASONS`, then :data:`HELD_BY_POLICY` (the policy's
+    ``deferred`` count includes the guard's holds), only those with a hold. None
+    without a snapshot now (vLLM's own queue: unknown); a policy switch restarts the
+    policy's counts, so a count that fell counts from zero."""
+    if not after:
+        return None
+    before = before or {}
+    held_now, held_then = after.get("guard_held") or {}, before.get("guard_held") or {}
+    out = []
+    for reason in HOLD_REASONS:
+        n = held_now.get(reason, 0) - held_then.get(reason, 0)
+        if n < 0:
+            n = held_now.get(reason, 0)
+        if n > 0:
+            out.append((reason, n))
+    guard = sum(n for _, n in out)
+    deferred = after.get("deferred", 0) - before.get("deferred", 0)
+    if deferred < 0 or before.get("policy") != after.get("policy"):
+        deferred = after.get("deferred", 0)
+    if deferred - guard > 0:
+        out.append((HELD_BY_POLICY, deferred - guard))
+    return tuple(out)
+
+
 class AdmissionGuard:
     """The guard's state: when each running request's first token came out (its TPOT
-    clock) and how many times the guard held a choice."""
+    clock) and how many times the guard held a choice (``holds``; ``held``: by
+    reason, :data:`HOLD_REASONS`)."""
 
     def __init__(self) -> None:
         self.first_token_s: dict[str, float] = {}
         self.holds = 0
+        self.held = dict.fromkeys(HOLD_REASONS, 0)
 
     def begin_step(self, ctx: AdmitContext, running: Sequence) -> None:
         """Top of a step: a running request's first token came out in the step that
@@ -49,6 +85,7 @@ class AdmissionGuard:
                 else "ttft_guard" if not self.ttft_room(cand, ctx, running, infos) else None)
         if held:
             self.holds += 1
+            self.held[held] += 1
         return held
 
     def forget(self, request_id: str) -> None:

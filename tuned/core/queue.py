@@ -302,6 +302,7 @@ class QueueCore(Generic[R]):
         d = self.policy.stats.as_dict()
         d.update(policy=self.policy.name, waiting=len(self._waiting), pinned=len(self._pinned),
                  hint_warnings=self.lengths.hint_warnings, guard_holds=self.guard.holds,
+                 guard_held=dict(self.guard.held),
                  **self.refusals.counts(), **self.lengths.prediction_stats())
         return d
 

@@ -27,6 +27,28 @@ from tuned.core.types import Decision, Observation
 BIND_SHARE = 0.5
 
 
+#: who held admissions, in words (:func:`tuned.core.admission.holds_between`'s reasons)
+HELD_WORDS = {"tpot_guard": "the admission guard's TPOT check",
+              "ttft_guard": "the admission guard's TTFT check",
+              "queue_policy": "the queue policy"}
+
+
+def held_by(held: tuple | None) -> str:
+    """What held the waiting requests while the cap had room: the holds since the
+    last tick, each with its count, and the token budget or the KV cache (which hold
+    admissions uncounted) when none; every candidate when unknown (vLLM's own
+    queue)."""
+    if held is None:
+        return "the token budget, the admission guard, the queue policy or the KV cache"
+    if not held:
+        return ("the token budget or the KV cache (tuned's queue held no admission since "
+                "the last decision)")
+    parts = [f"{HELD_WORDS.get(reason, reason)} ({n} hold{'s' if n != 1 else ''})"
+             for reason, n in held]
+    text = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return text + " since the last decision"
+
+
 def cap_binding(obs: Observation, cap: int) -> dict:
     """``{"cap_binds": bool, "cap_note": str}`` for a decision applying ``cap``.
 
@@ -46,8 +68,7 @@ def cap_binding(obs: Observation, cap: int) -> dict:
         note = f"the cap does not bind: {r} running at cap {cap}, nothing waiting"
     elif w > 0:
         note = (f"the cap does not bind: {r} running under cap {cap} while {w} "
-                f"wait, held by the token budget, the admission guard, the queue "
-                f"policy or the KV cache, not by the cap")
+                f"wait, held by {held_by(obs.held)}, not by the cap")
     else:
         note = f"the cap does not bind: {r} running under cap {cap}, nothing waiting"
     return {"cap_binds": False, "cap_note": f"{note} ({share})"}
@@ -67,4 +88,4 @@ def explained(dec: object, obs: Observation, first_reason: str | None = None) ->
     return dataclasses.replace(dec, inputs={**(dec.inputs or {}), **cap_binding(obs, dec.cap)})
 
 
-__all__ = ["cap_binding", "explained"]
+__all__ = ["HELD_WORDS", "cap_binding", "explained", "held_by"]

@@ -19,8 +19,7 @@ class MetricsExport:
     def __init__(self, metrics: Any) -> None:
         self.m = metrics
         self._queue_last: dict = {}
-        self._bound_last: dict = {}      # the wait bound's counts: the queue's, not a policy's
-        self._held_last: dict = {}       # the admission guard's holds: the queue's too
+        self._bound_last: dict = {}      # the queue's counts (wait bound, guard), not a policy's
         self._gpu_seen = False
 
     def steps(self, new_steps: Sequence) -> None:
@@ -65,17 +64,16 @@ class MetricsExport:
             delta = snap[key] - last.get(key, 0)
             if delta > 0:
                 counter.labels(pol).inc(delta)
-        for key, counter in (("aged", m.q_aged),
-                             ("refused", m.refused.labels(refusal.REASON_MAX_WAIT))):
-            delta = snap.get(key, 0) - self._bound_last.get(key, 0)
+        queue_counts = [("aged", snap.get("aged", 0), m.q_aged),
+                        ("refused", snap.get("refused", 0),
+                         m.refused.labels(refusal.REASON_MAX_WAIT))]
+        queue_counts += [(f"guard_held:{reason}", n, m.q_held.labels(reason))
+                         for reason, n in (snap.get("guard_held") or {}).items()]
+        for key, n, counter in queue_counts:
+            delta = n - self._bound_last.get(key, 0)
             if delta > 0:
                 counter.inc(delta)
-            self._bound_last[key] = snap.get(key, 0)
-        for reason, n in (snap.get("guard_held") or {}).items():
-            delta = n - self._held_last.get(reason, 0)
-            if delta > 0:
-                m.q_held.labels(reason).inc(delta)
-            self._held_last[reason] = n
+            self._bound_last[key] = n
         m.q_bins.set(snap["bins_in_use"])
         m.q_buckets.set(snap["buckets_in_use"])
         m.pred_mae.set(snap["prediction_mae_tokens"])

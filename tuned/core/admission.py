@@ -61,13 +61,16 @@ def holds_between(before: Mapping | None, after: Mapping | None) -> tuple | None
 
 class AdmissionGuard:
     """The guard's state: when each running request's first token came out (its TPOT
-    clock) and how many times the guard held a choice (``holds``; ``held``: by
-    reason, :data:`HOLD_REASONS`)."""
+    clock) and how many times the guard held a choice, by reason (``held``, keys
+    :data:`HOLD_REASONS`; ``holds``: all of them)."""
 
     def __init__(self) -> None:
         self.first_token_s: dict[str, float] = {}
-        self.holds = 0
         self.held = dict.fromkeys(HOLD_REASONS, 0)
+
+    @property
+    def holds(self) -> int:
+        return sum(self.held.values())
 
     def begin_step(self, ctx: AdmitContext, running: Sequence) -> None:
         """Top of a step: a running request's first token came out in the step that
@@ -84,7 +87,6 @@ class AdmissionGuard:
         held = ("tpot_guard" if not self.tpot_room(cand, ctx, running, infos)
                 else "ttft_guard" if not self.ttft_room(cand, ctx, running, infos) else None)
         if held:
-            self.holds += 1
             self.held[held] += 1
         return held
 

@@ -108,7 +108,8 @@ def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
     spec = (10.0, True, 2.5)
     assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
                                     "retry_after_s": 3, "refused": 0, "room": False,
-                                    "refusing_for_s": 0.0}
+                                    "refusing_for_s": 0.0, "slots": None, "counted": 0,
+                                    "window_s": 0.0}
     w.note({"refused": 2}, 100.0)
     assert [w.state(spec, 102.5)[k] for k in ("refusing", "refusing_for_s")] == [True, 7.5]
     assert w.state(spec, 109.9)["refusing"] is True
@@ -133,7 +134,8 @@ def test_the_door_opens_while_the_engine_has_room_for_a_new_request():
     w.note({"refused": 4}, 22.5, running=15, waiting=0, cap=16)   # a slot is free
     assert w.state(spec, 22.5) == {"refusing": False, "max_wait_s": 6.0,
                                    "retry_after_s": 6, "refused": 4, "room": True,
-                                   "refusing_for_s": 0.0}
+                                   "refusing_for_s": 0.0, "slots": 1, "counted": 3,
+                                   "window_s": 3.5}
     w.note({"refused": 4}, 23.0, running=15, waiting=2, cap=16)   # requests wait again
     assert [w.state(spec, 23.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 3.0]
     w.note({"refused": 4}, 23.5, running=3, waiting=0, cap=2)     # the cap came down
@@ -141,6 +143,26 @@ def test_the_door_opens_while_the_engine_has_room_for_a_new_request():
     w.note({"refused": 4}, 24.0, running=0, waiting=0)            # no cap: no guess
     assert w.state(spec, 24.0)["refusing"] is True
     assert w.state(spec, 26.0)["refusing"] is False               # the bound has passed
+    w.note({"refused": 4}, 26.5, running=13, waiting=0, cap=16)
+    assert [w.state(spec, 26.5)[k] for k in ("room", "slots", "counted")] == [True, None, 7]
+
+
+def test_an_open_door_lets_in_its_free_slots_per_count_and_refuses_the_rest():
+    # the door opened on room let in everyone who came before the next count: at
+    # 14 requests a second they queued behind one free slot and were refused at
+    # the bound after waiting it out
+    w = RefusalWatch()
+    spec = (4.0, True, 2.0)
+    w.note({"refused": 1}, 10.0, running=2, waiting=0, cap=4)
+    said = w.state(spec, 10.0)
+    assert [said[k] for k in ("refusing", "slots", "counted", "window_s")] == \
+        [False, 2, 1, 4.0]
+    assert [at_the_door(said, 10.1, read_s=10.0, let_in=n) for n in (0, 1)] == [None, None]
+    ref = at_the_door(said, 10.1, read_s=10.0, let_in=2)
+    assert ref == Refusal(REASON_OVERLOADED, 10.1, bound_s=4.0, retry_after_s=2)
+    assert at_the_door(said, 14.0, read_s=10.0, let_in=2) is None     # its window passed
+    # without a refusal within the bound there is no limit
+    assert at_the_door(RefusalWatch().state(spec, 0.0), 0.0, read_s=0.0, let_in=99) is None
 
 
 def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():

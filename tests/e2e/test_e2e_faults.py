@@ -453,43 +453,52 @@ def test_two_reloads_at_once_are_serialised_and_the_last_file_wins(ctx):
 
 # ================================================================== 6. disconnect
 def test_client_disconnect_aborts_and_frees_kv(ctx):
+    """A client that closes its stream mid-generation: vLLM aborts the request, tuned
+    counts it finished and its KV blocks come back. The stream is closed at its first
+    token; a host that delivers that chunk only after the engine generated every token
+    (CI's once, at the fifth chunk) cannot show an abort: such an attempt, told by the
+    engine's step times against the close, is tried again, at most three times."""
     import httpx2 as httpx
 
     c, srv = ctx, ctx.srv
-    wait_for("an idle engine", lambda: (lambda t: t["running"] == t["waiting"] == 0)(
-        srv.decisions(0)["telemetry"]))
-    v0 = wait_for("kv usage 0 before", lambda: (lambda v: v if mval(
-        v, "tuned_kv_usage_ratio") == 0.0 else None)(metric_values(srv)))
-    seq0 = next_step_seq(srv)
     max_tokens = 400
     body = {"model": c.model, "prompt": list(range(30, 130)), "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True}
-    chunks = 0
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{srv.api}/completions", json=body) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data:") and '"text"' in line:
-                    chunks += 1
-                if chunks >= 5:
-                    break       # closing the stream mid-generation
-    t_close = time.time()
-    wait_for("the aborted request to leave", lambda: (
-        lambda t: t["running"] == t["waiting"] == 0)(srv.decisions(0)["telemetry"]))
-    t_left = time.time()
-    v1 = wait_for("kv usage 0 and the request counted", lambda: (lambda v: v if (
-        mval(v, "tuned_kv_usage_ratio") == 0.0 and mval(v, "tuned_requests_finished_total")
-        > mval(v0, "tuned_requests_finished_total")) else None)(metric_values(srv)))
-    d = srv.decisions(0)
-    steps = steps_since(srv, seq0)
-    generated = sum(s["generated_tokens"] for s in steps)
-    c.delays["disconnect"] = {"left_engine_after_close_s": round(t_left - t_close, 3),
-                              "tokens_generated": generated, "max_tokens": max_tokens,
-                              "kv_blocks_held_max": max(s["kv_used_blocks"] for s in steps)}
+    attempts: list[dict] = []
+    for _ in range(3):
+        wait_for("an idle engine", lambda: (lambda t: t["running"] == t["waiting"] == 0)(
+            srv.decisions(0)["telemetry"]))
+        v0 = wait_for("kv usage 0 before", lambda: (lambda v: v if mval(
+            v, "tuned_kv_usage_ratio") == 0.0 else None)(metric_values(srv)))
+        seq0 = next_step_seq(srv)
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", f"{srv.api}/completions", json=body) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data:") and '"text"' in line:
+                        break       # closing the stream mid-generation
+        t_close = time.monotonic()  # the engine's step times are on the same clock
+        wait_for("the aborted request to leave", lambda: (
+            lambda t: t["running"] == t["waiting"] == 0)(srv.decisions(0)["telemetry"]))
+        t_left = time.monotonic()
+        v1 = wait_for("kv usage 0 and the request counted", lambda: (lambda v: v if (
+            mval(v, "tuned_kv_usage_ratio") == 0.0 and mval(v, "tuned_requests_finished_total")
+            > mval(v0, "tuned_requests_finished_total")) else None)(metric_values(srv)))
+        d = srv.decisions(0)
+        steps = steps_since(srv, seq0)
+        generated = sum(s["generated_tokens"] for s in steps)
+        last_token_t = max(s["t"] for s in steps if s["generated_tokens"])
+        attempts.append({"left_engine_after_close_s": round(t_left - t_close, 3),
+                         "tokens_generated": generated, "max_tokens": max_tokens,
+                         "last_token_after_close_s": round(last_token_t - t_close, 3),
+                         "kv_blocks_held_max": max(s["kv_used_blocks"] for s in steps)})
+        if generated < max_tokens or last_token_t > t_close:
+            break           # closed before the end: this attempt shows what happened
+    c.delays["disconnect"] = attempts
     # the request held KV blocks while it ran (100 prompt tokens: one 128-token block,
     # two once it passed 128 tokens)
     assert max(s["kv_used_blocks"] for s in steps) >= 1
-    assert 5 <= generated < max_tokens          # aborted, not run to the end
+    assert 1 <= generated < max_tokens, attempts     # aborted, not run to the end
     assert d["telemetry"]["kv_usage"] == 0.0 and d["telemetry"]["running"] == 0
     assert mval(v1, "tuned_requests_finished_total") - \
         mval(v0, "tuned_requests_finished_total") == 1

@@ -132,6 +132,25 @@ def test_a_failed_read_keeps_the_answer_for_the_window_it_gave(endpoint):
     assert mw._state == {"refusing": False, "refusing_for_s": 0.0} and mw._read == newer + 60.0
 
 
+def test_an_open_door_lets_in_its_slots_on_each_count_then_answers_429(endpoint):
+    """Open on room after a refusal, the gateway lets in the free slots the answer
+    gives for one count of the engine; the next request is answered 429 until an
+    answer on a newer count comes, which gives its own slots."""
+    _Admission.state = {"refusing": False, "max_wait_s": 4.0, "retry_after_s": 2,
+                        "room": True, "slots": 2, "counted": 7, "window_s": 3.0}
+    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    assert [call(mw)[0] for _ in range(3)] == [200, 200, 429]
+    asyncio.run(mw._refresh())                   # the same count read again: no more
+    assert (call(mw)[0], mw._let_in) == (429, 2)
+    _Admission.state = dict(_Admission.state, slots=1, counted=8)
+    asyncio.run(mw._refresh())
+    assert [call(mw)[0] for _ in range(2)] == [200, 429]
+    # no refusal within the bound (slots None): no limit, nothing counted
+    _Admission.state = {"refusing": False, "room": True, "slots": None, "counted": 9}
+    asyncio.run(mw._refresh())
+    assert ([call(mw)[0] for _ in range(3)], mw._let_in) == ([200] * 3, 0)
+
+
 def test_admission_url_from_the_command_line_or_the_environment(tmp_path):
     cfg = config_mod.validate({"metrics_port": 9555, "metrics_host": "0.0.0.0"})
     argv = ["api_server", "--additional-config",
@@ -156,7 +175,8 @@ def test_controller_says_refusing_for_one_bound_after_a_refusal():
     ctrl = Controller(cfg, FakeEngine(), Metrics(), clock=lambda: t[0])
     assert ctrl.admission_json() == {"refusing": False, "max_wait_s": 10.0,
                                      "retry_after_s": 2, "refused": 0, "room": False,
-                                     "refusing_for_s": 0.0}
+                                     "refusing_for_s": 0.0, "slots": None, "counted": 0,
+                                     "window_s": 0.0}
     ctrl.refusals.note({"refused": 3}, t[0])
     t[0] += 9.9
     assert ctrl.admission_json()["refusing"] is True
@@ -193,7 +213,8 @@ def test_the_controller_opens_the_door_once_the_engine_has_room():
     t[0] += 1.0
     eng.running = 3                      # a slot free, none waiting
     ctrl.run_once()
-    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [False, True]
+    assert [ctrl.admission_json()[k] for k in ("refusing", "room", "slots", "counted")] == \
+        [False, True, 1, 3]
 
 
 #: vLLM's POST routes that make no engine request (the gateway lets them through)

@@ -216,12 +216,16 @@ class RefusalWatch:
     run than the cap: a new request would start at once), and when to retry (the
     aging point: by then the oldest waiting have turned over). A door shut for the
     whole bound after a refusal turned requests away while the engine ran out of
-    work (docs/results.md, "A burst past capacity on the real engine")."""
+    work (docs/results.md, "A burst past capacity on the real engine"). While it is
+    open on room, the answer says how many slots are free (``slots``) in the counts
+    numbered ``counted``: the door lets in that many per count, not everyone who
+    comes before the next one (they would wait, and be refused at the bound)."""
 
     def __init__(self) -> None:
         self.seen = 0                      # the queue's refusals at the wait bound
         self.last_t = -math.inf
-        self.room = False                  # a new request would start at once
+        self.slots = 0                     # requests that would start at once
+        self.counted = 0                   # how many counts were noted
 
     def note(self, snap: dict | None, now: float, running: int | None = None,
              waiting: int | None = None, cap: int | None = None) -> None:
@@ -233,34 +237,54 @@ class RefusalWatch:
         if refused > self.seen:
             self.last_t = now
         self.seen = refused
-        self.room = (None not in (running, waiting, cap)
-                     and waiting <= 0 and running < cap)
+        known = None not in (running, waiting, cap)
+        self.slots = max(cap - running, 0) if known and waiting <= 0 else 0
+        self.counted += 1
+
+    @property
+    def room(self) -> bool:
+        """A new request would start at once."""
+        return self.slots > 0
 
     def state(self, spec: tuple | None, now: float) -> dict:
         """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`);
         ``refusing_for_s``: how long it stays refusing without a new refusal (0 when
         not refusing), which holds the door's answer through a failed read; ``room``:
-        whether a new request would start at once (then the door is open)."""
+        whether a new request would start at once (then the door is open); ``slots``:
+        while a refusal is within the bound and the door is open on room, how many
+        requests it lets in on the counts numbered ``counted`` (else None), for the
+        ``window_s`` the refusal has left."""
         if spec is None:
             return {"refusing": False, "max_wait_s": None, "retry_after_s": None,
                     "refusing_for_s": 0.0}
         bound, refuse, age = spec
-        left = bound - (now - self.last_t) if refuse and not self.room else 0.0
+        window = max(bound - (now - self.last_t), 0.0) if refuse else 0.0
+        left = window if not self.room else 0.0
         return {"refusing": left > 0, "max_wait_s": bound,
                 "retry_after_s": max(1, math.ceil(age)), "refused": self.seen,
-                "room": self.room, "refusing_for_s": round(max(left, 0.0), 3)}
+                "room": self.room, "refusing_for_s": round(left, 3),
+                "slots": self.slots if window > 0 and self.room else None,
+                "counted": self.counted, "window_s": round(window, 3)}
 
 
-def at_the_door(state: dict | None, now_s: float,
-                read_s: float | None = None) -> Refusal | None:
+def at_the_door(state: dict | None, now_s: float, read_s: float | None = None,
+                let_in: int = 0) -> Refusal | None:
     """A new request's refusal at the API server, from the ``/admission`` answer
     (:meth:`RefusalWatch.state`) read at ``read_s``, or None to let it through: when
     there is no answer (never refuse on a guess), and once the answer's
     ``refusing_for_s`` has passed since it was read (never refuse past what the
-    endpoint said: a later read that failed keeps the answer, not its window)."""
-    if not (state and state.get("refusing")):
+    endpoint said: a later read that failed keeps the answer, not its window). An
+    answer open on room (``slots``) lets in that many: ``let_in`` counts those the
+    door let through on the same counts (its ``counted``); the next is refused
+    within the answer's ``window_s``, until counts taken after them come."""
+    if not state:
         return None
-    left = state.get("refusing_for_s")
+    if state.get("refusing"):
+        left = state.get("refusing_for_s")
+    elif state.get("slots") is not None and let_in >= state["slots"]:
+        left = state.get("window_s") or 0.0
+    else:
+        return None
     if left is not None and read_s is not None and now_s - read_s >= left:
         return None
     return Refusal(REASON_OVERLOADED, now_s, bound_s=state.get("max_wait_s"),

@@ -10,7 +10,10 @@ it), answers new requests for the engine (completions, chat, responses and the o
 generation and pooling routes: :data:`PATHS`) with 429 and ``Retry-After`` at once
 while the queue has refused one within the last bound and the engine has no room for
 a new one (it would wait), as an overloaded gateway does, so the client or a proxy in
-front can retry elsewhere; the engine never sees them.
+front can retry elsewhere; the engine never sees them. While it has room, the door
+lets in as many as it has free slots on each count of the engine (the answer's
+``slots``) and answers the rest 429 (one API server process's count: with several,
+each lets that many in).
 The 429 is the whole answer, sent before the app runs: a streaming request is refused
 before any byte of its stream, so a proxy can still pass it to another server
 (docs/kubernetes.md, "Behind a proxy"). It reads the state
@@ -128,6 +131,8 @@ class RefuseWhenOverloaded:
         self._state: dict | None = None
         self._read = -1e18          # when the kept answer was asked for
         self._at = -1e18            # when a read last started
+        self._counted = None        # the counts the kept answer's room is from
+        self._let_in = 0            # requests let in on them while it gave slots
         self.refused = 0
 
     def _admission(self) -> dict | None:
@@ -150,10 +155,15 @@ class RefuseWhenOverloaded:
     async def __call__(self, scope, receive, send) -> None:
         if (self.url and scope.get("type") == "http" and scope.get("method") == "POST"
                 and scope.get("path") in PATHS):
-            refused = at_the_door(self._admission(), time.monotonic(), self._read)
+            state = self._admission()
+            if state is not None and state.get("counted") != self._counted:
+                self._counted, self._let_in = state.get("counted"), 0
+            refused = at_the_door(state, time.monotonic(), self._read, self._let_in)
             if refused is not None:
                 await self.answer_refusals([(send, refused)])
                 return
+            if state is not None and state.get("slots") is not None:
+                self._let_in += 1
         await self.app(scope, receive, send)
 
     async def answer_refusals(self, refused: Sequence[tuple[Any, Refusal]]) -> None:

@@ -14,8 +14,8 @@ the client, streaming ones included. Counted three ways: the client (one 200 wit
 full completion per request), nginx's access log (``$upstream_addr`` /
 ``$upstream_status``: ``A, B`` / ``429, 200`` chains) and each engine's vLLM
 (``vllm:request_success_total``: A's engine saw only the burst requests its door let
-into a free slot, one per slot on each count of the engine, B's saw each other one
-once). A control location without ``http_429`` passes A's 429 and its
+in while it had room (a request that would start within half its bound), B's saw
+each other one once). A control location without ``http_429`` passes A's 429 and its
 ``Retry-After`` to the client.
 
 The backlog keeps coming until the burst is answered: rounds every half bound, the
@@ -336,7 +336,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
         wait_for("A's gateway to answer 429", gateway_refuses_while_a_refuses,
                  timeout_s=4 * BOUND_S + 120, every_s=0.05)
         assert set(probes) <= {400, 429}, probes
-        # how long A's door stays shut or open only to free slots (a refusal within
+        # how long A's door stays shut or open only to its room (a refusal within
         # the bound) as the burst goes (printed: the burst must reach A within it)
         window = get_json(f"{a.endpoint}/admission")
         assert window["window_s"] > 0, window
@@ -380,8 +380,8 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
     burst, control = results[:BURST], results[BURST:]
     first = {r["tag"]: addr[chains[r["tag"]][1][0]] for r in burst + control
              if r["tag"] in chains}
-    # a request A's door let into a free slot (one per slot on each count of the
-    # engine, while A had room) is served by A: nginx logs it "A" / "200"
+    # a request A's door let in while A had room (its slots on each count of the
+    # engine) is served by A: nginx logs it "A" / "200"
     on_a = {r["tag"] for r in burst + control
             if r["tag"] in chains and chains[r["tag"]][1:] == ([a.base.removeprefix(
                 "http://")], ["200"])}
@@ -398,7 +398,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
           f"(refusing {window['refusing']}, slots {window['slots']}); burst {BURST}: "
           f"{len(a_first)} A 429 -> B 200 "
           f"({sum(r['stream'] for r in a_first)} of them streaming), {len(burst_on_a)} A 200 "
-          f"(a free slot), {BURST - len(a_first) - len(burst_on_a)} B 200; control "
+          f"(A's room), {BURST - len(a_first) - len(burst_on_a)} B 200; control "
           f"{CONTROL}: {len(control_a)} A 429 passed on, {len(control_on_a)} A 200, "
           f"{len(control_b)} B 200; engines finished A {a_engine:.0f}, B {b_engine:.0f}; "
           f"A's gateway 429s {a_429:.0f}; tuned refused A {mval(a_values, 'tuned_requests_refused_total', reason='max_wait'):.0f}"
@@ -409,7 +409,7 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
     assert [(r["status"], r["finish"], r["tokens"]) for r in burst] == \
         [(200, "length", BURST_TOKENS)] * BURST, burst
     # nginx: one line per request, final 200; A first means A 429 then B 200, or A
-    # 200 where A's door let it into a free slot
+    # 200 where A's door let it in on A's room
     assert sorted(t for t in chains if t.startswith("burst-")) == \
         sorted(r["tag"] for r in burst)
     for r in burst:
@@ -428,8 +428,8 @@ def test_nginx_retries_the_overloaded_engines_429_on_the_other(tmp_path, tiny_mo
     assert len(control_a) + len(control_on_a) + len(control_b) == CONTROL
     assert all((r["status"], r["tokens"]) == (200, BURST_TOKENS)
                for r in control_b + control_on_a)
-    # A's engine saw only the burst and control requests its door let into a free
-    # slot: it finished those and the direct requests it let in (served, or refused
+    # A's engine saw only the burst and control requests its door let in on its
+    # room: it finished those and the direct requests it let in (served, or refused
     # at the bound)
     assert direct[:2] == admitted[:2]        # the two timed alone
     assert a_engine == len(admitted) + len(burst_on_a) + len(control_on_a), \

@@ -310,10 +310,7 @@ class Controller:
         running, waiting = eng.counts()
         switch = self.queue_channel.take_switch()
         snap = eng.queue_snapshot()
-        bound = self.cfg.wait_bound_spec()
-        self.refusals.note(snap, now, running, waiting, self.slot.applied.cap,
-                           ran=sum(f.output_tokens > 0 for f in new_fin),
-                           bound_s=bound[0] if bound else None)
+        self.refusals.note(snap, now, running, waiting, self.slot.applied.cap)
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
         gpu_free = free_fraction(self.gpu)

@@ -108,8 +108,7 @@ def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
     spec = (10.0, True, 2.5)
     assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
                                     "retry_after_s": 3, "refused": 0, "room": False,
-                                    "refusing_for_s": 0.0, "slots": None, "counts_age_s": None,
-                                    "window_s": 0.0}
+                                    "refusing_for_s": 0.0, "window_s": 0.0}
     w.note({"refused": 2}, 100.0)
     assert [w.state(spec, 102.5)[k] for k in ("refusing", "refusing_for_s")] == [True, 7.5]
     assert w.state(spec, 109.9)["refusing"] is True
@@ -134,8 +133,7 @@ def test_the_door_opens_while_the_engine_has_room_for_a_new_request():
     w.note({"refused": 4}, 22.5, running=15, waiting=0, cap=16)   # a slot is free
     assert w.state(spec, 22.5) == {"refusing": False, "max_wait_s": 6.0,
                                    "retry_after_s": 6, "refused": 4, "room": True,
-                                   "refusing_for_s": 0.0, "slots": 1, "counts_age_s": 0.0,
-                                   "window_s": 3.5}
+                                   "refusing_for_s": 0.0, "window_s": 3.5}
     w.note({"refused": 4}, 23.0, running=15, waiting=2, cap=16)   # requests wait again
     assert [w.state(spec, 23.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 3.0]
     w.note({"refused": 4}, 23.5, running=3, waiting=0, cap=2)     # the cap came down
@@ -143,62 +141,6 @@ def test_the_door_opens_while_the_engine_has_room_for_a_new_request():
     w.note({"refused": 4}, 24.0, running=0, waiting=0)            # no cap: no guess
     assert w.state(spec, 24.0)["refusing"] is True
     assert w.state(spec, 26.0)["refusing"] is False               # the bound has passed
-    w.note({"refused": 4}, 26.5, running=13, waiting=0, cap=16)
-    assert [w.state(spec, 27.0)[k] for k in ("room", "slots", "counts_age_s")] == \
-        [True, None, 0.5]
-
-
-def test_an_open_door_lets_in_its_free_slots_per_count_and_refuses_the_rest():
-    # the door opened on room let in everyone who came before the next count: at
-    # 14 requests a second they queued behind one free slot and were refused at
-    # the bound after waiting it out
-    w = RefusalWatch()
-    spec = (4.0, True, 2.0)
-    w.note({"refused": 1}, 10.0, running=2, waiting=0, cap=4)
-    said = w.state(spec, 10.0)
-    assert [said[k] for k in ("refusing", "slots", "counts_age_s", "window_s")] == \
-        [False, 2, 0.0, 4.0]
-    assert [at_the_door(said, 10.1, read_s=10.0, let_in=n) for n in (0, 1)] == [None, None]
-    ref = at_the_door(said, 10.1, read_s=10.0, let_in=2)
-    assert ref == Refusal(REASON_OVERLOADED, 10.1, bound_s=4.0, retry_after_s=2)
-    assert at_the_door(said, 14.0, read_s=10.0, let_in=2) is None     # its window passed
-    # without a refusal within the bound there is no limit
-    assert at_the_door(RefusalWatch().state(spec, 0.0), 0.0, read_s=0.0, let_in=99) is None
-
-
-def test_the_door_counts_the_engines_turnover_over_the_last_bound_as_room():
-    # half the requests that ran and left over the last bound start in half a bound:
-    # the door lets that many wait beyond the free slots (free slots alone left slots
-    # empty between counts on the real engine)
-    w = RefusalWatch()
-    spec = (4.0, True, 2.0)
-    for t, ran in ((10.0, 3), (11.0, 4), (12.0, 0)):
-        w.note({"refused": 1}, t, running=8, waiting=0, cap=8, ran=ran, bound_s=4.0)
-    assert [w.state(spec, 12.0)[k] for k in ("refusing", "slots")] == [False, 3]  # 7 // 2
-    w.note({"refused": 1}, 13.0, running=8, waiting=4, cap=8, ran=1, bound_s=4.0)
-    assert [w.state(spec, 13.0)[k] for k in ("refusing", "room")] == [True, False]  # 8 // 2 - 4
-    w.note({"refused": 1}, 14.5, running=8, waiting=1, cap=8, ran=0, bound_s=4.0)
-    assert w.slots == 1                          # 10.0's 3 left the window: 5 // 2 - 1
-    w.note({"refused": 2}, 15.0, running=5, waiting=1, cap=8, ran=-1, bound_s=4.0)
-    assert w.slots == 2                          # 3 free - 1 waiting + (0 + 1 + 0) // 2
-    w.note({"refused": 2}, 15.5, running=5, waiting=None, cap=8, ran=2, bound_s=4.0)
-    assert w.slots == 0                          # no counts: no guess
-
-def test_a_count_without_room_within_the_bound_keeps_the_door_in_effect():
-    # a door that lets in only what starts in time leaves the queue nothing to
-    # refuse: a bound after its last refusal it opened to everyone, who waited the
-    # bound out and were refused (the proxy test's backlog: 148 refused at A's bound)
-    w = RefusalWatch()
-    spec = (4.0, True, 2.0)
-    w.note({"refused": 1}, 10.0, running=1, waiting=0, cap=1, bound_s=4.0)
-    w.note({"refused": 1}, 13.0, running=1, waiting=0, cap=1, bound_s=4.0)  # no room
-    assert (w.last_t, w.state(spec, 16.5)["refusing"]) == (13.0, True)
-    w.note({"refused": 1}, 16.5, running=0, waiting=0, cap=1, bound_s=4.0)  # room
-    assert (w.last_t, w.state(spec, 16.5)["slots"]) == (13.0, 1)
-    w.note({"refused": 1}, 17.5, running=1, waiting=2, cap=1, bound_s=4.0)  # past it
-    assert (w.last_t, w.state(spec, 17.5)["refusing"]) == (13.0, False)
-    w.note({"refused": 1}, 17.6, running=1, waiting=2, cap=1)   # no bound given: as before
-    assert w.last_t == 13.0
 
 
 def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():

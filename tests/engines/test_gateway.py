@@ -132,30 +132,6 @@ def test_a_failed_read_keeps_the_answer_for_the_window_it_gave(endpoint):
     assert mw._state == {"refusing": False, "refusing_for_s": 0.0} and mw._read == newer + 60.0
 
 
-def test_an_open_door_lets_in_its_slots_less_those_let_in_since_the_counts(endpoint):
-    """Open on room after a refusal, the gateway lets in the slots the answer gives,
-    less the requests it let in since the engine's counts were taken (and
-    HANDOVER_S before: a request takes a moment to reach them); the next is answered
-    429 until counts taken after them come."""
-    _Admission.state = {"refusing": False, "max_wait_s": 4.0, "retry_after_s": 2,
-                        "room": True, "slots": 2, "counts_age_s": 0.0, "window_s": 3.0}
-    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
-    assert [call(mw)[0] for _ in range(3)] == [200, 200, 429]
-    asyncio.run(mw._refresh())             # counts as old as the two let in: no more
-    assert (call(mw)[0], len(mw._let)) == (429, 2)
-    mw._let = gateway.deque(t - gateway.HANDOVER_S - 0.1 for t in mw._let)
-    _Admission.state = dict(_Admission.state, slots=1)
-    asyncio.run(mw._refresh())             # counts taken after the two reached them
-    assert [call(mw)[0] for _ in range(2)] == [200, 429]
-    _Admission.state = dict(_Admission.state, slots=2, counts_age_s=5.0)
-    asyncio.run(mw._refresh())             # counts from before the last one let in
-    assert [call(mw)[0] for _ in range(2)] == [200, 429]
-    # no refusal within the bound (slots None): no limit, none added
-    _Admission.state = {"refusing": False, "room": True, "slots": None}
-    asyncio.run(mw._refresh())
-    assert ([call(mw)[0] for _ in range(3)], len(mw._let)) == ([200] * 3, 2)
-
-
 def test_admission_url_from_the_command_line_or_the_environment(tmp_path):
     cfg = config_mod.validate({"metrics_port": 9555, "metrics_host": "0.0.0.0"})
     argv = ["api_server", "--additional-config",
@@ -180,8 +156,7 @@ def test_controller_says_refusing_for_one_bound_after_a_refusal():
     ctrl = Controller(cfg, FakeEngine(), Metrics(), clock=lambda: t[0])
     assert ctrl.admission_json() == {"refusing": False, "max_wait_s": 10.0,
                                      "retry_after_s": 2, "refused": 0, "room": False,
-                                     "refusing_for_s": 0.0, "slots": None, "counts_age_s": None,
-                                     "window_s": 0.0}
+                                     "refusing_for_s": 0.0, "window_s": 0.0}
     ctrl.refusals.note({"refused": 3}, t[0])
     t[0] += 9.9
     assert ctrl.admission_json()["refusing"] is True
@@ -218,15 +193,7 @@ def test_the_controller_opens_the_door_once_the_engine_has_room():
     t[0] += 1.0
     eng.running = 3                      # a slot free, none waiting
     ctrl.run_once()
-    assert [ctrl.admission_json()[k] for k in ("refusing", "room", "slots", "counts_age_s")] \
-        == [False, True, 1, 0.0]
-    # requests that ran and left count as turnover (a refused one, no tokens, not)
-    t[0] += 1.0
-    eng.running, eng.waiting = 4, 1
-    for out in (16, 32, 0, 8, 8):
-        eng.add_finished(10, out)
-    ctrl.run_once()
-    assert ctrl.admission_json()["slots"] == 1          # 4 - 4 - 1 + 4 // 2
+    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [False, True]
 
 
 #: vLLM's POST routes that make no engine request (the gateway lets them through)

@@ -33,7 +33,6 @@ client reads) and the one engine adapter concerned.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -213,104 +212,58 @@ class RefusalWatch:
     """Whether the queue is refusing, for the door (what ``GET /admission`` answers,
     :mod:`tuned.engines.gateway` reads): refusing while the queue refused a request
     at its wait bound within the last bound (a sustained overload: a new request
-    would wait past it too), unless the engine has room, and when to retry (the
+    would wait past it too), unless the engine has room (no request waits and fewer
+    run than the cap: a new request would start at once), and when to retry (the
     aging point: by then the oldest waiting have turned over). A door shut for the
     whole bound after a refusal turned requests away while the engine ran out of
-    work (docs/results.md, "A burst past capacity on the real engine").
-
-    Room is counted in ``slots``: how many more requests would start within half the
-    bound. The cap's free slots, less the requests already waiting, plus half the
-    requests that ran and left the engine over the last bound (its turnover: that
-    many more start in half a bound). The door lets in that many, less those it let
-    in since the counts were taken (``counts_age_s`` before the answer), not everyone
-    who comes before the next count, and stays in effect while counts show no room
-    (:meth:`note`). Letting in only the free
-    slots (no turnover) left slots empty between counts on the real engine: goodput
-    0.68x on a burst (docs/results.md)."""
+    work (docs/results.md, "A burst past capacity on the real engine")."""
 
     def __init__(self) -> None:
         self.seen = 0                      # the queue's refusals at the wait bound
         self.last_t = -math.inf
-        self.slots = 0                     # requests that would start within half a bound
-        self.counted_t: float | None = None   # when the engine's counts were taken
-        self._ran: deque[tuple[float, int]] = deque()   # (when, requests that ran and left)
+        self.room = False                  # a new request would start at once
 
     def note(self, snap: dict | None, now: float, running: int | None = None,
-             waiting: int | None = None, cap: int | None = None, ran: int = 0,
-             bound_s: float | None = None) -> None:
+             waiting: int | None = None, cap: int | None = None) -> None:
         """The queue's snapshot at ``now``: a refusal since the last one? ``running``,
         ``waiting`` (the engine's counts) and the applied ``cap``: room for a new
         request? Without all three, no room is assumed (the door stays shut for the
-        bound, never opened on a guess). ``ran``: requests that ran and left the
-        engine since the last note; over the last ``bound_s`` (the wait bound) they
-        are the engine's turnover. Within the bound after a refusal, a count without
-        room starts the bound again: a door that lets in only what starts in time
-        leaves the queue nothing to refuse, and a bound after its last refusal it
-        opened to everyone, who waited the bound out and were refused."""
+        bound, never opened on a guess)."""
         refused = (snap or {}).get("refused", 0)
         if refused > self.seen:
             self.last_t = now
         self.seen = refused
-        if bound_s:
-            self._ran.append((now, max(ran, 0)))
-            while self._ran and self._ran[0][0] <= now - bound_s:
-                self._ran.popleft()
-        if None in (running, waiting, cap):
-            self.slots = 0
-        else:
-            turnover = sum(n for _, n in self._ran) // 2
-            self.slots = max(cap - running - waiting + turnover, 0)
-            if bound_s and not self.slots and now - self.last_t < bound_s:
-                self.last_t = now          # still no room: the overload goes on
-        self.counted_t = now
-
-    @property
-    def room(self) -> bool:
-        """A new request would start within half the bound."""
-        return self.slots > 0
+        self.room = (None not in (running, waiting, cap)
+                     and waiting <= 0 and running < cap)
 
     def state(self, spec: tuple | None, now: float) -> dict:
         """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`);
         ``refusing_for_s``: how long it stays refusing without a new refusal (0 when
         not refusing), which holds the door's answer through a failed read; ``room``:
-        whether a new request would start within half the bound (then the door is
-        open); ``slots``: while a refusal is within the bound and the door is open on
-        room, how many requests it lets in on counts taken ``counts_age_s`` ago (else
-        None), for the ``window_s`` the refusal has left."""
+        whether a new request would start at once (then the door is open); ``window_s``:
+        how long until the last refusal is a bound old, room or not."""
         if spec is None:
             return {"refusing": False, "max_wait_s": None, "retry_after_s": None,
                     "refusing_for_s": 0.0}
         bound, refuse, age = spec
         window = max(bound - (now - self.last_t), 0.0) if refuse else 0.0
-        left = window if not self.room else 0.0
+        left = 0.0 if self.room else window
         return {"refusing": left > 0, "max_wait_s": bound,
                 "retry_after_s": max(1, math.ceil(age)), "refused": self.seen,
                 "room": self.room, "refusing_for_s": round(left, 3),
-                "slots": self.slots if window > 0 and self.room else None,
-                "counts_age_s": None if self.counted_t is None
-                else round(max(now - self.counted_t, 0.0), 3),
                 "window_s": round(window, 3)}
 
 
-def at_the_door(state: dict | None, now_s: float, read_s: float | None = None,
-                let_in: int = 0) -> Refusal | None:
+def at_the_door(state: dict | None, now_s: float,
+                read_s: float | None = None) -> Refusal | None:
     """A new request's refusal at the API server, from the ``/admission`` answer
     (:meth:`RefusalWatch.state`) read at ``read_s``, or None to let it through: when
     there is no answer (never refuse on a guess), and once the answer's
     ``refusing_for_s`` has passed since it was read (never refuse past what the
-    endpoint said: a later read that failed keeps the answer, not its window). An
-    answer open on room (``slots``) lets in that many: ``let_in`` counts those the
-    door let through since its counts were taken (the engine's counts do not have
-    them yet); the next is refused within the answer's ``window_s``, until counts
-    taken after them come."""
-    if not state:
+    endpoint said: a later read that failed keeps the answer, not its window)."""
+    if not (state and state.get("refusing")):
         return None
-    if state.get("refusing"):
-        left = state.get("refusing_for_s")
-    elif state.get("slots") is not None and let_in >= state["slots"]:
-        left = state.get("window_s") or 0.0
-    else:
-        return None
+    left = state.get("refusing_for_s")
     if left is not None and read_s is not None and now_s - read_s >= left:
         return None
     return Refusal(REASON_OVERLOADED, now_s, bound_s=state.get("max_wait_s"),

@@ -10,11 +10,7 @@ it), answers new requests for the engine (completions, chat, responses and the o
 generation and pooling routes: :data:`PATHS`) with 429 and ``Retry-After`` at once
 while the queue has refused one within the last bound and the engine has no room for
 a new one (it would wait), as an overloaded gateway does, so the client or a proxy in
-front can retry elsewhere; the engine never sees them. While it has room, the door
-lets in as many as would start within half the bound (the answer's ``slots``), less
-those it let in since the engine's counts were taken (and :data:`HANDOVER_S` before),
-and answers the rest 429 (one API server process's count: with several, each lets
-that many in).
+front can retry elsewhere; the engine never sees them.
 The 429 is the whole answer, sent before the app runs: a streaming request is refused
 before any byte of its stream, so a proxy can still pass it to another server
 (docs/kubernetes.md, "Behind a proxy"). It reads the state
@@ -42,7 +38,6 @@ import os
 import sys
 import time
 import urllib.request
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,8 +47,6 @@ from tuned.core.refusal import Refusal, at_the_door
 POLL_S = 0.5
 #: how long one read of the endpoint may take (in the background: no request waits)
 READ_TIMEOUT_S = 2.0
-#: how long a request let in may take to reach the engine's counts
-HANDOVER_S = 0.5
 #: the requests it may refuse (POST only): every route of vLLM's API server whose
 #: request queues in the engine -- generation in each API flavour, then pooling
 #: (tests/engines/test_gateway.py checks the list against vLLM's routes). Not here:
@@ -135,7 +128,6 @@ class RefuseWhenOverloaded:
         self._state: dict | None = None
         self._read = -1e18          # when the kept answer was asked for
         self._at = -1e18            # when a read last started
-        self._let: deque[float] = deque()   # when requests were let in on room
         self.refused = 0
 
     def _admission(self) -> dict | None:
@@ -158,20 +150,10 @@ class RefuseWhenOverloaded:
     async def __call__(self, scope, receive, send) -> None:
         if (self.url and scope.get("type") == "http" and scope.get("method") == "POST"
                 and scope.get("path") in PATHS):
-            state, now = self._admission(), time.monotonic()
-            room = state is not None and state.get("slots") is not None
-            if room:
-                # let in since the counts were taken, or just before: a request
-                # takes a moment to reach the engine's counts
-                since = self._read - (state.get("counts_age_s") or 0.0) - HANDOVER_S
-                while self._let and self._let[0] < since:
-                    self._let.popleft()
-            refused = at_the_door(state, now, self._read, len(self._let) if room else 0)
+            refused = at_the_door(self._admission(), time.monotonic(), self._read)
             if refused is not None:
                 await self.answer_refusals([(send, refused)])
                 return
-            if room:
-                self._let.append(now)
         await self.app(scope, receive, send)
 
     async def answer_refusals(self, refused: Sequence[tuple[Any, Refusal]]) -> None:

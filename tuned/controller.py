@@ -43,8 +43,7 @@ from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
 from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments,
-                               present_pairs, request_tpot_s, since_first_token,
-                               step_window)
+                               present_pairs, request_tpot_s, step_window)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.binding import BIND_SHARE, explained
@@ -322,12 +321,6 @@ class Controller:
         kv_usage = live_kv() if live_kv is not None else win.kv_usage
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
-        progress, pending = (), 0
-        read_progress = getattr(eng, "running_progress", None)
-        if read_progress is not None and getattr(self.policy, "wants_progress", False):
-            prog, pending = read_progress()
-            progress = tuple(since_first_token(prog, eng.steps.newest_first(), now,
-                                               win.tbt_mean_s))
         read_wait = getattr(eng, "oldest_wait_s", None)
         oldest_wait = read_wait() if read_wait is not None and waiting else None
         held = holds_between(self.seen.queue if self.seen is not None else None, snap)
@@ -344,7 +337,7 @@ class Controller:
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
             gpu_free_fraction=gpu_free, finished_tpot_s=tpots,
             prefill_residual_s=win.prefill_residual_s, oldest_wait_s=oldest_wait,
-            held=held, decode_progress=progress, prefill_pending_tokens=pending)
+            held=held)
         return self.last_observation
 
     def _bound_tpots(self, finished: list) -> tuple:

@@ -124,28 +124,6 @@ def queue_prompt_tokens(waiting: Any) -> list[int]:
     return read() if read is not None else [r.num_prompt_tokens for r in list(waiting)]
 
 
-def running_progress(running: Iterable, waiting: Any) -> tuple[list[tuple[int, int]], int]:
-    """What the token budget's TPOT slack reads of an engine's requests, from the
-    controller's thread: (output tokens so far, output tokens expected) of each running
-    request past its first token, and the prompt tokens still to prefill (the running
-    requests' unfinished prompts and every waiting prompt). The output expected is
-    tuned's queue's prediction (as the admission guard reads it) within the request's
-    ``max_tokens``, else ``max_tokens``."""
-    progress, pending = [], 0
-    info = getattr(waiting, "info", None)
-    for r in list(running):
-        g = int(r.num_output_tokens)
-        if g >= 1:
-            n = int(r.max_tokens or 0)
-            i = info(r.request_id) if info is not None else None
-            if i is not None and i.predicted_output > 0:
-                n = min(n, i.predicted_output) if n > 0 else i.predicted_output
-            progress.append((g, n))
-        else:
-            pending += prompt_tokens_left(r)
-    return progress, pending + sum(queue_prompt_tokens(waiting))
-
-
 def queue_oldest_arrival_s(waiting: Any, offset_s: float | Callable[[], float] = 0.0) -> float | None:
     """The earliest arrival among an engine's waiting requests, or None: tuned's queue
     reads its own (:meth:`QueueCore.oldest_arrival_s`); a plain queue of requests is

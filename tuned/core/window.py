@@ -18,7 +18,6 @@ computes, as pure functions so the controller, the profile and the tests share t
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -101,32 +100,6 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
                       dec_sum / dec_n if dec_n else None, mix_sum / prefill if prefill else None,
                       kv_res, res_sum / prefill if prefill and model is not None else None,
                       _p90(dtimes))
-
-
-def since_first_token(progress: Sequence[tuple[int, int]], newest_first: Iterable[StepSample],
-                      now: float, step_s: float | None) -> list[tuple[int, int, float]]:
-    """(output tokens g, max tokens, seconds since its first token) per running request
-    of ``progress`` ((g, max tokens) each). A request decodes one token a step once
-    past its prefill, so its first token came out at the end of the step g - 1 steps
-    before the newest (``newest_first``: the engine's step ring); a request older than
-    the ring is dated from the ring's oldest step at ``step_s`` a step before it
-    (none: the ring's own mean)."""
-    if not progress:
-        return []
-    steps = list(itertools.islice(newest_first, max(g for g, _ in progress)))
-    if not steps:
-        return []
-    if step_s is None or not step_s > 0:
-        step_s = (steps[0].t - steps[-1].t) / max(len(steps) - 1, 1)
-    out = []
-    for g, n in progress:
-        k = g - 1
-        if k < len(steps):
-            t1 = steps[k].t
-        else:
-            t1 = steps[-1].t - (k - len(steps) + 1) * step_s
-        out.append((g, n, max(now - t1, 0.0)))
-    return out
 
 
 def _p90(times: list[float]) -> float | None:

@@ -91,36 +91,6 @@ def ttft_step_target(sla_s: float, mean_s: float | None, decode_s: float | None,
     return max(sla_s, target) if math.isfinite(target) else sla_s
 
 
-def slack_chunk(progress, pending_tokens: int, sla_s: float, decode_s: float,
-                per_token_s: float) -> float | None:
-    """The largest prefill chunk a step may carry, by the running requests' TPOT slack;
-    ``math.inf`` where no running request limits it, None without the figures.
-
-    The TPOT SLO judges a request by the mean of the steps it decodes in, not by any
-    one step. A request with g tokens out of n (``progress``: (g, n, seconds since its
-    first token) per request past its first token) has S = SLA (n - 1) - elapsed -
-    (n - g) T_dec of time to spare beyond decode-only steps (T_dec: ``decode_s``).
-    Prefilling the ``pending_tokens`` (prompts waiting and the running ones' unfinished
-    prefill) costs every request decoding meanwhile ``per_token_s`` a token, whatever
-    the chunk size: the chunk decides only how much of it lands before the request
-    leaves. A request that could absorb all of it (per_token_s x pending <= S) does not
-    limit the chunk; one that could not sees at most its n - g remaining steps of
-    chunks, so the chunk is at most S / (per_token_s (n - g)). Requests already past
-    saving (S < 0) are not protected, as in the admission guard."""
-    if not (sla_s > 0 and decode_s > 0 and per_token_s > 0) or pending_tokens <= 0:
-        return None
-    total = per_token_s * pending_tokens
-    best = math.inf
-    for g, n, elapsed in progress:
-        n = max(int(n), int(g) + 1)
-        rem = n - int(g)
-        spare = sla_s * (n - 1) - elapsed - rem * decode_s
-        if spare < 0 or spare >= total:
-            continue
-        best = min(best, spare / (per_token_s * rem))
-    return best
-
-
 #: share of the window's steps with requests waiting at a full cap from which the cap,
 #: not the budget, is what holds them (the SLA search's own ``bind_share``)
 BINDING_SHARE = 0.5
@@ -152,19 +122,12 @@ class TokenBudget:
                                              # TBT SLA less margin and bias), "ttft"
                                              # (requests wait, not held by the cap: the
                                              # SLA, or past it by the window's room,
-                                             # ttft_step_target), "tpot_slack" (requests
-                                             # wait: the running ones' TPOT slack,
-                                             # slack_chunk) or "none" (the full one)
+                                             # ttft_step_target) or "none" (the full one)
 
     @property
     def wants_step_fit(self) -> bool:
         """Sizing chunks for an SLA reads the controller's online step model."""
         return self.control and self.sla_s > 0
-
-    @property
-    def wants_progress(self) -> bool:
-        """Sizing chunks by the running requests' TPOT slack reads their progress."""
-        return self.control and self.sla_s > 0 and self.decode_budget == "running"
 
     @property
     def wants_active(self) -> bool:
@@ -225,7 +188,6 @@ class TokenBudget:
         sla_s = self.sla_s - self.margin_s if (self.sla_s > 0 and feasible) else 0.0
         b_budget = batch if self.decode_budget == "batch" else min(max(obs.num_running, 1), cap)
         self.bound = "tpot"
-        slack = None
         if not self.control:
             sla_s = 0.0
         elif sla_s > 0 and not acts:
@@ -251,7 +213,6 @@ class TokenBudget:
             self.bias_s = 0.0
             sla_s = ttft_step_target(self.sla_s, obs.tbt_mean_s, obs.decode_only_tbt_s,
                                      obs.mixed_tbt_s)
-            slack = self._slack_chunk(obs, model)
             if obs.prefill_residual_s is not None and obs.step_model is model:
                 # the chunk is sized on the fit; where the window's prefilling steps ran
                 # faster (or slower) than the fit predicts for them, the target moves
@@ -276,28 +237,5 @@ class TokenBudget:
             sla_s -= self.bias_s
         if sla_s <= 0 or model is None:
             self.bound = "none"
-        budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
-                              sla_s, model, obs.kv_tokens_resident, granule=self.granule)
-        if self.bound == "ttft" and slack is not None:
-            # the running requests' TPOT slack allows a larger chunk than the step
-            # target does: a request's TPOT pays for the waiting prompts' prefill
-            # whatever the chunk, so the chunk need only keep within the slack of
-            # those that leave before the prefill is done (:func:`slack_chunk`)
-            hi = self.max_num_batched_tokens
-            wider = hi if slack >= hi else min(b_budget + int(slack), hi)
-            if self.granule and wider < hi:
-                wider = wider // self.granule * self.granule
-            if wider > budget:
-                budget, self.bound = wider, "tpot_slack"
-        return budget
-
-    def _slack_chunk(self, obs: Observation, model: StepModel | None) -> float | None:
-        """The largest chunk the running requests' TPOT slack allows (:func:`slack_chunk`)
-        at the TPOT SLO itself, with decode-only steps at the model's batch-b step."""
-        if model is None or not obs.decode_progress:
-            return None
-        decode_s = model.predict_step_s(max(obs.num_running, 1), 0.0, obs.kv_tokens_resident)
-        if obs.decode_only_tbt_s is not None:
-            decode_s = max(decode_s, obs.decode_only_tbt_s)   # the host slower than the fit
-        return slack_chunk(obs.decode_progress, obs.prefill_pending_tokens, self.sla_s,
-                           decode_s, model.gamma + model.eta)
+        return token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
+                            sla_s, model, obs.kv_tokens_resident, granule=self.granule)

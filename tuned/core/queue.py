@@ -124,13 +124,6 @@ def queue_prompt_tokens(waiting: Any) -> list[int]:
     return read() if read is not None else [r.num_prompt_tokens for r in list(waiting)]
 
 
-def pending_prefill_tokens(running: Iterable, waiting: Any) -> int:
-    """Prompt tokens an engine has still to prefill: the running requests' unfinished
-    prompts and every waiting prompt (for the controller's thread)."""
-    return (sum(prompt_tokens_left(r) for r in list(running))
-            + sum(queue_prompt_tokens(waiting)))
-
-
 def queue_oldest_arrival_s(waiting: Any, offset_s: float | Callable[[], float] = 0.0) -> float | None:
     """The earliest arrival among an engine's waiting requests, or None: tuned's queue
     reads its own (:meth:`QueueCore.oldest_arrival_s`); a plain queue of requests is

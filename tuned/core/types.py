@@ -49,7 +49,6 @@ class Observation:
                                      # (two output tokens or more), oldest first
     oldest_wait_s: float | None = None  # how long the longest-waiting request has waited
                                      # for admission (None: nothing waits, or unknown)
-    prefill_pending_tokens: int = 0  # prompt tokens still to prefill (running, waiting)
     held: tuple | None = None        # admissions held since the last tick, by who held
                                      # them ((reason, n), ...; tuned.core.admission.
                                      # holds_between); None: unknown (vLLM's own queue)

@@ -72,8 +72,7 @@ from typing import Any
 
 from tuned.config import Config
 from tuned.core import refusal
-from tuned.core.queue import (QueueCore, pending_prefill_tokens, queue_oldest_arrival_s,
-                              queue_prompt_tokens)
+from tuned.core.queue import QueueCore, queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.refusal import Refusal
 from tuned.runtime import Runtime, build_runtime
 from tuned.policies.queues import AdmitContext, make_policy
@@ -278,9 +277,6 @@ class SimEngine:
 
     def present_prompts(self) -> list[int]:
         return [r.num_prompt_tokens for r in self.running] + queue_prompt_tokens(self.waiting)
-
-    def pending_prefill_tokens(self) -> int:
-        return pending_prefill_tokens(self.running, self.waiting)
 
     def oldest_wait_s(self) -> float | None:
         first = queue_oldest_arrival_s(self.waiting)

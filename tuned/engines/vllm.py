@@ -50,8 +50,7 @@ from tuned.core import refusal
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
 from tuned.runtime import production_runtime
 from tuned.core.steppath import StepPathGuard
-from tuned.core.queue import (pending_prefill_tokens, queue_oldest_arrival_s,
-                              queue_prompt_tokens)
+from tuned.core.queue import queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample
 from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
@@ -239,15 +238,6 @@ class _TunedMixin:
         except (RuntimeError, IndexError):   # changed under the copy: next tick
             waiting = []
         return [r.num_prompt_tokens for r in list(self.running)] + waiting
-
-    def pending_prefill_tokens(self) -> int:
-        """Prompt tokens still to prefill, running and waiting
-        (:func:`tuned.core.queue.pending_prefill_tokens`), read from the controller's
-        thread."""
-        try:
-            return pending_prefill_tokens(self.running, self.waiting)
-        except (RuntimeError, IndexError):   # changed under the copy: next tick
-            return 0
 
     def oldest_wait_s(self) -> float | None:
         """How long the longest-waiting request has waited for admission (tuned's

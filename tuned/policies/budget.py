@@ -91,29 +91,6 @@ def ttft_step_target(sla_s: float, mean_s: float | None, decode_s: float | None,
     return max(sla_s, target) if math.isfinite(target) else sla_s
 
 
-#: the least time the queue is given to clear in, as a share of the TTFT SLO, once its
-#: head is that close to it or past it
-CLEAR_FLOOR = 0.25
-
-
-def clearing_chunk(pending_tokens: int, left_s: float, decode_step_s: float,
-                   per_token_s: float) -> float:
-    """The smallest prefill chunk that prefills ``pending_tokens`` within ``left_s``:
-    ``math.inf`` where no chunk does.
-
-    A step that carries a chunk of c prompt tokens beside the decodes takes
-    T_dec + gamma c (``decode_step_s``, ``per_token_s``), and the pending tokens take
-    P / c such steps, so P T_dec / c + gamma P <= left: c >= P T_dec / (left - gamma P).
-    A smaller chunk leaves the waiting requests' first tokens later than that;
-    where gamma P alone is past ``left_s`` even whole prompts cannot make it."""
-    if pending_tokens <= 0:
-        return 0.0
-    room = left_s - per_token_s * pending_tokens
-    if room <= 0:
-        return math.inf
-    return pending_tokens * max(decode_step_s, 0.0) / room
-
-
 #: share of the window's steps with requests waiting at a full cap from which the cap,
 #: not the budget, is what holds them (the SLA search's own ``bind_share``)
 BINDING_SHARE = 0.5
@@ -138,8 +115,6 @@ class TokenBudget:
     control: bool = True                     # False: the full budget (policy "max")
     decode_budget: str = "running"
     margin_s: float = 0.0
-    ttft_sla_s: float = 0.0                  # the TTFT SLO the queue is cleared for (0:
-                                             # none, chunks sized for the TPOT alone)
     granule: int = 0                         # round the SLA-sized budget down to this
     bias_s: float = 0.0                      # learnt: the window's mean step time over
                                              # D_SLA - 2 eps_D (integral of the excess)
@@ -147,10 +122,7 @@ class TokenBudget:
                                              # TBT SLA less margin and bias), "ttft"
                                              # (requests wait, not held by the cap: the
                                              # SLA, or past it by the window's room,
-                                             # ttft_step_target), "ttft_clear" (requests
-                                             # wait: the chunk that prefills them within
-                                             # the TTFT SLO, clearing_chunk) or "none"
-                                             # (the full one)
+                                             # ttft_step_target) or "none" (the full one)
 
     @property
     def wants_step_fit(self) -> bool:
@@ -265,30 +237,5 @@ class TokenBudget:
             sla_s -= self.bias_s
         if sla_s <= 0 or model is None:
             self.bound = "none"
-        budget = token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
-                              sla_s, model, obs.kv_tokens_resident, granule=self.granule)
-        if self.bound == "ttft" and self.ttft_sla_s > 0:
-            budget = self._clearing_budget(obs, model, b_budget, budget)
-        return budget
-
-    def _clearing_budget(self, obs: Observation, model: StepModel, b: int, budget: int) -> int:
-        """The budget that prefills the prompts pending (``obs.prefill_pending_tokens``)
-        before the longest-waiting request passes the TTFT SLO (at least
-        :data:`CLEAR_FLOOR` of it, once its head is that close or late), where that is
-        more than ``budget``, the TPOT-sized one (bound ``ttft_clear``). Sized to the
-        TPOT alone, the chunk can prefill fewer tokens a second than the waiting
-        prompts bring: then the queue grows for as long as they come, every request in
-        it misses its first token, and the few running ones keep a TPOT that the lift
-        (``late_queue``) spends anyway once the head is late."""
-        left = max(self.ttft_sla_s - (obs.oldest_wait_s or 0.0), CLEAR_FLOOR * self.ttft_sla_s)
-        decode_s = model.predict_step_s(b, 0.0, obs.kv_tokens_resident)
-        chunk = clearing_chunk(obs.prefill_pending_tokens, left, decode_s,
-                               model.gamma + model.eta)
-        hi = self.max_num_batched_tokens
-        need = hi if chunk >= hi else min(b + math.ceil(chunk), hi)
-        if self.granule and need < hi:
-            need = need // self.granule * self.granule
-        if need > budget:
-            self.bound = "ttft_clear"
-            return need
-        return budget
+        return token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
+                            sla_s, model, obs.kv_tokens_resident, granule=self.granule)

@@ -116,7 +116,6 @@ def _token_budget(policy: Any, b: Build) -> TokenBudget:
                        step_model=b.profile.step_model() if b.profile is not None else None,
                        decode_budget="batch" if paper else "running",
                        margin_s=0.0 if paper else cfg.eps_d_s,
-                       ttft_sla_s=0.0 if paper else cfg.ttft_sla_s,
                        granule=0 if paper else cfg.token_budget_granule)
 
 

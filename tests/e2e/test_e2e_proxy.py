@@ -14,12 +14,12 @@ the client, streaming ones included. Counted three ways: the client (one 200 wit
 full completion per request), nginx's access log (``$upstream_addr`` /
 ``$upstream_status``: ``A, B`` / ``429, 200`` chains) and each engine's vLLM
 (``vllm:request_success_total``: A's engine never saw a burst request its door
-answered 429, B's saw each of those once). A control location without ``http_429`` passes A's 429 and its
-``Retry-After`` to the client. A's door opens while A has room (none waiting, a free
-slot) and lets in whoever comes until its next count; a burst that met it open
-(nginx logs ``A`` / ``200``: served by A, or refused at A's bound) is not conclusive
-and is sent again after the next 429, at most three bursts; the counts take in
-every burst.
+answered 429, B's saw each of those once). A control location without ``http_429``
+passes A's 429 and its ``Retry-After`` to the client. A's door opens while A has
+room (none waiting, a free slot) and lets in whoever comes until its next count; a
+burst that met it open (nginx logs ``A`` / ``200``: served by A, or refused at A's
+bound) is not conclusive and is sent again after the next 429, at most three bursts;
+the counts take in every burst.
 
 The backlog keeps coming until the burst is answered: rounds every half bound, the
 first sized from a request timed in the test, each doubled while A has not refused

@@ -7,8 +7,9 @@ default static cap side by side on the same load, through the benchmark's code.
    host (``tbt_sla_auto``: a multiple of the decode step measured at batch 1), so
    the demo tells the same story on a fast and on a slow machine; a short
    calibration load (two requests in flight) lets the controller measure it. Then a
-   burst of chat-sized requests (batches 1 to the cap), whose step times are
-   fitted; that server stops. (A fit from the calibration alone, one or two requests
+   burst of chat-sized requests (batches 1 to the cap) and four long prompts one at
+   a time, whose step times are fitted (the cost a prompt token from the long
+   prompts' steps); that server stops. (A fit from the calibration alone, one or two requests
    in flight, can put the SLA's batch at twice the engine's and size a load past
    what any cap serves.)
 3. Size an open-loop, phase-shifting workload from the burst's fit and the SLA

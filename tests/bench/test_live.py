@@ -503,12 +503,23 @@ def test_the_burst_probe_fits_the_steps_it_drove():
     srv = _BurstServer(steps)
     fit = live.measure_step_fit(srv, validate({}))
     assert srv.driven[0].spec == live.PROBE_WORKLOAD
-    assert len(srv.driven[0].requests) == 24
+    sent = srv.driven[0].requests
+    assert len(sent) == 28 and sum(r.prompt_tokens >= 500 for r in sent) == 4
     assert fit["n_samples"] == 51 and fit["batch_max"] == 12
     assert fit["a"] == pytest.approx(0.005, rel=1e-9)
     assert fit["beta"] == pytest.approx(0.0006, rel=1e-9)
     assert fit["gamma"] == pytest.approx(0.0003, rel=1e-9)
     assert fit["eta"] == 0.0
+    # three steps or more that prefilled 64 tokens beside at most two decodes (the
+    # probe's long prompts) read the cost a token alone: the burst's prefilling
+    # steps at a large batch, where the line is off by a few ms, stay out
+    long = [{"num_decode": b, "prefill_tokens": 128, "kv_tokens_resident": 0,
+             "step_s": 0.005 + 0.0006 * b + 0.0004 * 128} for b in (0, 0, 1, 2)]
+    skewed = [{**s, "step_s": s["step_s"] - 0.02} for s in steps
+              if s["prefill_tokens"] >= 32 and s["num_decode"] > 2]
+    assert live.burst_step_fit(steps + long + skewed * 3)["gamma"] == pytest.approx(
+        0.0004, rel=1e-9)
+    assert live.burst_step_fit(steps + skewed * 3)["gamma"] < 0.0003
     # plain vLLM keeps no step records, and two batches make no line: no fit, the
     # caller keeps the calibration's
     assert live.measure_step_fit(_BurstServer([]), validate({})) is None

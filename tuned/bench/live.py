@@ -647,8 +647,14 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 #: the chat phases do not pay). Outputs of 16-112 tokens end one by one, so the decode
 #: batch steps down through every size to 1; outputs all of one length end together,
 #: and where the engine admitted the burst at once no three batches had decode-only
-#: steps to fit (docs/results.md, "The demo sized from a burst's measured steps")
-PROBE_WORKLOAD = "poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24"
+#: steps to fit (docs/results.md, "The demo sized from a burst's measured steps").
+#: Then four long prompts, one every 2.5 s, each answered with two tokens:
+#: their chunks prefill beside few decodes or none, so that a step's time over the
+#: line is mostly prefill, and the cost a prompt token is read there (the burst's
+#: prefilling steps carry up to 24 decodes, and the line's error at those batches
+#: put the cost at 0.09-0.39 ms a token in seven demo runs on one host)
+PROBE_WORKLOAD = ("phases:poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24;"
+                  "gamma:rate=0.4,cv=0.1,prompt=U(500,700),output=2,n=4")
 
 
 def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:
@@ -663,6 +669,11 @@ def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:
 
 #: a decode batch joins the burst's line with this many decode-only steps or more
 MIN_STEPS_PER_BATCH = 3
+#: a step reads the cost a prompt token where it prefilled this many tokens or more
+#: beside at most :data:`FEW_DECODES` decodes (the probe's long prompts); with fewer
+#: than :data:`MIN_STEPS_PER_BATCH` such steps, every step that prefilled 32 or more
+PREFILL_STEP_TOKENS = 64
+FEW_DECODES = 2
 
 
 def burst_step_fit(steps: Sequence[dict]) -> dict | None:
@@ -671,7 +682,10 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
     line (the one fitter, :func:`tuned.curves.fit.fit_step_time`, slopes >= 0)
     through each decode batch's median decode-only step (batches with at least
     :data:`MIN_STEPS_PER_BATCH` of them); ``gamma`` the median, over the steps that
-    prefilled 32 tokens or more, of what each took over that line per prompt token;
+    prefilled :data:`PREFILL_STEP_TOKENS` or more beside at most :data:`FEW_DECODES`
+    decodes (where there are :data:`MIN_STEPS_PER_BATCH` of them; else over the
+    steps that prefilled 32 tokens or more), of what each took over that line per
+    prompt token;
     ``eta`` 0 (the KV read of the burst's context is in ``beta``). Also ``r2``,
     ``n_samples`` (the decode-only steps on the line) and ``batch_max``. None with
     fewer than 3 such batches or a line with no cost per sequence (least squares on
@@ -698,8 +712,14 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
     # intercept (one host's least squares returned 5e-20 s for a flat line)
     if not beta * batches[-1] > 1e-6 * abs(a):
         return None
-    per_token = [(s["step_s"] - a - beta * s["num_decode"]) / s["prefill_tokens"]
-                 for s in steps if s["prefill_tokens"] >= 32]
+    def excess(pick) -> list[float]:
+        return [(s["step_s"] - a - beta * s["num_decode"]) / s["prefill_tokens"]
+                for s in steps if pick(s)]
+
+    per_token = excess(lambda s: s["prefill_tokens"] >= PREFILL_STEP_TOKENS
+                       and s["num_decode"] <= FEW_DECODES)
+    if len(per_token) < MIN_STEPS_PER_BATCH:
+        per_token = excess(lambda s: s["prefill_tokens"] >= 32)
     gamma = max(statistics.median(per_token), 0.0) if per_token else 0.0
     return {"a": a, "beta": beta, "gamma": gamma, "eta": 0.0, "r2": fit.r2,
             "n_samples": sum(len(by_batch[b]) for b in batches), "batch_max": batches[-1]}

@@ -651,8 +651,8 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 #: Then four long prompts, one every 2.5 s, each answered with two tokens:
 #: their chunks prefill beside few decodes or none, so that a step's time over the
 #: line is mostly prefill, and the cost a prompt token is read there (the burst's
-#: prefilling steps carry up to 24 decodes, and the line's error at those batches
-#: put the cost at 0.09-0.39 ms a token in seven demo runs on one host)
+#: prefilling steps carry up to 24 decodes, where the line's error is as large as
+#: the prefill itself: docs/results.md, "A fifth sitting")
 PROBE_WORKLOAD = ("phases:poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24;"
                   "gamma:rate=0.4,cv=0.1,prompt=U(500,700),output=2,n=4")
 
@@ -712,6 +712,7 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
     # intercept (one host's least squares returned 5e-20 s for a flat line)
     if not beta * batches[-1] > 1e-6 * abs(a):
         return None
+
     def excess(pick) -> list[float]:
         return [(s["step_s"] - a - beta * s["num_decode"]) / s["prefill_tokens"]
                 for s in steps if pick(s)]

@@ -648,13 +648,15 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 #: batch steps down through every size to 1; outputs all of one length end together,
 #: and where the engine admitted the burst at once no three batches had decode-only
 #: steps to fit (docs/results.md, "The demo sized from a burst's measured steps").
-#: Then four long prompts, one every 2.5 s, each answered with two tokens:
+#: Then four long prompts, one every 5 s (the first after the burst has decoded, so
+#: that its chunks do not take the small batches' decode-only steps from the line),
+#: each answered with two tokens:
 #: their chunks prefill beside few decodes or none, so that a step's time over the
 #: line is mostly prefill, and the cost a prompt token is read there (the burst's
 #: prefilling steps carry up to 24 decodes, where the line's error is as large as
 #: the prefill itself: docs/results.md, "A fifth sitting")
 PROBE_WORKLOAD = ("phases:poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24;"
-                  "gamma:rate=0.4,cv=0.1,prompt=U(500,700),output=2,n=4")
+                  "gamma:rate=0.2,cv=0.1,prompt=U(500,700),output=2,n=4")
 
 
 def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:

@@ -648,13 +648,12 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 #: batch steps down through every size to 1; outputs all of one length end together,
 #: and where the engine admitted the burst at once no three batches had decode-only
 #: steps to fit (docs/results.md, "The demo sized from a burst's measured steps").
-#: Then four long prompts, one every 5 s (the first after the burst has decoded, so
-#: that its chunks do not take the small batches' decode-only steps from the line),
-#: each answered with two tokens:
-#: their chunks prefill beside few decodes or none, so that a step's time over the
-#: line is mostly prefill, and the cost a prompt token is read there (the burst's
-#: prefilling steps carry up to 24 decodes, where the line's error is as large as
-#: the prefill itself: docs/results.md, "A fifth sitting")
+#: Then four long prompts answered with two tokens each, one every 5 s (the first
+#: after the burst has decoded, so that its chunks leave the small batches'
+#: decode-only steps to the line): their chunks prefill beside few decodes or none,
+#: so a step's time over the line is mostly prefill, and the cost a prompt token is
+#: read there. The burst's own prefilling steps carry up to 24 decodes, where the
+#: line's error is as large as the prefill (docs/results.md, "A fifth sitting").
 PROBE_WORKLOAD = ("phases:poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24;"
                   "gamma:rate=0.2,cv=0.1,prompt=U(500,700),output=2,n=4")
 
@@ -673,9 +672,10 @@ def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:
 MIN_STEPS_PER_BATCH = 3
 #: a step reads the cost a prompt token where it prefilled this many tokens or more
 #: beside at most :data:`FEW_DECODES` decodes (the probe's long prompts); with fewer
-#: than :data:`MIN_STEPS_PER_BATCH` such steps, every step that prefilled 32 or more
+#: than :data:`MIN_PREFILL_STEPS` such steps, every step that prefilled 32 or more
 PREFILL_STEP_TOKENS = 64
 FEW_DECODES = 2
+MIN_PREFILL_STEPS = 3
 
 
 def burst_step_fit(steps: Sequence[dict]) -> dict | None:
@@ -685,7 +685,7 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
     through each decode batch's median decode-only step (batches with at least
     :data:`MIN_STEPS_PER_BATCH` of them); ``gamma`` the median, over the steps that
     prefilled :data:`PREFILL_STEP_TOKENS` or more beside at most :data:`FEW_DECODES`
-    decodes (where there are :data:`MIN_STEPS_PER_BATCH` of them; else over the
+    decodes (where there are :data:`MIN_PREFILL_STEPS` of them; else over the
     steps that prefilled 32 tokens or more), of what each took over that line per
     prompt token;
     ``eta`` 0 (the KV read of the burst's context is in ``beta``). Also ``r2``,
@@ -721,7 +721,7 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
 
     per_token = excess(lambda s: s["prefill_tokens"] >= PREFILL_STEP_TOKENS
                        and s["num_decode"] <= FEW_DECODES)
-    if len(per_token) < MIN_STEPS_PER_BATCH:
+    if len(per_token) < MIN_PREFILL_STEPS:
         per_token = excess(lambda s: s["prefill_tokens"] >= 32)
     gamma = max(statistics.median(per_token), 0.0) if per_token else 0.0
     return {"a": a, "beta": beta, "gamma": gamma, "eta": 0.0, "r2": fit.r2,

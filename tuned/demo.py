@@ -196,7 +196,7 @@ def cmd_demo(args) -> int:
     with LiveServer(tuned, model_path=model_path, log_dir=log_dir, seed=args.seed,
                     startup_timeout_s=args.startup_timeout_s) as server:
         printer = _DecisionPrinter(time.monotonic())
-        tuned_run = server.drive(wl, on_decision=printer)
+        tuned_run = server.drive(wl, on_decision=printer, pace=True)
     seqs, toks = VLLM_DEFAULTS["cpu"]
     static_cfg = replace(cfg, max_num_seqs=seqs, max_num_batched_tokens=toks,
                          fallback_cap=min(cfg.fallback_cap, seqs))
@@ -204,16 +204,17 @@ def cmd_demo(args) -> int:
     _say(f"[4/5] vLLM's default static cap (max_num_seqs {seqs}, max_num_batched_tokens "
          f"{toks}) on the same arrivals")
     static_run = run_live(static, wl, model_path=model_path, log_dir=log_dir,
-                          seed=args.seed, startup_timeout_s=args.startup_timeout_s)
+                          seed=args.seed, startup_timeout_s=args.startup_timeout_s, pace=True)
     ttft = args.ttft_slo_s or cfg.ttft_sla_s or max(3.0, round(40 * sla_s, 1))
     slo = Slo(ttft_s=ttft, tpot_s=sla_s)
     rows = [("tuned", summarize(tuned_run.results, slo)),
             ("vllm-default", summarize(static_run.results, slo))]
     _write_records(log_dir, slo, tuned_run, static_run)
-    verdict = _summary(rows, slo, printer.reasons, tuned_run, static_run)
+    verdict, pace = _summary(rows, slo, printer.reasons, tuned_run, static_run)
     (log_dir / "demo-summary.json").write_text(json.dumps(
         {"slo": str(slo), "workload": wl.spec, "step_fit": fit, "runs": dict(rows),
-         "reasons": printer.reasons, "noise": verdict}, indent=1, default=str))
+         "reasons": printer.reasons, "noise": verdict, "host_pace": pace},
+        indent=1, default=str))
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     bad_exit = [r for r in (tuned_run, static_run) if r.server_returncode is not None]
     return 0 if lost == 0 and not bad_exit else 1
@@ -236,9 +237,10 @@ def _fmt_s(v) -> str:
     return f"{v * 1e3:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def _summary(rows, slo, reasons, tuned_run, static_run) -> dict:
-    """The side-by-side table and ratios; returns the noise verdict it printed."""
-    from tuned.bench.report import noise_verdict
+def _summary(rows, slo, reasons, tuned_run, static_run) -> tuple[dict, dict | None]:
+    """The side-by-side table and ratios; returns the noise verdict and the host's
+    pace it printed (:func:`tuned.bench.report.host_pace`; None without a probe)."""
+    from tuned.bench.report import host_pace, noise_verdict
 
     _say(f"[5/5] side by side, SLO {slo} (TPOT = the derived SLA)")
     _say(f"  {'run':13s} {'goodput':>9s} {'attain':>7s} {'out tok/s':>9s} {'TTFT p50':>9s} "
@@ -260,8 +262,13 @@ def _summary(rows, slo, reasons, tuned_run, static_run) -> dict:
     verdict = noise_verdict("tuned", [t["goodput_rps"] or 0.0], "vllm-default",
                             [s["goodput_rps"] or 0.0])
     _say(f"  above the host's noise? {verdict['words']}")
+    # one run each: what the host's speed did between them is the spread there is
+    pace = host_pace([{"name": "tuned", "pace_s_runs": [list(tuned_run.pace_s)]},
+                      {"name": "vllm-default", "pace_s_runs": [list(static_run.pace_s)]}])
+    if pace:
+        _say(f"  {pace['words']}")
     _say(f"  tuned's decisions by reason: {json.dumps(reasons, sort_keys=True)}")
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     _say(f"  requests lost: {lost}; servers still serving at the end: "
          f"{tuned_run.server_returncode is None and static_run.server_returncode is None}")
-    return verdict
+    return verdict, pace

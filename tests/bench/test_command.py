@@ -120,7 +120,9 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
         return live.LiveRun(results=res, cap_timeline=[(0.0, 4)], decisions=[],
                             duration_s=1.0, server_log=tmp_path / "log",
                             send_lags_s=[0.001 * len(order)] * len(res),
-                            steps=[{"seq": 1, "t": 0.5}] if c.name == "tuned" else [])
+                            steps=[{"seq": 1, "t": 0.5}] if c.name == "tuned" else [],
+                            pace_s=(0.010 * len(order), 0.010 * len(order) + 0.005)
+                            if kw["pace"] else (None, None))
 
     monkeypatch.setattr(live, "measure_batch1_step", fake_measure)
     monkeypatch.setattr(live, "run_live", fake_run)
@@ -146,6 +148,17 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
     assert [v["vs_run"] for v in rep["noise"]] == ["vllm-default"]
     assert rep["noise"][0]["state"] in ("above", "inside", "below")
     assert "## Above the noise?" in out and rep["noise"][0]["words"] in out
+    # the pace probe around each run: vllm-default ran 1st, 3rd, 5th, tuned 2nd, 4th, 6th
+    pace = rep["host_pace"]
+    assert [run["pace_s_runs"] for run in rep["runs"]] == [
+        [[pytest.approx(x), pytest.approx(x + 0.005)] for x in xs]
+        for xs in ((0.01, 0.03, 0.05), (0.02, 0.04, 0.06))]
+    assert (pace["min_s"], pace["max_s"]) == (pytest.approx(0.01), pytest.approx(0.065))
+    assert pace["relative"] == pytest.approx(0.0425 / 0.0325)
+    assert ("- the host's pace (a lone request's TPOT just before and just after each run): "
+            "10.0-65.0 ms, 6.50x (vllm-default 10.0-55.0, tuned 20.0-65.0 ms); during "
+            "tuned's runs the host's step was 1.31x its mean during the others' (slower for "
+            "tuned).") in out
 
 
 def test_a_contender_that_does_not_start_is_its_message_and_log_tail_not_a_traceback(

@@ -179,6 +179,10 @@ class FakeServer:
                               content=self._body())
 
     def send(self, spec: RequestSpec, prompt: list[int]):
+        return self.run(lambda c: c.send(spec, prompt))
+
+    def run(self, use):
+        """``use(client)``'s result on a client of this server, and the client."""
         from openai import AsyncOpenAI
 
         httpx = live._http()
@@ -189,7 +193,7 @@ class FakeServer:
 
         async def go():
             try:
-                return await c.send(spec, prompt)
+                return await use(c)
             finally:
                 await http.aclose()
 
@@ -250,6 +254,23 @@ def test_a_bad_answer_fails_the_request_with_its_reason(events, status, error):
     r, _ = srv.send(RequestSpec("r1", 0.0, 8, 4, 4), [1] * 8)
     assert r.failed and r.error.startswith(error), r.error
     assert r.first_token_s is None and r.finish_s is None
+
+
+def test_the_pace_probe_is_a_lone_requests_tpot_and_none_when_it_fails():
+    """The pace probe asks for 33 tokens alone; its TPOT (the 32 steps after the first
+    token) is the host's batch-1 step then. A probe that fails is no figure, and no
+    error: the run stands without it."""
+    n = live.PACE_PROBE.output_tokens
+    assert (n, live.PACE_PROBE.max_tokens) == (33, 33)
+    events = [_chunk(k) for k in range(1, n)] + [_chunk(n, finish="length"), "[DONE]"]
+    srv = FakeServer(FakeClock(100.0), events, [0.2] + [0.025] * (n - 1) + [0.0])
+    pace, _ = srv.run(lambda c: live._pace(c, [1] * 8))
+    assert pace == pytest.approx(0.025)
+    assert srv.bodies[0]["max_tokens"] == 33 and srv.bodies[0]["min_tokens"] == 33
+    srv = FakeServer(FakeClock(100.0), [], [], status=503)     # refused
+    assert srv.run(lambda c: live._pace(c, [1] * 8))[0] is None
+    srv = FakeServer(FakeClock(100.0), [_chunk(1), _chunk(2)], [0.1, 0.1])   # cut short
+    assert srv.run(lambda c: live._pace(c, [1] * 8))[0] is None
 
 
 # --- start failures ----------------------------------------------------------------------------
@@ -323,9 +344,14 @@ def test_static_and_tuned_contenders_run_the_same_workload(tiny_model, tmp_path)
     assert [d for d, _ in progress] == list(range(13))
     assert "--max-num-seqs 4" in static.server_log.read_text(errors="replace").splitlines()[0]
 
+    assert static.pace_s == (None, None)                 # no probe unless asked
     tuned = run_live(Contender("tuned", "tuned", cfg), workload, model_path=model,
-                     log_dir=tmp_path, extra_vllm_args=dtype)
+                     log_dir=tmp_path, extra_vllm_args=dtype, pace=True)
     _check_results(tuned, workload)
+    # the pace probe alone before and after the run: a batch-1 step each, whose own
+    # steps are not the run's
+    assert all(isinstance(p, float) and p > 0 for p in tuned.pace_s), tuned.pace_s
+    assert tuned.steps and max(s["t"] for s in tuned.steps) <= tuned.duration_s
     assert tuned.server_log == tmp_path / "tuned.log"
     ran = config_mod.load(tuned.config_path)
     assert ran.model == model and ran.num_gpu_blocks == 32
@@ -448,17 +474,19 @@ class _Steps(BaseHTTPRequestHandler):
 
 
 def test_a_runs_step_records_are_those_after_its_start_on_its_clock():
-    _Steps.body = json.dumps({"next": 3, "samples": [
+    _Steps.body = json.dumps({"next": 4, "samples": [
         {"seq": 0, "t": 99.5, "step_s": 0.01},     # the warm-up, before the run
         {"seq": 1, "t": 100.25, "step_s": 0.02},
-        {"seq": 2, "t": 101.0, "step_s": 0.03}]}).encode()
+        {"seq": 2, "t": 101.0, "step_s": 0.03},
+        {"seq": 3, "t": 101.5, "step_s": 0.01}]}).encode()   # the pace probe after it
     srv = HTTPServer(("127.0.0.1", 0), _Steps)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
-        got = live._run_steps(url, 100.0)
+        got = live._run_steps(url, 100.0, 1.25)
         assert [(s["seq"], s["t"], s["step_s"]) for s in got] == [(1, 0.25, 0.02),
                                                                   (2, 1.0, 0.03)]
+        assert [s["seq"] for s in live._run_steps(url, 100.0)] == [1, 2, 3]
         _Steps.body = b"not json"
         assert live._run_steps(url, 100.0) == []   # the run stands without them
     finally:

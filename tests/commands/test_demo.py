@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from tuned.bench.metrics import RequestResult, Slo, summarize
 from tuned.demo import _summary
 
@@ -22,9 +24,27 @@ def _rows(good_tuned: int, good_default: int):
 
 def test_the_demo_says_one_run_each_measures_no_spread(capsys):
     rows, slo = _rows(3, 2)
-    alive = SimpleNamespace(server_returncode=None)
-    verdict = _summary(rows, slo, {"sla": 3}, alive, alive)
+    alive = SimpleNamespace(server_returncode=None, pace_s=(None, None))
+    verdict, pace = _summary(rows, slo, {"sla": 3}, alive, alive)
     out = capsys.readouterr().out
     assert verdict["state"] == "one_repeat" and verdict["ratio"] == 1.5
     assert ("  above the host's noise? tuned's mean goodput 0.667 req/s is 1.50x vllm-default's "
             "0.444: one repeat: no spread measured\n") in out
+    assert pace is None and "pace" not in out       # no probe answered: nothing said
+
+
+def test_the_demo_says_how_fast_the_host_ran_during_each_run(capsys):
+    """The pace probe before and after each run (a lone request's TPOT) is the one
+    spread a single run each can show: here the host was slower during tuned's run."""
+    rows, slo = _rows(3, 2)
+    tuned_run = SimpleNamespace(server_returncode=None, pace_s=(0.030, 0.036))
+    default_run = SimpleNamespace(server_returncode=None, pace_s=(0.022, None))
+    _, pace = _summary(rows, slo, {"sla": 3}, tuned_run, default_run)
+    out = capsys.readouterr().out
+    assert pace["by_run"] == {"tuned": [0.030, 0.036, pytest.approx(0.033)],
+                              "vllm-default": [0.022, 0.022, 0.022]}
+    assert pace["relative"] == pytest.approx(1.5)
+    assert ("  the host's pace (a lone request's TPOT just before and just after each run): "
+            "22.0-36.0 ms, 1.64x (tuned 30.0-36.0, vllm-default 22.0-22.0 ms); during tuned's "
+            "runs the host's step was 1.50x its mean during the others' (slower for tuned)\n"
+            ) in out

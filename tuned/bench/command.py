@@ -428,6 +428,9 @@ def _report(args, hardware, wl, slo, runs, capacity, default_budget: int) -> dic
     rep["attribution"] = report_mod.attribution(runs)
     rep["noise"] = report_mod.noise(runs, best, what="the host's noise" if args.engine == "vllm"
                                     else "the spread over seeds")
+    pace = report_mod.host_pace(runs)
+    if pace:
+        rep["host_pace"] = pace
     rep["findings"] = report_mod.findings(rep)
     return rep
 
@@ -568,13 +571,15 @@ def _bench_live(field, wls, slo, args, throttles=()):
     prog = _Progress(len(field) * len(wls), "runs")
     # repeat by repeat, so that a host's drift over the bench reaches every contender
     per: dict[str, list[dict]] = {c.name: [] for c in field}
+    paces: dict[str, list[list]] = {c.name: [] for c in field}
     for k, wl in enumerate(wls):
         for c in field:
             live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed,
-                            throttles=throttles)
+                            throttles=throttles, pace=True)
             s = summarize(live.results, slo)
             s.update(report_mod.cap_figures(live.cap_timeline))
             per[c.name].append(s)
+            paces[c.name].append(list(live.pace_s))
             if k == 0:
                 timelines[c.name] = {"cap": live.cap_timeline,
                                      "tbt": itl_timeline(live.results)}
@@ -588,5 +593,6 @@ def _bench_live(field, wls, slo, args, throttles=()):
             write_requests_csv(log_dir / _requests_csv(c.name, k), live.results, slo)
             prog.update(c.name if len(wls) == 1 else f"{c.name} #{k + 1}")
     prog.close()
-    runs = [report_mod.run_row(c, mean_summary(per[c.name])) for c in field]
+    runs = [report_mod.run_row(c, {**mean_summary(per[c.name]), "pace_s_runs": paces[c.name]})
+            for c in field]
     return runs, timelines, {}, {}

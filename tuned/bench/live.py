@@ -9,11 +9,12 @@ share.
 OpenAI server with a fixed ``--max-num-seqs`` for a ``static`` contender, ``tuned
 serve`` with the contender's config for ``tuned`` and ``peer`` -- waits until it
 answers (and, for tuned, until its controller has decided), sends one warm-up
-request, then replays the workload open-loop: request i is sent ``arrival_s``
-seconds after the run starts whether or not earlier ones have finished. Everything
-runs on one asyncio event loop with the official ``openai`` client, so the client
-stays light beside an engine that shares the host's cores. The server is stopped
-at the end and its log kept as ``log_dir/<contender>.log``.
+request, then the pace probe where asked (below), then replays the workload
+open-loop: request i is sent ``arrival_s`` seconds after the run starts whether or
+not earlier ones have finished (the probe goes again once every request is done).
+Everything runs on one asyncio event loop with the official ``openai`` client, so
+the client stays light beside an engine that shares the host's cores. The server is
+stopped at the end and its log kept as ``log_dir/<contender>.log``.
 
 How each request is timed (all times in seconds since the run start, on
 ``time.monotonic``):
@@ -43,6 +44,12 @@ How each request is timed (all times in seconds since the run start, on
   and the client closes the stream after ``output_tokens`` tokens, which aborts the
   request in vLLM -- as an EOS would end it; the engine may have computed a token
   or two more by the time the abort lands.
+- The pace probe (:data:`PACE_PROBE`, where asked: ``tuned bench`` and ``tuned
+  demo`` do) is one request alone on the server, just before the run and just
+  after it: its TPOT is this host's decode step at batch 1
+  at that moment (``LiveRun.pace_s``), so that runs minutes apart on a host whose
+  speed drifts can be set side by side at the speed each ran at. A probe that
+  fails gives None; the run stands without it.
 - A request answered HTTP 429 or 503, or whose stream ends before any token with
   finish reason ``abort`` or with only the usage chunk and ``[DONE]`` (how tuned's
   wait bound refuses a request in vLLM: aborted before its first token, whose
@@ -87,6 +94,9 @@ REQUEST_TIMEOUT_S = 3600.0
 TUNED_STOP_GRACE_S = 90.0
 STATIC_STOP_GRACE_S = 30.0
 WARMUP = RequestSpec("warmup", 0.0, 8, 4, 4)
+#: one request alone before and after each run: its TPOT is the host's batch-1 decode
+#: step then (32 steps after the first token; about a second on a CPU host)
+PACE_PROBE = RequestSpec("pace", 0.0, 8, 33, 33)
 
 
 @dataclass
@@ -109,6 +119,8 @@ class LiveRun:
     steps: list[dict] = field(default_factory=list)  # tuned serve's step records of the
                                            # run (``t`` on the run's clock); empty for
                                            # plain vLLM, which has no /steps
+    pace_s: tuple[float | None, float | None] = (None, None)  # the pace probe's TPOT
+                                           # just before the run and just after it
 
     @property
     def send_lag_max_s(self) -> float:
@@ -428,12 +440,15 @@ class _Client:
 
 async def _run_async(client: _Client, workload: Workload, prompts: list[list[int]],
                      warm_prompt: list[int], progress: Callable[[int, int], None] | None,
-                     throttles: tuple[Throttle, ...] = (), server_pid: int | None = None
-                     ) -> tuple[list[RequestResult], float, float, list[float], int]:
+                     throttles: tuple[Throttle, ...] = (), server_pid: int | None = None,
+                     pace: bool = False
+                     ) -> tuple[list[RequestResult], float, float, list[float], int,
+                                tuple[float | None, float | None]]:
     total = len(workload.requests)
     warm = await client.send(WARMUP, warm_prompt)
     if warm.failed:
         raise EngineError(f"the warm-up request failed: {warm.error}")
+    pace_before = await _pace(client, warm_prompt) if pace else None
     client.chunks = 0
     stop = asyncio.Event()
     poll_task = throttle_task = None
@@ -472,7 +487,19 @@ async def _run_async(client: _Client, workload: Workload, prompts: list[list[int
     if client.endpoint is not None:
         await client.poll_decisions(200)  # the state at the end
     cpu = time.process_time() - cpu0
-    return results, duration, cpu, lags, client.chunks
+    chunks = client.chunks
+    return results, duration, cpu, lags, chunks, (
+        pace_before, await _pace(client, warm_prompt) if pace else None)
+
+
+async def _pace(client: _Client, prompt: list[int]) -> float | None:
+    """The pace probe's TPOT: :data:`PACE_PROBE` alone on the server; None when it
+    fails or is refused (a measurement, never a reason to stop the run)."""
+    try:
+        r = await client.send(PACE_PROBE, prompt)
+    except Exception:   # noqa: BLE001 - the probe only measures
+        return None
+    return r.tpot_s if r.completed else None
 
 
 class LiveServer:
@@ -544,10 +571,11 @@ class LiveServer:
     def drive(self, workload: Workload, *,
               progress: Callable[[int, int], None] | None = None,
               on_decision: Callable[[dict], None] | None = None,
-              throttles: tuple[Throttle, ...] = ()) -> LiveRun:
+              throttles: tuple[Throttle, ...] = (), pace: bool = False) -> LiveRun:
         """Replay ``workload`` open-loop on this server (one warm-up request first);
         ``on_decision`` sees each new tuned decision as it is polled; ``throttles``
-        slow the server at their times (:mod:`tuned.bench.throttle`)."""
+        slow the server at their times (:mod:`tuned.bench.throttle`); ``pace``: send
+        the pace probe before and after the run (``LiveRun.pace_s``)."""
         contender, srv = self.contender, self.srv
         if throttles and srv.proc is None:
             raise ValueError("throttles: only a server this bench started can be "
@@ -559,19 +587,21 @@ class LiveServer:
         async def main():
             try:
                 return await _run_async(client, workload, prompts, warm_prompt, progress,
-                                        throttles, srv.proc.pid if throttles else None)
+                                        throttles, srv.proc.pid if throttles else None,
+                                        pace=pace)
             finally:
                 await client.aclose()
 
         try:
-            results, duration, cpu, lags, chunks = asyncio.run(main())
+            results, duration, cpu, lags, chunks, pace = asyncio.run(main())
         except EngineError as e:
             raise LiveStartError(f"contender {contender.name!r} ({contender.kind}): {e}; "
                                  f"last lines of {srv.log_path}:\n"
                                  f"{log_tail(srv.log_path)}") from None
         returncode = srv.proc.poll() if srv.proc is not None else None
         t0 = client.t0 if client.clock is time.monotonic else None
-        steps = _run_steps(srv.endpoint, t0) if srv.endpoint and t0 is not None else []
+        steps = (_run_steps(srv.endpoint, t0, duration)
+                 if srv.endpoint and t0 is not None else [])
         if contender.kind == "static":
             cap = contender.cap if contender.cap is not None else contender.config.max_num_seqs
             timeline = [(0.0, cap), (duration, cap)]
@@ -582,38 +612,40 @@ class LiveServer:
                        duration_s=duration, server_log=srv.log_path, client_cpu_s=cpu,
                        send_lags_s=lags, server_returncode=returncode,
                        config_path=srv.config_path, stream_chunks=chunks,
-                       t0_monotonic_s=t0, steps=steps)
+                       t0_monotonic_s=t0, steps=steps, pace_s=pace)
 
 
-def _run_steps(endpoint: str, t0: float) -> list[dict]:
-    """The engine's step records since the run start ``t0`` (time.monotonic(), the
-    engine's clock), ``t`` made relative to it: what the run's steps took, to set
-    beside a step model's prediction. Empty when the endpoint does not answer: the run
-    stands without them."""
+def _run_steps(endpoint: str, t0: float, duration_s: float = math.inf) -> list[dict]:
+    """The engine's step records from the run start ``t0`` (time.monotonic(), the
+    engine's clock) to ``duration_s`` after it (not the pace probe's after the run),
+    ``t`` made relative to it: what the run's steps took, to set beside a step model's
+    prediction. Empty when the endpoint does not answer: the run stands without them."""
     import requests
 
     try:   # the endpoint of tuned.profiler.steps.StepsClient (a sibling layer)
         samples = requests.get(f"{endpoint}/steps", timeout=5).json()["samples"]
     except Exception:
         return []
-    return [{**s, "t": s["t"] - t0} for s in samples if s.get("t", -1.0) >= t0]
+    return [{**s, "t": s["t"] - t0} for s in samples
+            if t0 <= s.get("t", -1.0) <= t0 + duration_s]
 
 
 def run_live(contender: Contender, workload: Workload, *, model_path: str, log_dir: Path,
              startup_timeout_s: float = 600.0, extra_vllm_args: Sequence[str] = (),
              progress: Callable[[int, int], None] | None = None, seed: int = 0,
-             throttles: tuple[Throttle, ...] = ()) -> LiveRun:
+             throttles: tuple[Throttle, ...] = (), pace: bool = False) -> LiveRun:
     """Run ``workload`` open-loop against a fresh server for ``contender`` (see the
     module docstring) and stop it. Prompts are token ids drawn with ``seed`` from the
     server's tokenizer, so every contender gets the same prompts; ``throttles`` slow
-    the server at their times in the workload.
+    the server at their times in the workload; ``pace``: send the pace probe before
+    and after the run.
 
     Raises :class:`LiveStartError` naming the contender, with the log's tail, when
     the server does not come up or the warm-up request fails."""
     with LiveServer(contender, model_path=model_path, log_dir=log_dir,
                     startup_timeout_s=startup_timeout_s, extra_vllm_args=extra_vllm_args,
                     seed=seed) as server:
-        return server.drive(workload, progress=progress, throttles=throttles)
+        return server.drive(workload, progress=progress, throttles=throttles, pace=pace)
 
 
 def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict:

@@ -44,7 +44,7 @@ EXTRA_KEYS = ("request_throughput_rps", "total_tok_s", "ttft_mean_s", "ttft_p90_
               "first_response_p90_s", "waits_over_10x_ttft", "recomputed_tokens",
               "duration_s", "mean_cap", "cap_moves", "cap_min", "cap_max", "repeats",
               "goodput_rps_runs", "goodput_rps_min", "goodput_rps_max", "goodput_rps_std",
-              "ttft_p99_s_runs")
+              "ttft_p99_s_runs", "pace_s_runs")
 #: metrics where more is better: label -> summary key
 BEST_BY = {"goodput": "goodput_rps", "attainment": "attainment", "throughput": "output_tok_s"}
 #: tail metrics checked against the best pair: label -> (key, more is better)
@@ -242,6 +242,43 @@ def noise_verdict(subject: str, mine: Sequence[float], other: str,
     return out
 
 
+def host_pace(runs: Sequence[dict], subject: str = "tuned") -> dict[str, Any] | None:
+    """How fast the host ran during each run, from the runs' ``pace_s_runs`` (per
+    repeat, the pace probe's TPOT just before and just after it:
+    :data:`tuned.bench.live.PACE_PROBE`): ``min_s`` and ``max_s`` over every probe,
+    ``spread`` (max over min), ``by_run`` (name: [min, max, mean]), ``relative``
+    (``subject``'s mean over the other runs' mean; above 1: the host was slower
+    during ``subject``'s runs) and ``words``. None where no run has a probe.
+
+    A host whose step time drifts by 2x within minutes decides more verdicts than
+    a controller can: these figures say how much of a margin the host's speed alone
+    could make."""
+    per = {r["name"]: [x for pair in r.get("pace_s_runs") or [] for x in pair
+                       if isinstance(x, (int, float)) and x > 0]
+           for r in runs}
+    per = {k: v for k, v in per.items() if v}
+    if not per:
+        return None
+    every = [x for v in per.values() for x in v]
+    lo, hi = min(every), max(every)
+    by_run = {k: [min(v), max(v), sum(v) / len(v)] for k, v in per.items()}
+    out: dict[str, Any] = {"min_s": lo, "max_s": hi, "spread": hi / lo, "by_run": by_run,
+                           "relative": None}
+    parts = ", ".join(f"{k} {v[0] * 1e3:.1f}-{v[1] * 1e3:.1f}" for k, v in by_run.items())
+    words = (f"the host's pace (a lone request's TPOT just before and just after each "
+             f"run): {lo * 1e3:.1f}-{hi * 1e3:.1f} ms, {hi / lo:.2f}x ({parts} ms)")
+    others = [x for k, v in per.items() if k != subject for x in v]
+    if subject in by_run and others:
+        rel = by_run[subject][2] / (sum(others) / len(others))
+        out["relative"] = rel
+        words += (f"; during {subject}'s runs the host's step was {rel:.2f}x its mean "
+                  f"during the others' ({'slower' if rel > 1 else 'faster'} for "
+                  f"{subject})" if abs(rel - 1) >= 0.005 else
+                  f"; the same for {subject}'s runs as for the others'")
+    out["words"] = words
+    return out
+
+
 def noise(runs: list[dict], best: dict[str, str], subject: str = "tuned",
           what: str = "the host's noise") -> list[dict]:
     """:func:`noise_verdict` of ``subject`` against the best static pair by mean goodput
@@ -401,8 +438,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"- every figure is the mean of {report['repeats']} repeats")
     lines.append("")
     verdicts = report.get("noise") or []
-    if verdicts:
+    pace = report.get("host_pace")
+    if verdicts or pace:
         lines += ["## Above the noise?", ""] + [f"- {v['words']}." for v in verdicts]
+        if pace:
+            lines.append(f"- {pace['words']}.")
         lines.append("")
     words = findings(report)
     if words:

@@ -46,10 +46,10 @@ How each request is timed (all times in seconds since the run start, on
   or two more by the time the abort lands.
 - The pace probe (:data:`PACE_PROBE`, where asked: ``tuned bench`` and ``tuned
   demo`` do) is one request alone on the server, just before the run and just
-  after it: its TPOT is this host's decode step at batch 1
-  at that moment (``LiveRun.pace_s``), so that runs minutes apart on a host whose
-  speed drifts can be set side by side at the speed each ran at. A probe that
-  fails gives None; the run stands without it.
+  after it: its TPOT is this host's decode step at batch 1 at that moment
+  (``LiveRun.pace_s``), so that runs minutes apart on a host whose speed drifts can
+  be set side by side at the speed each ran at. A probe that fails gives None; the
+  run stands without it.
 - A request answered HTTP 429 or 503, or whose stream ends before any token with
   finish reason ``abort`` or with only the usage chunk and ``[DONE]`` (how tuned's
   wait bound refuses a request in vLLM: aborted before its first token, whose
@@ -593,7 +593,7 @@ class LiveServer:
                 await client.aclose()
 
         try:
-            results, duration, cpu, lags, chunks, pace = asyncio.run(main())
+            results, duration, cpu, lags, chunks, paces = asyncio.run(main())
         except EngineError as e:
             raise LiveStartError(f"contender {contender.name!r} ({contender.kind}): {e}; "
                                  f"last lines of {srv.log_path}:\n"
@@ -612,7 +612,7 @@ class LiveServer:
                        duration_s=duration, server_log=srv.log_path, client_cpu_s=cpu,
                        send_lags_s=lags, server_returncode=returncode,
                        config_path=srv.config_path, stream_chunks=chunks,
-                       t0_monotonic_s=t0, steps=steps, pace_s=pace)
+                       t0_monotonic_s=t0, steps=steps, pace_s=paces)
 
 
 def _run_steps(endpoint: str, t0: float, duration_s: float = math.inf) -> list[dict]:

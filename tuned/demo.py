@@ -210,10 +210,11 @@ def cmd_demo(args) -> int:
     rows = [("tuned", summarize(tuned_run.results, slo)),
             ("vllm-default", summarize(static_run.results, slo))]
     _write_records(log_dir, slo, tuned_run, static_run)
-    verdict, pace = _summary(rows, slo, printer.reasons, tuned_run, static_run)
+    verdict, pace, quiet = _summary(rows, slo, printer.reasons, tuned_run, static_run)
     (log_dir / "demo-summary.json").write_text(json.dumps(
         {"slo": str(slo), "workload": wl.spec, "step_fit": fit, "runs": dict(rows),
-         "reasons": printer.reasons, "noise": verdict, "host_pace": pace},
+         "reasons": printer.reasons, "noise": verdict, "host_pace": pace,
+         "silence_s": quiet},
         indent=1, default=str))
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     bad_exit = [r for r in (tuned_run, static_run) if r.server_returncode is not None]
@@ -237,10 +238,12 @@ def _fmt_s(v) -> str:
     return f"{v * 1e3:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def _summary(rows, slo, reasons, tuned_run, static_run) -> tuple[dict, dict | None]:
-    """The side-by-side table and ratios; returns the noise verdict and the host's
-    pace it printed (:func:`tuned.bench.report.host_pace`; None without a probe)."""
-    from tuned.bench.report import host_pace, noise_verdict
+def _summary(rows, slo, reasons, tuned_run, static_run) -> tuple[dict, dict | None, dict]:
+    """The side-by-side table and ratios; returns the noise verdict, the host's pace
+    it printed (:func:`tuned.bench.report.host_pace`; None without a probe) and each
+    run's longest silence (:func:`tuned.bench.metrics.longest_silence`)."""
+    from tuned.bench.metrics import longest_silence
+    from tuned.bench.report import host_pace, noise_verdict, silence_words
 
     _say(f"[5/5] side by side, SLO {slo} (TPOT = the derived SLA)")
     _say(f"  {'run':13s} {'goodput':>9s} {'attain':>7s} {'out tok/s':>9s} {'TTFT p50':>9s} "
@@ -267,8 +270,13 @@ def _summary(rows, slo, reasons, tuned_run, static_run) -> tuple[dict, dict | No
                       {"name": "vllm-default", "pace_s_runs": [list(static_run.pace_s)]}])
     if pace:
         _say(f"  {pace['words']}")
+    quiet = {name: longest_silence(run.results)
+             for name, run in (("tuned", tuned_run), ("vllm-default", static_run))}
+    words = silence_words([(name, [q]) for name, q in quiet.items()])
+    if words:
+        _say(f"  {words}")
     _say(f"  tuned's decisions by reason: {json.dumps(reasons, sort_keys=True)}")
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     _say(f"  requests lost: {lost}; servers still serving at the end: "
          f"{tuned_run.server_returncode is None and static_run.server_returncode is None}")
-    return verdict, pace
+    return verdict, pace, quiet

@@ -115,7 +115,9 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
         slow = 1.0 + 0.1 * len(order)                 # every run a little slower
         res = [RequestResult(f"r{i}", s.arrival_s, s.prompt_tokens, s.output_tokens,
                              s.arrival_s + 0.05 * slow,
-                             s.arrival_s + 0.05 * slow + 0.02 * (s.output_tokens - 1))
+                             s.arrival_s + 0.05 * slow + 0.02 * (s.output_tokens - 1),
+                             token_times_s=[s.arrival_s + 0.05 * slow + 0.02 * k
+                                            for k in range(s.output_tokens)])
                for i, s in enumerate(wl.requests)]
         return live.LiveRun(results=res, cap_timeline=[(0.0, 4)], decisions=[],
                             duration_s=1.0, server_log=tmp_path / "log",
@@ -155,10 +157,17 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
         for xs in ((0.01, 0.03, 0.05), (0.02, 0.04, 0.06))]
     assert (pace["min_s"], pace["max_s"]) == (pytest.approx(0.01), pytest.approx(0.065))
     assert pace["relative"] == pytest.approx(0.0425 / 0.0325)
-    assert ("- the host's pace (a lone request's TPOT just before and just after each run): "
+    assert ("- the host's pace (a lone request's step just before and just after each run): "
             "10.0-65.0 ms, 6.50x (vllm-default 10.0-55.0, tuned 20.0-65.0 ms); during "
             "tuned's runs the host's step was 1.31x its mean during the others' (slower for "
             "tuned).") in out
+    # each repeat's longest silence (no stream's token with a request in flight)
+    quiet = {run["name"]: run["silence_s_runs"] for run in rep["runs"]}
+    assert all(len(v) == 3 and all(x[0] > 0 for x in v) for v in quiet.values()), quiet
+    assert ("- the longest time no stream got a token while requests were in flight (seconds "
+            "of it point at a host stall, which every request in flight then pays): "
+            "vllm-default " + ", ".join(f"{x[0]:.2f} s from {x[1]:.1f} s"
+                                        for x in quiet["vllm-default"])) in out
 
 
 def test_a_contender_that_does_not_start_is_its_message_and_log_tail_not_a_traceback(

@@ -273,6 +273,28 @@ def test_the_pace_probe_is_a_lone_requests_tpot_and_none_when_it_fails():
     assert srv.run(lambda c: live._pace(c, [1] * 8))[0] is None
 
 
+def test_the_pace_probe_reads_the_median_step_and_no_figure_from_a_bunched_stream():
+    """A host stall that keeps the server or the client off the cores while the
+    engine steps delivers the probe's tokens in one bunch: its TPOT would read near
+    zero (a demo printed a pace of 0.0 ms and a spread of 634x). With at least half
+    of its tokens in bunches the probe gives no figure; a stall in the middle of an
+    otherwise steady stream moves the median by nothing, where it moves the TPOT."""
+    n = live.PACE_PROBE.output_tokens
+    events = [_chunk(k) for k in range(1, n)] + [_chunk(n, finish="length"), "[DONE]"]
+    # the first token after 0.2 s, then every token read at once 1.0 s later
+    bunched = [0.2, 1.0] + [0.0] * (n - 1)
+    srv = FakeServer(FakeClock(100.0), events, bunched)
+    assert srv.run(lambda c: live._pace(c, [1] * 8))[0] is None
+    # a steady 25 ms stream with one stall of 1 s after token 10: 31 of 32 gaps at 25 ms
+    stalled = [0.2] + [0.025] * 9 + [1.0] + [0.025] * (n - 11) + [0.0]
+    srv = FakeServer(FakeClock(100.0), events, stalled)
+    assert srv.run(lambda c: live._pace(c, [1] * 8))[0] == pytest.approx(0.025)
+    assert live.probe_step_s([100.0 + 0.2 + 0.025 * k for k in range(9)]) == pytest.approx(0.025)
+    assert live.probe_step_s([1.0]) is None and live.probe_step_s([]) is None
+    # exactly half of the gaps bunched: no figure
+    assert live.probe_step_s([0.0, 0.0, 0.0, 0.02, 0.04]) is None
+
+
 # --- start failures ----------------------------------------------------------------------------
 
 def test_a_server_that_dies_at_start_names_the_contender_and_shows_its_log(tmp_path,

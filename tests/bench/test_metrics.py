@@ -391,3 +391,25 @@ def test_sim_results_carry_the_simulators_refusals():
     assert (b.refused, b.completed) == (False, True)
     s = summarize([a, b], Slo(ttft_s=1.0))
     assert (s["refused"], s["good"], s["unfinished"]) == (1, 1, 0)
+
+
+def test_the_longest_silence_counts_only_while_a_request_is_in_flight():
+    """No stream's token for a while counts as silence only while some request is
+    in flight (arrived, its last token still to come): an idle engine between two
+    requests is not a stall, and a lone prefill is the request's TTFT."""
+    from tuned.bench.metrics import longest_silence
+
+    def req(i, arrival, times):
+        return RequestResult(f"r{i}", arrival, 10, len(times), times[0], times[-1],
+                             token_times_s=times)
+
+    # idle from 0.3 to 5.0 (nothing in flight), then r1's TTFT of 0.4 s
+    assert longest_silence([req(0, 0.0, [0.1, 0.2, 0.3]),
+                            req(1, 5.0, [5.4, 5.5])]) == (pytest.approx(0.4), 5.0)
+    # r1 waits from 0.25 while r0 decodes until 0.3: silent from r0's last token
+    assert longest_silence([req(0, 0.0, [0.1, 0.2, 0.3]),
+                            req(1, 0.25, [2.0, 2.1])]) == (pytest.approx(1.7), 0.3)
+    # a failed request has no token times: it neither counts nor breaks the reading
+    failed = RequestResult("f", 0.0, 10, 0, None, None, failed=True)
+    assert longest_silence([failed]) is None
+    assert longest_silence([failed, req(0, 1.0, [1.5, 1.6])]) == (pytest.approx(0.5), 1.0)

@@ -24,27 +24,53 @@ def _rows(good_tuned: int, good_default: int):
 
 def test_the_demo_says_one_run_each_measures_no_spread(capsys):
     rows, slo = _rows(3, 2)
-    alive = SimpleNamespace(server_returncode=None, pace_s=(None, None))
-    verdict, pace = _summary(rows, slo, {"sla": 3}, alive, alive)
+    alive = SimpleNamespace(server_returncode=None, pace_s=(None, None), results=[])
+    verdict, pace, quiet = _summary(rows, slo, {"sla": 3}, alive, alive)
     out = capsys.readouterr().out
     assert verdict["state"] == "one_repeat" and verdict["ratio"] == 1.5
     assert ("  above the host's noise? tuned's mean goodput 0.667 req/s is 1.50x vllm-default's "
             "0.444: one repeat: no spread measured\n") in out
     assert pace is None and "pace" not in out       # no probe answered: nothing said
+    assert quiet == {"tuned": None, "vllm-default": None} and "silence" not in out
 
 
 def test_the_demo_says_how_fast_the_host_ran_during_each_run(capsys):
-    """The pace probe before and after each run (a lone request's TPOT) is the one
+    """The pace probe before and after each run (a lone request's step) is the one
     spread a single run each can show: here the host was slower during tuned's run."""
     rows, slo = _rows(3, 2)
-    tuned_run = SimpleNamespace(server_returncode=None, pace_s=(0.030, 0.036))
-    default_run = SimpleNamespace(server_returncode=None, pace_s=(0.022, None))
-    _, pace = _summary(rows, slo, {"sla": 3}, tuned_run, default_run)
+    tuned_run = SimpleNamespace(server_returncode=None, pace_s=(0.030, 0.036), results=[])
+    default_run = SimpleNamespace(server_returncode=None, pace_s=(0.022, None), results=[])
+    _, pace, _ = _summary(rows, slo, {"sla": 3}, tuned_run, default_run)
     out = capsys.readouterr().out
     assert pace["by_run"] == {"tuned": [0.030, 0.036, pytest.approx(0.033)],
                               "vllm-default": [0.022, 0.022, 0.022]}
     assert pace["relative"] == pytest.approx(1.5)
-    assert ("  the host's pace (a lone request's TPOT just before and just after each run): "
+    assert ("  the host's pace (a lone request's step just before and just after each run): "
             "22.0-36.0 ms, 1.64x (tuned 30.0-36.0, vllm-default 22.0-22.0 ms); during tuned's "
             "runs the host's step was 1.50x its mean during the others' (slower for tuned)\n"
             ) in out
+
+
+def test_the_demo_says_how_long_the_streams_went_silent_in_each_run(capsys):
+    """A host stall (the API server or the client kept off the cores while the engine
+    steps) shows as seconds in which no stream got a token with requests in flight;
+    the demo prints each run's longest, so that a TTFT tail it made is not read as
+    the scheduler's."""
+    rows, slo = _rows(3, 2)
+
+    def req(i, arrival, times):
+        return RequestResult(f"r{i}", arrival, 10, len(times), times[0], times[-1],
+                             token_times_s=times)
+
+    # tuned: r1 arrives at 1.0 while r0 decodes; no token from 1.2 to 3.6
+    stalled = [req(0, 0.0, [0.1, 0.6, 1.1, 1.2]), req(1, 1.0, [3.6, 3.7])]
+    smooth = [req(0, 0.0, [0.1, 0.2, 0.3]), req(1, 0.32, [0.5, 0.6])]   # 0.32-0.5: r1's TTFT
+    tuned_run = SimpleNamespace(server_returncode=None, pace_s=(None, None), results=stalled)
+    default_run = SimpleNamespace(server_returncode=None, pace_s=(None, None), results=smooth)
+    _, _, quiet = _summary(rows, slo, {"sla": 3}, tuned_run, default_run)
+    out = capsys.readouterr().out
+    assert quiet["tuned"] == (pytest.approx(2.4), 1.2)
+    assert quiet["vllm-default"] == (pytest.approx(0.18), 0.32)
+    assert ("  the longest time no stream got a token while requests were in flight (seconds "
+            "of it point at a host stall, which every request in flight then pays): tuned "
+            "2.40 s from 1.2 s; vllm-default 0.18 s from 0.3 s\n") in out

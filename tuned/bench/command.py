@@ -560,7 +560,8 @@ def _bench_sim(hw, field, wls, slo, capacity: bool, args, events=None):
 def _bench_live(field, wls, slo, args, throttles=()):
     from tuned.bench import report as report_mod
     from tuned.bench.live import run_live
-    from tuned.bench.metrics import mean_summary, summarize, write_requests_csv
+    from tuned.bench.metrics import (longest_silence, mean_summary, summarize,
+                                     write_requests_csv)
     from tuned.bench.runner import itl_timeline
 
     model_path = _model_path(args)
@@ -572,6 +573,7 @@ def _bench_live(field, wls, slo, args, throttles=()):
     # repeat by repeat, so that a host's drift over the bench reaches every contender
     per: dict[str, list[dict]] = {c.name: [] for c in field}
     paces: dict[str, list[list]] = {c.name: [] for c in field}
+    silences: dict[str, list] = {c.name: [] for c in field}
     for k, wl in enumerate(wls):
         for c in field:
             live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed,
@@ -580,6 +582,7 @@ def _bench_live(field, wls, slo, args, throttles=()):
             s.update(report_mod.cap_figures(live.cap_timeline))
             per[c.name].append(s)
             paces[c.name].append(list(live.pace_s))
+            silences[c.name].append(longest_silence(live.results))
             if k == 0:
                 timelines[c.name] = {"cap": live.cap_timeline,
                                      "tbt": itl_timeline(live.results)}
@@ -593,6 +596,7 @@ def _bench_live(field, wls, slo, args, throttles=()):
             write_requests_csv(log_dir / _requests_csv(c.name, k), live.results, slo)
             prog.update(c.name if len(wls) == 1 else f"{c.name} #{k + 1}")
     prog.close()
-    runs = [report_mod.run_row(c, {**mean_summary(per[c.name]), "pace_s_runs": paces[c.name]})
+    runs = [report_mod.run_row(c, {**mean_summary(per[c.name]), "pace_s_runs": paces[c.name],
+                                   "silence_s_runs": silences[c.name]})
             for c in field]
     return runs, timelines, {}, {}

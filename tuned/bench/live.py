@@ -46,10 +46,11 @@ How each request is timed (all times in seconds since the run start, on
   or two more by the time the abort lands.
 - The pace probe (:data:`PACE_PROBE`, where asked: ``tuned bench`` and ``tuned
   demo`` do) is one request alone on the server, just before the run and just
-  after it: its TPOT is this host's decode step at batch 1 at that moment
-  (``LiveRun.pace_s``), so that runs minutes apart on a host whose speed drifts can
-  be set side by side at the speed each ran at. A probe that fails gives None; the
-  run stands without it.
+  after it: the median time between its tokens is this host's decode step at batch
+  1 at that moment (``LiveRun.pace_s``), so that runs minutes apart on a host whose
+  speed drifts can be set side by side at the speed each ran at. A probe that
+  fails, or whose tokens came in bunches (a host stall: :func:`probe_step_s`), gives
+  None; the run stands without it.
 - A request answered HTTP 429 or 503, or whose stream ends before any token with
   finish reason ``abort`` or with only the usage chunk and ``[DONE]`` (how tuned's
   wait bound refuses a request in vLLM: aborted before its first token, whose
@@ -66,6 +67,7 @@ import dataclasses
 import json
 import math
 import re
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -119,7 +121,7 @@ class LiveRun:
     steps: list[dict] = field(default_factory=list)  # tuned serve's step records of the
                                            # run (``t`` on the run's clock); empty for
                                            # plain vLLM, which has no /steps
-    pace_s: tuple[float | None, float | None] = (None, None)  # the pace probe's TPOT
+    pace_s: tuple[float | None, float | None] = (None, None)  # the pace probe's step
                                            # just before the run and just after it
 
     @property
@@ -492,14 +494,34 @@ async def _run_async(client: _Client, workload: Workload, prompts: list[list[int
         pace_before, await _pace(client, warm_prompt) if pace else None)
 
 
+#: two tokens of a stream read less than this apart came in one bunch: the client read
+#: lines the server had queued while one of them was kept off the cores, not one step
+BUNCHED_S = 2e-4
+
+
+def probe_step_s(token_times_s: Sequence[float]) -> float | None:
+    """The decode step a lone request's stream shows: the median time between its
+    tokens, or None when at least half of them came in bunches (a host stall held
+    the server or the client while the engine stepped, and the tokens were read
+    together; their TPOT would read near zero, or the stall as a slow step).
+
+    The median, not the TPOT (the mean): a stall of a second in a probe of 32 steps
+    of 10-30 ms would move the mean by 1.5-3x and the median by a step at most."""
+    gaps = sorted(b - a for a, b in zip(token_times_s, token_times_s[1:]))
+    if not gaps or 2 * sum(1 for g in gaps if g < BUNCHED_S) >= len(gaps):
+        return None
+    return statistics.median(gaps)
+
+
 async def _pace(client: _Client, prompt: list[int]) -> float | None:
-    """The pace probe's TPOT: :data:`PACE_PROBE` alone on the server; None when it
-    fails or is refused (a measurement, never a reason to stop the run)."""
+    """The pace probe's step: :data:`PACE_PROBE` alone on the server
+    (:func:`probe_step_s` of its stream); None when it fails, is refused or came in
+    bunches (a measurement, never a reason to stop the run)."""
     try:
         r = await client.send(PACE_PROBE, prompt)
     except Exception:   # noqa: BLE001 - the probe only measures
         return None
-    return r.tpot_s if r.completed else None
+    return probe_step_s(r.token_times_s or []) if r.completed else None
 
 
 class LiveServer:

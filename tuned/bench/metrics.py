@@ -45,6 +45,8 @@ Where it differs:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -310,6 +312,39 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
     out["recomputed_tokens"] = sum(r.recomputed_tokens for r in results)
     out["slo"] = str(slo)
     return out
+
+
+def longest_silence(results: Sequence[RequestResult]) -> tuple[float, float] | None:
+    """The longest time in which no stream got a token while a request was in
+    flight, and when it began: ``(seconds, start)`` on the results' clock, or None
+    without token times (the simulator's runs, or no token at all).
+
+    A request is in flight from its arrival to its last token. Between two tokens
+    of the run (of any stream) the silence counts from the first of them if a
+    request that had arrived by then was still to finish, else from the first
+    arrival between them. On a healthy engine it is at most the longest step (a
+    prefill of a whole prompt); a host that keeps the API server or the client off
+    the cores for seconds shows as a silence of seconds, and every request then in
+    flight pays it in its TTFT or its TPOT, whatever the scheduler did."""
+    spans = sorted((r.arrival_s, r.token_times_s[-1]) for r in results
+                   if r.token_times_s)
+    times = sorted(t for r in results for t in (r.token_times_s or ()))
+    if not times:
+        return None
+    arrivals = [a for a, _ in spans]
+    reach = list(itertools.accumulate((f for _, f in spans), max))  # by arrival order
+    best = (times[0] - arrivals[0], arrivals[0])
+    for t, nxt in zip(times, times[1:]):
+        k = bisect.bisect_right(arrivals, t)
+        if k and reach[k - 1] >= nxt:
+            start = t                   # someone in flight since before the gap
+        elif k < len(arrivals) and arrivals[k] < nxt:
+            start = arrivals[k]         # the first request that arrived inside it
+        else:
+            continue
+        if nxt - start > best[0]:
+            best = (nxt - start, start)
+    return best
 
 
 def mean_summary(summaries: Sequence[dict]) -> dict:

@@ -44,7 +44,7 @@ EXTRA_KEYS = ("request_throughput_rps", "total_tok_s", "ttft_mean_s", "ttft_p90_
               "first_response_p90_s", "waits_over_10x_ttft", "recomputed_tokens",
               "duration_s", "mean_cap", "cap_moves", "cap_min", "cap_max", "repeats",
               "goodput_rps_runs", "goodput_rps_min", "goodput_rps_max", "goodput_rps_std",
-              "ttft_p99_s_runs", "pace_s_runs")
+              "ttft_p99_s_runs", "pace_s_runs", "silence_s_runs")
 #: metrics where more is better: label -> summary key
 BEST_BY = {"goodput": "goodput_rps", "attainment": "attainment", "throughput": "output_tok_s"}
 #: tail metrics checked against the best pair: label -> (key, more is better)
@@ -244,7 +244,7 @@ def noise_verdict(subject: str, mine: Sequence[float], other: str,
 
 def host_pace(runs: Sequence[dict], subject: str = "tuned") -> dict[str, Any] | None:
     """How fast the host ran during each run, from the runs' ``pace_s_runs`` (per
-    repeat, the pace probe's TPOT just before and just after it:
+    repeat, the pace probe's step just before and just after it:
     :data:`tuned.bench.live.PACE_PROBE`): ``min_s`` and ``max_s`` over every probe,
     ``spread`` (max over min), ``by_run`` (name: [min, max, mean]), ``relative``
     (``subject``'s mean over the other runs' mean; above 1: the host was slower
@@ -265,7 +265,7 @@ def host_pace(runs: Sequence[dict], subject: str = "tuned") -> dict[str, Any] | 
     out: dict[str, Any] = {"min_s": lo, "max_s": hi, "spread": hi / lo, "by_run": by_run,
                            "relative": None}
     parts = ", ".join(f"{k} {v[0] * 1e3:.1f}-{v[1] * 1e3:.1f}" for k, v in by_run.items())
-    words = (f"the host's pace (a lone request's TPOT just before and just after each "
+    words = (f"the host's pace (a lone request's step just before and just after each "
              f"run): {lo * 1e3:.1f}-{hi * 1e3:.1f} ms, {hi / lo:.2f}x ({parts} ms)")
     others = [x for k, v in per.items() if k != subject for x in v]
     if subject in by_run and others:
@@ -277,6 +277,19 @@ def host_pace(runs: Sequence[dict], subject: str = "tuned") -> dict[str, Any] | 
                   f"; the same for {subject}'s runs as for the others'")
     out["words"] = words
     return out
+
+
+def silence_words(runs: Sequence[tuple[str, Sequence]]) -> str | None:
+    """One sentence with each run's longest silence
+    (:func:`tuned.bench.metrics.longest_silence`): ``runs`` are (name, one
+    ``(seconds, start)`` or None per repeat) pairs; None where no repeat has one."""
+    parts = [f"{name} " + ", ".join(f"{x[0]:.2f} s from {x[1]:.1f} s" for x in got)
+             for name, per in runs if (got := [x for x in per or () if x])]
+    if not parts:
+        return None
+    return ("the longest time no stream got a token while requests were in flight "
+            "(seconds of it point at a host stall, which every request in flight then "
+            "pays): " + "; ".join(parts))
 
 
 def noise(runs: list[dict], best: dict[str, str], subject: str = "tuned",
@@ -443,6 +456,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["## Above the noise?", ""] + [f"- {v['words']}." for v in verdicts]
         if pace:
             lines.append(f"- {pace['words']}.")
+        quiet = silence_words([(r["name"], r["silence_s_runs"]) for r in runs
+                               if r.get("silence_s_runs")])
+        if quiet:
+            lines.append(f"- {quiet}.")
         lines.append("")
     words = findings(report)
     if words:

@@ -371,8 +371,11 @@ def test_static_and_tuned_contenders_run_the_same_workload(tiny_model, tmp_path)
                      log_dir=tmp_path, extra_vllm_args=dtype, pace=True)
     _check_results(tuned, workload)
     # the pace probe alone before and after the run: a batch-1 step each, whose own
-    # steps are not the run's
-    assert all(isinstance(p, float) and p > 0 for p in tuned.pace_s), tuned.pace_s
+    # steps are not the run's (None where a host stall bunched that probe's tokens:
+    # rare enough that both probes of one run are not expected to meet one)
+    assert all(p is None or (isinstance(p, float) and p > 0) for p in tuned.pace_s), \
+        tuned.pace_s
+    assert any(isinstance(p, float) for p in tuned.pace_s), tuned.pace_s
     assert tuned.steps and max(s["t"] for s in tuned.steps) <= tuned.duration_s
     assert tuned.server_log == tmp_path / "tuned.log"
     ran = config_mod.load(tuned.config_path)

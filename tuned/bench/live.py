@@ -499,18 +499,18 @@ async def _run_async(client: _Client, workload: Workload, prompts: list[list[int
 BUNCHED_S = 2e-4
 
 
-def probe_step_s(token_times_s: Sequence[float]) -> float | None:
-    """The decode step a lone request's stream shows: the median time between its
-    tokens, or None when at least half of them came in bunches (a host stall held
-    the server or the client while the engine stepped, and the tokens were read
+def probe_step_s(itls_s: Sequence[float]) -> float | None:
+    """The decode step a lone request's stream shows, from the times between its
+    tokens (:attr:`RequestResult.itls_s <tuned.bench.metrics.RequestResult.itls_s>`):
+    their median, or None when at least half of them came in bunches (a host stall
+    held the server or the client while the engine stepped, and the tokens were read
     together; their TPOT would read near zero, or the stall as a slow step).
 
     The median, not the TPOT (the mean): a stall of a second in a probe of 32 steps
     of 10-30 ms would move the mean by 1.5-3x and the median by a step at most."""
-    gaps = sorted(b - a for a, b in zip(token_times_s, token_times_s[1:]))
-    if not gaps or 2 * sum(1 for g in gaps if g < BUNCHED_S) >= len(gaps):
+    if not itls_s or 2 * sum(1 for g in itls_s if g < BUNCHED_S) >= len(itls_s):
         return None
-    return statistics.median(gaps)
+    return statistics.median(itls_s)
 
 
 async def _pace(client: _Client, prompt: list[int]) -> float | None:
@@ -521,7 +521,7 @@ async def _pace(client: _Client, prompt: list[int]) -> float | None:
         r = await client.send(PACE_PROBE, prompt)
     except Exception:   # noqa: BLE001 - the probe only measures
         return None
-    return probe_step_s(r.token_times_s or []) if r.completed else None
+    return probe_step_s(r.itls_s) if r.completed else None
 
 
 class LiveServer:

@@ -321,6 +321,8 @@ class Controller:
         kv_usage = live_kv() if live_kv is not None else win.kv_usage
         active = (tuple(eng.active_requests())
                   if getattr(self.policy, "wants_active", False) else ())
+        read_prefilling = getattr(eng, "prefilling", None)
+        prefilling = read_prefilling() if read_prefilling is not None else 0
         read_wait = getattr(eng, "oldest_wait_s", None)
         oldest_wait = read_wait() if read_wait is not None and waiting else None
         held = holds_between(self.seen.queue if self.seen is not None else None, snap)
@@ -337,7 +339,7 @@ class Controller:
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
             gpu_free_fraction=gpu_free, finished_tpot_s=tpots,
             prefill_residual_s=win.prefill_residual_s, oldest_wait_s=oldest_wait,
-            held=held)
+            held=held, prefilling=prefilling)
         return self.last_observation
 
     def _bound_tpots(self, finished: list) -> tuple:

@@ -406,6 +406,23 @@ def test_chunked_prefill_runs_decodes_first_under_the_token_budget():
     assert set(res.knobs) == {(2, 16)}
 
 
+def test_prefilling_counts_running_requests_without_a_first_token():
+    """The engine's ``prefilling`` view, as the controller reads it: B (prompt 40)
+    part-computed counts, A decoding does not, and neither does a preempted request
+    recomputing its prompt (it has its first token)."""
+    from tuned.engines.sim import SimRequest
+
+    eng = SimEngine(make_cfg(), ConstantStepModel(0.25), block_size=16, num_gpu_blocks=64)
+    a = SimRequest(RequestSpec("A", 0.0, 4, 6, 6), False)
+    b = SimRequest(RequestSpec("B", 0.0, 40, 2, 2), False)
+    a.num_computed_tokens, a.num_output_tokens = 5, 2
+    b.num_computed_tokens = 12
+    eng.running = [a, b]
+    assert eng.prefilling() == 1
+    b.num_computed_tokens, b.num_output_tokens = 0, 1       # preempted, recomputing
+    assert eng.prefilling() == 0
+
+
 def test_preemption_recomputes_the_most_recently_admitted_request():
     """Six usable blocks of 4 tokens, cap 2, step 1 s. r0 (prompt 12, 3 blocks) and r1
     (prompt 4, 1 block) are admitted; r2 waits for the cap. At step 6 r0 needs a 5th

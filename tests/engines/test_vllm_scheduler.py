@@ -178,6 +178,22 @@ def test_the_demand_reads_the_prompts_the_engine_holds_now(sched):
     assert sorted(sched.present_prompts()) == [200] * 4
 
 
+def test_a_prompt_part_computed_is_counted_as_prefilling(sched):
+    """A 200-token prompt under a 64-token budget: after one step it runs with 64 of
+    its tokens computed and no first token (prefilling 1, waiting 0); four steps in,
+    its first token has come (prefilling 0)."""
+    sched.tuned.slot.offer(decision(4, budget=64))
+    sched.add_request(requests(1, prompt=200, max_tokens=10)[0])
+    assert sched.prefilling() == 0                 # waiting, not admitted
+    step(sched)
+    assert (len(sched.running), sched.get_request_counts()[1]) == (1, 0)
+    assert sched.prefilling() == 1
+    for _ in range(3):
+        step(sched)
+    assert sched.prefilling() == 0
+    assert len(sched.running) == 1
+
+
 def test_unsupported_vllm_version_is_a_clear_error():
     assert check_vllm_version("0.32.0") == (0, 32)
     with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; found 0\.31\.2"):

@@ -302,6 +302,38 @@ def test_waiting_requests_get_the_windows_room_in_their_chunks():
     assert (d.inputs["budget_bound"], d.token_budget) == ("tpot", 4 + 340)
 
 
+def test_a_prompt_part_computed_gets_the_windows_room_in_its_chunks():
+    """A long prompt admitted alone is running, not waiting, and still has no first
+    token: with one such request and nothing in the queue the chunk is sized as for a
+    waiting one (bound ``ttft``, the window's room: c = 760); once its prompt is all
+    computed the TPOT sizes the chunk again (c = 340). With a ``granule`` (a GPU's
+    stepped step time) a part-computed prompt does not, a queued one does."""
+    from tuned.policies.budget import TokenBudget
+    from tuned.policies.registry import StaticPolicy
+
+    wrapped = TokenBudget(StaticPolicy(16, 2048), max_num_batched_tokens=2048,
+                          min_chunk_tokens=32, sla_s=0.050, step_model=LinearStepModelish(),
+                          margin_s=0.002)
+    mid = Observation(num_running=4, num_waiting=0, kv_capacity_blocks=1000,
+                      demand_mean=100.0, demand_std=0.0, demand_samples=32,
+                      tbt_mean_s=0.040, decode_batch_mean=4.0, decode_only_tbt_s=0.030,
+                      mixed_tbt_s=0.060, prefilling=1)
+    d = wrapped.decide(mid)
+    assert (d.inputs["budget_bound"], d.token_budget) == ("ttft", 4 + 760)
+    assert d.inputs["prefilling"] == 1
+    d = wrapped.decide(dataclasses.replace(mid, prefilling=0))
+    assert (d.inputs["budget_bound"], d.token_budget) == ("tpot", 4 + 340)
+    # the cap binds: the TPOT sizes the chunks whatever is prefilling
+    d = wrapped.decide(dataclasses.replace(mid, num_running=16, binding=1.0))
+    assert d.inputs["budget_bound"] == "tpot"
+    # a GPU's stepped step time (granule): only a queued request sizes for the TTFT
+    wrapped.granule = 256
+    d = wrapped.decide(mid)
+    assert d.inputs["budget_bound"] == "tpot"
+    d = wrapped.decide(dataclasses.replace(mid, num_waiting=2))
+    assert d.inputs["budget_bound"] == "ttft"
+
+
 def test_policy_told_whether_the_budget_can_act():
     """An inner policy with ``budget_acts`` learns each tick whether the budget can
     act: not where even one decode beside the smallest chunk misses the SLA."""

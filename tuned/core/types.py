@@ -49,6 +49,8 @@ class Observation:
                                      # (two output tokens or more), oldest first
     oldest_wait_s: float | None = None  # how long the longest-waiting request has waited
                                      # for admission (None: nothing waits, or unknown)
+    prefilling: int = 0              # running requests still without a first token (a
+                                     # chunked prefill under way): admitted, not waiting
     held: tuple | None = None        # admissions held since the last tick, by who held
                                      # them ((reason, n), ...; tuned.core.admission.
                                      # holds_between); None: unknown (vLLM's own queue)

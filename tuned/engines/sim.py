@@ -267,6 +267,10 @@ class SimEngine:
     def active_requests(self) -> list[tuple[int, int]]:
         return [(r.num_prompt_tokens, r.max_tokens) for r in self.running]
 
+    def prefilling(self) -> int:
+        return sum(1 for r in self.running
+                   if r.num_computed_tokens < r.num_prompt_tokens and not r.num_output_tokens)
+
     def set_queue_policy(self, name: str, cfg: Config) -> None:
         make_policy(name, cfg.queue_spec()[1])
         self._pending_queue = (name, cfg)

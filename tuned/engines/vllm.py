@@ -185,6 +185,13 @@ class _TunedMixin:
     def active_requests(self) -> list[tuple[int, int]]:
         return [(r.num_prompt_tokens, r.max_tokens or 0) for r in list(self.running)]
 
+    def prefilling(self) -> int:
+        """Running requests whose prompt is not all computed yet (a chunked prefill
+        under way): admitted, so not waiting, but still without a first token (a
+        preempted request recomputing its prompt has one, and is not counted)."""
+        return sum(1 for r in list(self.running)
+                   if r.num_computed_tokens < r.num_prompt_tokens and not r.num_output_tokens)
+
     def applied(self) -> dict:
         return self.tuned.slot.state()
 

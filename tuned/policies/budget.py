@@ -158,6 +158,7 @@ class TokenBudget:
         inputs = dict(d.inputs or {})
         inputs["budget_bias_s"] = round(self.bias_s, 6)
         inputs["budget_bound"] = self.bound
+        inputs["prefilling"] = obs.prefilling
         if obs.prefill_residual_s is not None:
             inputs["prefill_residual_s"] = round(obs.prefill_residual_s, 6)
         # vLLM needs the budget to hold every admitted decode plus a token (DESIGN.md:
@@ -198,11 +199,19 @@ class TokenBudget:
             # serves more within the SLOs. (At a large batch on a GPU the cap, not
             # the budget, makes room: there the smallest chunk stays.)
             sla_s = 0.0
-        elif (sla_s > 0 and self.decode_budget == "running" and obs.num_waiting > 0
+        elif (sla_s > 0 and self.decode_budget == "running"
+              and (obs.num_waiting > 0 or (obs.prefilling > 0 and not self.granule))
               and obs.binding < BINDING_SHARE):
             # requests wait and the cap is not what holds them (it was full on less than
             # half the window's steps): the budget is, and their first tokens are what
-            # is at stake. The chunks are sized to the TPOT SLO itself, without the
+            # is at stake. Where the step time grows smoothly with the tokens (no
+            # ``granule``: a CPU host), a prompt admitted and part-computed waits for its
+            # first token as much as a queued one: sized for the TPOT margin, a long
+            # prompt admitted alone came a few dozen tokens a step while the decodes
+            # beside it had room. (Where a GPU's step jumps past a GEMM tile, chunks
+            # grown for every prompt under way cross the stair the linear fit cannot
+            # see, on almost every step of a loaded engine: docs/results.md, "An eighth
+            # sitting".) The chunks are sized to the TPOT SLO itself, without the
             # margin and the closed-loop bias: holding the mean step below
             # D_SLA - 2 eps_D here makes the waiting requests miss their TTFT to keep a
             # TPOT margin the running ones do not need (docs/results.md, "A step time

@@ -186,15 +186,23 @@ class Config:
                             "p90 without its jump once a tenth of the steps prefill)",
                             choices=SLA_STATISTICS)
     late_queue: str = _f("lift", "what the SLA bound does once the longest-waiting request "
-                         "has waited past ttft_sla_s: lift (the cap goes to the memory "
-                         "bound until none has: holding TPOT while the queue's head is "
-                         "already late grows the queue and every later request's TTFT; the "
+                         "has waited past lift_after_s (half of ttft_sla_s): lift (the "
+                         "cap goes to the memory bound until none has: holding TPOT while "
+                         "the queue's head is about to be late grows the queue and every "
+                         "later request's TTFT; the "
                          "SLA search resumes one TBT window later), lift_tpot (the same, "
                          "to the largest batch the step model puts within tbt_sla_s, at "
                          "most the memory bound: the decoding requests keep their TPOT, "
                          "the queue drains slower) or hold (seed 000's: the SLA bound "
                          "holds whatever waits); needs ttft_sla_s > 0 and sla_mode "
                          "evidence", choices=("lift", "lift_tpot", "hold"))
+    lift_after_s: float = _f(0.0, "with late_queue lift or lift_tpot: how long the "
+                             "longest-waiting request may wait before the cap is lifted "
+                             "(0 = half of ttft_sla_s: the lift comes while the queue's "
+                             "head can still meet its TTFT, the other half left for its "
+                             "prefill and the host's stalls). Longer: fewer lifts and a "
+                             "longer TTFT tail; shorter: more of the decoding requests' "
+                             "TPOT spent on the queue", lo=0.0, hi=86400.0)
     sla_attainment_target: float = _f(0.9, "with sla_statistic = attainment: the share of "
                                       "finished requests whose TPOT the margin aims to "
                                       "keep within tbt_sla_s", lo=0.5, hi=0.999)

@@ -1,4 +1,5 @@
-"""``late_queue``: once the longest-waiting request has waited past ``ttft_sla_s``,
+"""``late_queue``: once the longest-waiting request has waited past ``lift_after_s``
+(half of ``ttft_sla_s`` by default),
 the SLA bound steps aside (the cap goes to the memory bound, or with ``lift_tpot``
 to the largest batch the step model puts within the TPOT SLO) and its search is held
 until the TBT window has turned over."""
@@ -38,10 +39,11 @@ def _obs(oldest_wait_s, tbt=0.080):
 
 def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
     pol = _inner()
-    assert (pol.late_after_s, pol.late_hold_ticks) == (3.0, 4)   # one 2 s window of 0.5 s
+    # half the 3 s TTFT target; the search held for one 2 s window of 0.5 s ticks
+    assert (pol.late_after_s, pol.late_hold_ticks) == (1.5, 4)
     pol.sla.low, pol.sla.high = 1, 32
-    # the head waited 2.9 s, within the TTFT SLO: the search's cap
-    assert pol.decide(_obs(2.9, tbt=SLA)).cap == 16
+    # the head waited 1.4 s, within half its TTFT target: the search's cap
+    assert pol.decide(_obs(1.4, tbt=SLA)).cap == 16
     interval = (pol.sla.low, pol.sla.high)
     # 3.5 s: late; the cap is the memory bound's, and the interval is not moved by the
     # steps the lifted cap runs
@@ -98,3 +100,27 @@ def test_late_queue_is_validated_by_name():
     assert config_mod.validate({}).late_queue == "lift"
     # the observation carries how long the oldest waiting request has waited
     assert "oldest_wait_s" in {f.name for f in dataclasses.fields(Observation)}
+
+
+def test_lift_after_s_sets_the_wait_that_lifts_the_cap():
+    """The default lifts at half the 3 s TTFT target (a head that waited 2 s lifts the
+    cap); ``lift_after_s = 3`` holds the search's cap until the head has missed it."""
+    pol = _inner()
+    pol.sla.low = pol.sla.high = 16
+    d = pol.decide(_obs(2.0, tbt=SLA))
+    assert (d.reason, d.cap) == ("ttft_late", 32)
+    pol = _inner(lift_after_s=3.0)
+    assert pol.late_after_s == 3.0
+    pol.sla.low = pol.sla.high = 16
+    assert pol.decide(_obs(2.9, tbt=SLA)).cap == 16
+    d = pol.decide(_obs(3.1, tbt=SLA))
+    assert (d.reason, d.cap) == ("ttft_late", 32)
+    # it moves the lift only: with hold there is none
+    assert _inner(lift_after_s=1.5, late_queue="hold").late_after_s == 0.0
+
+
+def test_lift_after_s_is_validated_with_its_range():
+    with pytest.raises(config_mod.ConfigError,
+                       match=r"lift_after_s: must be in \[0, 86400\], got -1"):
+        config_mod.validate({"lift_after_s": -1.0})
+    assert config_mod.validate({}).lift_after_s == 0.0

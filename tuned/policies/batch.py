@@ -545,9 +545,10 @@ class BatchPolicy:
     feasibility: Feasibility | None = None    # None: the paper's Algorithm 2 (no check)
     budget_acts: bool = False                 # set each tick by a TokenBudget wrapper:
                                               # whether the token budget can act
-    late_after_s: float = 0.0                 # the TTFT SLO: once the longest-waiting
-                                              # request has waited longer, the cap goes
-                                              # to the memory bound (0: never)
+    late_after_s: float = 0.0                 # lift_after_s, else half the TTFT SLO:
+                                              # once the longest-waiting request has
+                                              # waited longer, the cap goes to the memory
+                                              # bound (0: never)
     late_to_tpot: bool = False                # lift to lift_target, not to the memory
                                               # bound (late_queue = "lift_tpot")
     late_hold_ticks: int = 0                  # ticks the SLA search stays held after
@@ -688,7 +689,7 @@ def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
         max_num_batched_tokens=max_num_batched_tokens,
         min_chunk_tokens=cfg.min_chunk_tokens,
         step_model=profile.step_model() if profile is not None else None,
-        late_after_s=(cfg.ttft_sla_s if sla is not None and not paper
+        late_after_s=((cfg.lift_after_s or cfg.ttft_sla_s / 2) if sla is not None and not paper
                       and cfg.late_queue in ("lift", "lift_tpot") else 0.0),
         late_to_tpot=cfg.late_queue == "lift_tpot",
         late_hold_ticks=settle_ticks(cfg) + 1,
@@ -734,8 +735,9 @@ SEED000_REASONS = {
                          "last fall: the search waits for the window to turn over",
     "sla_expand": "TBT under the SLA at a collapsed search interval while the cap binds: "
                   "the upper end grows by a quarter",
-    "ttft_late": "the longest-waiting request has waited past ttft_sla_s (late_queue = "
-                 "lift): the SLA bound steps aside, the memory bound sets the cap, and the "
+    "ttft_late": "the longest-waiting request has waited past lift_after_s (half of "
+                 "ttft_sla_s by default; late_queue = lift): the SLA bound steps aside, "
+                 "the memory bound sets the cap, and the "
                  "backlog drains at the engine's throughput (lift_tpot: the largest batch "
                  "the step model puts within tbt_sla_s sets it)",
     "ttft_late_settling": "the SLA search held for one TBT window after the cap was lifted "

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from serve_harness import get_json, metric_values, mval, tuned_serve
+from serve_harness import get_json, metric_values, mval, tuned_serve, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -107,6 +107,16 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
             t.join(600)
         stop.set()
         prober.join(120)
+        # the refusals reach /metrics from the queue's counts at the controller's next
+        # tick (interval_s), which may come after their answers did: wait for it, a
+        # few ticks at most, before reading the count the assertions compare
+        answered = sum(1 for r in results + probes if r is not None and r[1] == "abort")
+        try:
+            wait_for("the refusals counted", lambda: mval(
+                metric_values(srv), "tuned_requests_refused_total",
+                reason="max_wait") >= answered, timeout_s=5.0)
+        except AssertionError:
+            pass        # the assertion below names the two counts
         values = metric_values(srv)
         # every request answered, the engine idle: the door is open, within the bound
         # after the last refusal or not (one tick for the controller to see it)

@@ -737,9 +737,9 @@ SEED000_REASONS = {
                   "the upper end grows by a quarter",
     "ttft_late": "the longest-waiting request has waited past lift_after_s (half of "
                  "ttft_sla_s by default; late_queue = lift): the SLA bound steps aside, "
-                 "the memory bound sets the cap, and the "
-                 "backlog drains at the engine's throughput (lift_tpot: the largest batch "
-                 "the step model puts within tbt_sla_s sets it)",
+                 "the memory bound sets the cap, and the backlog drains at the engine's "
+                 "throughput (lift_tpot: the largest batch the step model puts within "
+                 "tbt_sla_s sets it)",
     "ttft_late_settling": "the SLA search held for one TBT window after the cap was lifted "
                           "for late requests: its steps ran at a batch it did not choose",
     "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "

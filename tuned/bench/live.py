@@ -48,9 +48,10 @@ How each request is timed (all times in seconds since the run start, on
   demo`` do) is one request alone on the server, just before the run and just
   after it: the median time between its tokens is this host's decode step at batch
   1 at that moment (``LiveRun.pace_s``), so that runs minutes apart on a host whose
-  speed drifts can be set side by side at the speed each ran at. A probe that
-  fails, or whose tokens came in bunches (a host stall: :func:`probe_step_s`), gives
-  None; the run stands without it.
+  speed drifts can be set side by side at the speed each ran at. A probe whose
+  tokens came in bunches (a host stall: :func:`probe_step_s`) is sent again, up to
+  :data:`PACE_TRIES` in all; one that fails, or is bunched every time, gives None;
+  the run stands without it.
 - A request answered HTTP 429 or 503, or whose stream ends before any token with
   finish reason ``abort`` or with only the usage chunk and ``[DONE]`` (how tuned's
   wait bound refuses a request in vLLM: aborted before its first token, whose
@@ -99,6 +100,8 @@ WARMUP = RequestSpec("warmup", 0.0, 8, 4, 4)
 #: one request alone before and after each run: its TPOT is the host's batch-1 decode
 #: step then (32 steps after the first token; about a second on a CPU host)
 PACE_PROBE = RequestSpec("pace", 0.0, 8, 33, 33)
+#: a probe whose tokens came in bunches is sent again, this many times in all
+PACE_TRIES = 3
 
 
 @dataclass
@@ -515,13 +518,20 @@ def probe_step_s(itls_s: Sequence[float]) -> float | None:
 
 async def _pace(client: _Client, prompt: list[int]) -> float | None:
     """The pace probe's step: :data:`PACE_PROBE` alone on the server
-    (:func:`probe_step_s` of its stream); None when it fails, is refused or came in
-    bunches (a measurement, never a reason to stop the run)."""
-    try:
-        r = await client.send(PACE_PROBE, prompt)
-    except Exception:   # noqa: BLE001 - the probe only measures
-        return None
-    return probe_step_s(r.itls_s) if r.completed else None
+    (:func:`probe_step_s` of its stream); None when it fails or is refused, or when
+    its tokens came in bunches in each of :data:`PACE_TRIES` tries (a host stall is
+    brief; a measurement, never a reason to stop the run)."""
+    for _ in range(PACE_TRIES):
+        try:
+            r = await client.send(PACE_PROBE, prompt)
+        except Exception:   # noqa: BLE001 - the probe only measures
+            return None
+        if not r.completed:
+            return None
+        step = probe_step_s(r.itls_s)
+        if step is not None:
+            return step
+    return None
 
 
 class LiveServer:

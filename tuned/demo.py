@@ -85,6 +85,16 @@ class _DecisionPrinter:
              f"cap {'binds' if inp.get('cap_binds') else 'does not bind'}")
 
 
+def _step_source(derived: dict) -> str:
+    """Where the calibration's batch-1 step came from, for the line that prints it."""
+    fit_ms = derived.get("fit_step_s_batch1", derived["step_s_batch1"]) * 1e3
+    if derived.get("step_source") == "probe":
+        n = sum(1 for s in derived["probe_steps_s"] if s is not None)
+        return (f": the median of {n} lone request{'s' if n != 1 else ''}' steps; the "
+                f"controller's first fit read {fit_ms:.1f} ms")
+    return ": the controller's first fit, no lone request gave a figure"
+
+
 def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | None,
                   phase_s: float = 15.0, ceiling: int = 32):
     """An open-loop, phase-shifting workload sized to this host's measured speed.
@@ -162,6 +172,7 @@ def cmd_demo(args) -> int:
                     log_dir=log_dir, seed=args.seed,
                     startup_timeout_s=args.startup_timeout_s) as server:
         _say(f"  ready after {time.monotonic() - t0:.0f}s")
+        derived = None
         if cfg.tbt_sla_s:
             sla_s, fit = cfg.tbt_sla_s, {}
             _say(f"  TBT SLA from the config: {sla_s * 1e3:.1f} ms")
@@ -169,8 +180,8 @@ def cmd_demo(args) -> int:
             derived = calibrate(server, cfg)
             sla_s, fit = derived["sla_s"], derived.get("fit") or {}
             _say(f"  TBT SLA derived on this host: {derived['factor']:g} x "
-                 f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1) = "
-                 f"{sla_s * 1e3:.1f} ms")
+                 f"{derived['step_s_batch1'] * 1e3:.1f} ms (decode step at batch 1"
+                 f"{_step_source(derived)}) = {sla_s * 1e3:.1f} ms")
         probe = measure_step_fit(server, cfg)
     if probe:
         fit = probe
@@ -214,7 +225,9 @@ def cmd_demo(args) -> int:
     (log_dir / "demo-summary.json").write_text(json.dumps(
         {"slo": str(slo), "workload": wl.spec, "step_fit": fit, "runs": dict(rows),
          "reasons": printer.reasons, "noise": verdict, "host_pace": pace,
-         "silence_s": quiet},
+         "silence_s": quiet,
+         "calibration": ({k: v for k, v in derived.items() if k != "fit"}
+                         if derived else None)},
         indent=1, default=str))
     lost = sum(r["submitted"] - r["completed"] for _, r in rows)
     bad_exit = [r for r in (tuned_run, static_run) if r.server_returncode is not None]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import statistics
 import sys
 import threading
 import tomllib
@@ -479,9 +480,9 @@ def test_a_stream_cut_before_any_token_and_before_done_is_a_failure():
 
 @pytest.mark.slow
 def test_the_batch1_step_is_measured_as_the_demo_derives_its_sla(tiny_model, tmp_path):
-    """`tuned bench --slo tpot=2.5x` on the real engine: the controller's derived SLA
-    under the calibration load, the step it came from, the factor asked for (states
-    only: the step's value is this host's)."""
+    """`tuned bench --slo tpot=2.5x` on the real engine: once the controller has derived
+    its SLA under the calibration load, the step is the lone probes' median, the SLA
+    the factor asked for times it (states only: the step's value is this host's)."""
     from serve_harness import dtype_args
 
     from tuned.bench.live import measure_batch1_step
@@ -491,7 +492,29 @@ def test_the_batch1_step_is_measured_as_the_demo_derives_its_sla(tiny_model, tmp
                             extra_vllm_args=dtype_args())
     assert d["factor"] == 3.0 and d["step_s_batch1"] > 0
     assert d["sla_s"] == round(3.0 * d["step_s_batch1"], 4)
+    # the step is the lone requests' median where one gave a figure, the fit's beside it
+    assert len(d["probe_steps_s"]) == live.CALIBRATION_PROBES == 3
+    got = [s for s in d["probe_steps_s"] if s is not None]
+    assert d["step_source"] == ("probe" if got else "fit")
+    if got:
+        assert d["step_s_batch1"] == statistics.median(got)
+    assert d["fit_step_s_batch1"] > 0
     assert (tmp_path / "calibration.log").stat().st_size > 0
+
+
+def test_the_calibration_step_is_the_lone_requests_median_and_the_fit_without_one():
+    """:func:`tuned.bench.live.probed_step`: the controller's derived SLA re-based on
+    the probes' median step (those that gave a figure), the fit's step kept; with no
+    figure the controller's SLA stands."""
+    derived = {"sla_s": 0.0305, "step_s_batch1": 0.0122, "factor": 2.5, "fit": {"a": 1}}
+    d = live.probed_step(derived, [0.0084, None, 0.0072, 0.0090])
+    assert d["step_s_batch1"] == 0.0084
+    assert d["sla_s"] == 0.021                          # 2.5 x 8.4 ms, to 0.1 ms
+    assert (d["step_source"], d["fit_step_s_batch1"]) == ("probe", 0.0122)
+    assert d["probe_steps_s"] == [0.0084, None, 0.0072, 0.0090] and d["fit"] == {"a": 1}
+    d = live.probed_step(derived, [None, None, None])
+    assert (d["sla_s"], d["step_s_batch1"], d["step_source"]) == (0.0305, 0.0122, "fit")
+    assert derived["sla_s"] == 0.0305 and "step_source" not in derived   # not changed
 
 
 class _Steps(BaseHTTPRequestHandler):

@@ -221,7 +221,10 @@ def _relative_slo(args, spec, target: "_Target"):
                                       log_dir=log_dir, seed=args.seed,
                                       factor=spec.multiples.get("tpot", 2.5))
         step = derived["step_s_batch1"]
-        how = "measured on this engine before the contenders (as tuned demo does)"
+        how = ("measured on this engine before the contenders, the median of lone "
+               "requests' steps (as tuned demo does)" if derived.get("step_source") == "probe"
+               else "measured on this engine before the contenders, the controller's "
+               "first fit (no lone request gave a figure)")
     try:
         slo = spec.resolve(step)
     except ValueError as e:

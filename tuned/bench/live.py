@@ -710,9 +710,9 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
     not derived one within ``timeout_s``.
 
     Why not the controller's own figure: it is the online fit's prediction at batch 1
-    from the first few dozen steps of a server just started, and read the step 0.8x to
-    2.3x what the pace probe read around the runs a minute later (docs/results.md,
-    "An eleventh sitting"); an SLA set on a slow reading made the demo's load so light
+    from the first few dozen steps of a server just started, and read the step 0.7x to
+    2x what the pace probe read around the runs a minute later (docs/results.md,
+    "A tenth and an eleventh sitting"); an SLA set on a slow reading made the demo's load so light
     that vLLM's default met it too, one on a fast reading so tight that no chunk held
     it."""
     import requests

@@ -87,11 +87,10 @@ class _DecisionPrinter:
 
 def _step_source(derived: dict) -> str:
     """Where the calibration's batch-1 step came from, for the line that prints it."""
-    fit_ms = derived.get("fit_step_s_batch1", derived["step_s_batch1"]) * 1e3
     if derived.get("step_source") == "probe":
         n = sum(1 for s in derived["probe_steps_s"] if s is not None)
         return (f": the median of {n} lone request{'s' if n != 1 else ''}' steps; the "
-                f"controller's first fit read {fit_ms:.1f} ms")
+                f"controller's first fit read {derived['fit_step_s_batch1'] * 1e3:.1f} ms")
     return ": the controller's first fit, no lone request gave a figure"
 
 

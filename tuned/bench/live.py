@@ -80,6 +80,7 @@ from tuned.bench.metrics import RequestResult
 from tuned.bench.runner import Contender
 from tuned.bench.throttle import Throttle, run_throttles
 from tuned.config import FIELDS, Config
+from tuned.control.sla import sla_from_step
 from tuned.core.refusal import REFUSAL_STATUSES, client_refusal  # noqa: F401  (re-exported)
 from tuned.launch import EngineError, log_tail, server_info, stop_process, wait_ready
 from tuned.netutil import free_port
@@ -712,9 +713,9 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
     Why not the controller's own figure: it is the online fit's prediction at batch 1
     from the first few dozen steps of a server just started, and read the step 0.7x to
     2x what the pace probe read around the runs a minute later (docs/results.md,
-    "A tenth and an eleventh sitting"); an SLA set on a slow reading made the demo's load so light
-    that vLLM's default met it too, one on a fast reading so tight that no chunk held
-    it."""
+    "A tenth and an eleventh sitting"); an SLA set on a slow reading made the demo's
+    load so light that vLLM's default met it too, one on a fast reading so tight that
+    no chunk held it."""
     import requests
 
     from tuned.bench.runner import CALIBRATION_WORKLOAD
@@ -734,8 +735,9 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 
 def probed_step(derived: dict, steps: Sequence[float | None]) -> dict:
     """``derived`` (a controller's ``derived_sla``) with ``step_s_batch1`` the median of
-    the lone-request ``steps`` that gave a figure and ``sla_s`` ``factor`` x it (to
-    0.1 ms, as the controller rounds it), ``step_source`` ``"probe"``; the
+    the lone-request ``steps`` that gave a figure and ``sla_s`` ``factor`` x it (as
+    the controller derives it, :func:`tuned.control.sla.sla_from_step`),
+    ``step_source`` ``"probe"``; the
     controller's own step kept as ``fit_step_s_batch1`` and the probes as
     ``probe_steps_s``. Where none gave a figure (each one bunched, refused or failed)
     the controller's step stands, ``step_source`` ``"fit"``."""
@@ -744,7 +746,7 @@ def probed_step(derived: dict, steps: Sequence[float | None]) -> dict:
     got = [s for s in steps if s is not None]
     if got:
         step = statistics.median(got)
-        out.update(step_s_batch1=step, sla_s=round(derived["factor"] * step, 4),
+        out.update(step_s_batch1=step, sla_s=sla_from_step(derived["factor"], step),
                    step_source="probe")
     return out
 

@@ -11,6 +11,11 @@ import structlog
 log = structlog.get_logger("tuned.controller")
 
 
+def sla_from_step(factor: float, step_s: float) -> float:
+    """``tbt_sla_auto``'s SLA: ``factor`` x the decode step at batch 1, to 0.1 ms."""
+    return round(factor * step_s, 4)
+
+
 class SlaSource:
     """``tbt_sla_auto``: once the online step fit exists, the SLA is fixed at
     ``tbt_sla_auto`` x the predicted decode step at batch 1 (no prefill, the running
@@ -48,7 +53,7 @@ class SlaSource:
         t1 = fit.predict_step_s(1, 0.0, kv_seq)
         if not (math.isfinite(t1) and t1 > 0):
             return False
-        sla = round(cfg.tbt_sla_auto * t1, 4)
+        sla = sla_from_step(cfg.tbt_sla_auto, t1)
         self.derived = {"sla_s": sla, "step_s_batch1": t1, "factor": cfg.tbt_sla_auto,
                         "fit": fit.to_dict()}
         log.info("sla_derived", sla_s=sla, step_s_batch1=round(t1, 5),

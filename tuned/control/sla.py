@@ -16,6 +16,34 @@ def sla_from_step(factor: float, step_s: float) -> float:
     return round(factor * step_s, 4)
 
 
+#: how far above one decode beside the smallest prefill chunk a derived SLA must sit
+#: (:func:`sla_fitting_chunk`)
+CHUNK_HEADROOM = 1.2
+
+
+def sla_fitting_chunk(sla_s: float, fit: dict, chunk_tokens: int,
+                      headroom: float = CHUNK_HEADROOM) -> float:
+    """``sla_s``, raised where needed to ``headroom`` x the step that one decode
+    beside a ``chunk_tokens`` prefill chunk takes on ``fit`` (a + beta + gamma
+    chunk_tokens, keys of :func:`tuned.bench.live.burst_step_fit`), to 0.1 ms.
+
+    Below that step no chunk size holds the SLA: every step that prefills misses it,
+    the token budget cannot act (``TokenBudget`` sets it aside), and each request
+    that shares a step with a prompt misses its TPOT whatever the cap. That is where
+    a prompt token costs several decodes' time (a CPU host without matrix units); a
+    multiple of the batch-1 step lands there on some hosts and not on others. The
+    headroom leaves a few decodes beside the chunk and a host that runs slower than
+    the fit. ``sla_s`` unchanged without a fit."""
+    try:
+        a, beta, gamma = (float(fit[k]) for k in ("a", "beta", "gamma"))
+    except (KeyError, TypeError, ValueError):
+        return sla_s
+    step = a + beta + gamma * chunk_tokens
+    if not (math.isfinite(step) and step > 0):
+        return sla_s
+    return max(sla_s, round(headroom * step, 4))
+
+
 class SlaSource:
     """``tbt_sla_auto``: once the online step fit exists, the SLA is fixed at
     ``tbt_sla_auto`` x the predicted decode step at batch 1 (no prefill, the running

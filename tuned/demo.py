@@ -18,13 +18,17 @@ default static cap side by side on the same load, through the benchmark's code.
    demo says so (a prompt token costs several decodes' time on some CPUs).
 3. Size an open-loop, phase-shifting workload from the burst's fit and the SLA
    (chat, then long prompts with short answers, then heavier chat) and drive it
-   through a fresh ``tuned serve`` with that SLA, printing each decision that
-   changes the cap or the token budget.
+   through a fresh ``tuned serve`` with that SLA, printing each decision of its first
+   run that changes the cap or the token budget.
 4. Drive the very same arrivals through plain vLLM with its own default
    ``max_num_seqs`` and token budget for this engine kind (the cap an operator gets
-   without tuning).
+   without tuning). Each side runs ``--repeats`` times (2 by default), a fresh server
+   each run, in the order tuned, default, default, tuned: a host whose speed drifts
+   steadily through the demo then costs both sides alike, and the runs' spread says
+   whether the margin stands above the host's noise.
 5. Print both side by side with the benchmark's metrics (goodput, SLA attainment,
-   throughput, TTFT and TPOT percentiles), the SLO being the derived SLA for TPOT.
+   throughput, TTFT and TPOT percentiles; each side's mean over its runs), the SLO
+   being the derived SLA for TPOT.
 """
 
 from __future__ import annotations
@@ -58,9 +62,30 @@ def register(subparsers) -> None:
                         "--ttft-slo-s is the old spelling")
     p.add_argument("--log-dir", default="runs/demo",
                    help="where the servers' logs go (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=DEMO_REPEATS,
+                   help="runs of each side on the same arrivals, alternating which runs "
+                        "first (tuned, default, default, tuned, ...) so that a host whose "
+                        "speed drifts reaches both alike; 1 runs each once "
+                        "(default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     p.set_defaults(func=cmd_demo)
+
+
+#: runs of each side: two, in the order tuned, default, default, tuned, cancel a drift
+#: of the host's speed that is linear over the demo, and give each side a spread
+DEMO_REPEATS = 2
+
+
+def run_order(repeats: int) -> list[tuple[str, int]]:
+    """(side, repeat) in the order they run: each pair of runs alternates which side
+    goes first (tuned, default; default, tuned; ...), so that over two repeats a host
+    that slows down (or speeds up) steadily through the demo costs both sides alike."""
+    out = []
+    for k in range(repeats):
+        pair = [("tuned", k), ("vllm-default", k)]
+        out.extend(pair if k % 2 == 0 else pair[::-1])
+    return out
 
 
 def _say(msg: str) -> None:
@@ -140,12 +165,16 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | No
 
 def cmd_demo(args) -> int:
     from tuned.bench.live import LiveServer, calibrate, measure_step_fit, run_live
-    from tuned.bench.metrics import Slo, summarize
+    from tuned.bench.metrics import Slo, mean_summary, summarize
     from tuned.bench.runner import Contender
     from tuned.demo_model import resolve_model
     from tuned.hostinfo import BF16_FLAGS, cpu_flags, preferred_cpu_dtype
     from tuned.sim.hardware import VLLM_DEFAULTS
 
+    if not 1 <= args.repeats <= 10:
+        print(f"tuned demo: --repeats: must be in [1, 10], got {args.repeats}",
+              file=sys.stderr)
+        return 2
     try:
         cfg = (config_mod.load(args.config, base=config_mod.EMBEDDED_DEFAULT)
                if args.config else config_mod.default())
@@ -216,49 +245,71 @@ def cmd_demo(args) -> int:
     # once) would otherwise hand it an SLA search already narrowed to the batch the
     # burst overloaded, and the run would measure that start, not the controller
     tuned = Contender("tuned", "tuned", replace(cfg, tbt_sla_s=sla_s))
-    _say(f"[3/5] tuned (a fresh server, TBT SLA {sla_s * 1e3:.1f} ms): "
-         f"{len(wl.requests)} requests open-loop over {info.get('duration_s', 0):.0f}s "
-         f"(chat, long prompts, heavier chat; sized for about {b_sla:.0f} decodes within "
-         f"the SLA); decisions as they change:")
-    with LiveServer(tuned, model_path=model_path, log_dir=log_dir, seed=args.seed,
-                    startup_timeout_s=args.startup_timeout_s) as server:
-        printer = _DecisionPrinter(time.monotonic())
-        tuned_run = server.drive(wl, on_decision=printer, pace=True)
     seqs, toks = VLLM_DEFAULTS["cpu"]
     static_cfg = replace(cfg, max_num_seqs=seqs, max_num_batched_tokens=toks,
                          fallback_cap=min(cfg.fallback_cap, seqs))
     static = Contender("vllm-default", "static", static_cfg, seqs)
-    _say(f"[4/5] vLLM's default static cap (max_num_seqs {seqs}, max_num_batched_tokens "
-         f"{toks}) on the same arrivals")
-    static_run = run_live(static, wl, model_path=model_path, log_dir=log_dir,
-                          seed=args.seed, startup_timeout_s=args.startup_timeout_s, pace=True)
+    n = args.repeats
+    order = run_order(n)
+    _say(f"[3/5] tuned (a fresh server each run, TBT SLA {sla_s * 1e3:.1f} ms) and vLLM's "
+         f"default static cap (max_num_seqs {seqs}, max_num_batched_tokens {toks}), "
+         f"{n} run{'s' if n != 1 else ''} each on the same arrivals, in the order "
+         f"{', '.join(side for side, _ in order)}: {len(wl.requests)} requests open-loop "
+         f"over {info.get('duration_s', 0):.0f}s (chat, long prompts, heavier chat; sized "
+         f"for about {b_sla:.0f} decodes within the SLA)")
+    done: dict[str, list] = {"tuned": [], "vllm-default": []}
+    printer = _DecisionPrinter(time.monotonic())
+    for i, (side, k) in enumerate(order):
+        first_tuned = side == "tuned" and k == 0
+        _say(f"[4/5] run {i + 1} of {len(order)}: {side}"
+             + (f" #{k + 1}" if n > 1 else "")
+             + ("; tuned's decisions as they change:" if first_tuned else ""))
+        if side == "tuned":
+            with LiveServer(tuned, model_path=model_path, log_dir=log_dir, seed=args.seed,
+                            startup_timeout_s=args.startup_timeout_s) as server:
+                if first_tuned:
+                    printer.t0 = time.monotonic()
+                run = server.drive(wl, on_decision=printer if first_tuned else None,
+                                   pace=True)
+        else:
+            run = run_live(static, wl, model_path=model_path, log_dir=log_dir,
+                           seed=args.seed, startup_timeout_s=args.startup_timeout_s,
+                           pace=True)
+        done[side].append(run)
     ttft = args.ttft_slo_s or cfg.ttft_sla_s or max(3.0, round(40 * sla_s, 1))
     slo = Slo(ttft_s=ttft, tpot_s=sla_s)
-    rows = [("tuned", summarize(tuned_run.results, slo)),
-            ("vllm-default", summarize(static_run.results, slo))]
-    _write_records(log_dir, slo, tuned_run, static_run)
-    verdict, pace, quiet = _summary(rows, slo, printer.reasons, tuned_run, static_run)
+    rows = [(side, mean_summary([summarize(r.results, slo) for r in done[side]]))
+            for side in ("tuned", "vllm-default")]
+    _write_records(log_dir, slo, done)
+    verdict, pace, quiet = _summary(rows, slo, printer.reasons, done["tuned"],
+                                    done["vllm-default"])
     (log_dir / "demo-summary.json").write_text(json.dumps(
         {"slo": str(slo), "workload": wl.spec, "step_fit": fit, "runs": dict(rows),
+         "order": [f"{side} #{k + 1}" for side, k in order],
          "reasons": printer.reasons, "noise": verdict, "host_pace": pace,
          "silence_s": quiet,
          "calibration": ({k: v for k, v in derived.items() if k != "fit"}
                          if derived else None)},
         indent=1, default=str))
-    lost = sum(r["submitted"] - r["completed"] for _, r in rows)
-    bad_exit = [r for r in (tuned_run, static_run) if r.server_returncode is not None]
+    lost = sum(_total(r, "submitted") - _total(r, "completed") for _, r in rows)
+    bad_exit = [r for runs in done.values() for r in runs if r.server_returncode is not None]
     return 0 if lost == 0 and not bad_exit else 1
 
 
-def _write_records(log_dir: Path, slo, tuned_run, static_run) -> None:
-    """Each run's requests (``NAME.requests.csv``, as ``tuned bench`` writes them) and
-    tuned's decisions and engine steps, to see which requests a run missed and why."""
+def _write_records(log_dir: Path, slo, done: dict[str, list]) -> None:
+    """Each run's requests (``NAME.requests.csv``, then ``NAME.r1.requests.csv`` for
+    the second repeat, as ``tuned bench`` names them) and tuned's decisions and engine
+    steps, to see which requests a run missed and why."""
+    from tuned.bench.command import run_stem
     from tuned.bench.metrics import write_requests_csv
 
-    for name, run in (("tuned", tuned_run), ("vllm-default", static_run)):
-        write_requests_csv(log_dir / f"{name}.requests.csv", run.results, slo)
-    (log_dir / "tuned.decisions.json").write_text(json.dumps(tuned_run.decisions))
-    (log_dir / "tuned.steps.json").write_text(json.dumps(tuned_run.steps))
+    for name, runs in done.items():
+        for k, run in enumerate(runs):
+            stem = run_stem(name, k)
+            write_requests_csv(log_dir / f"{stem}.requests.csv", run.results, slo)
+            if name == "tuned":
+                (log_dir / f"{stem}.decisions.json").write_text(json.dumps(run.decisions))
+                (log_dir / f"{stem}.steps.json").write_text(json.dumps(run.steps))
 
 
 def _fmt_s(v) -> str:
@@ -267,7 +318,13 @@ def _fmt_s(v) -> str:
     return f"{v * 1e3:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
-def _summary(rows, slo, reasons, tuned_run, static_run) -> tuple[dict, dict | None, dict]:
+def _total(row: dict, key: str) -> int:
+    """A count summed over a side's runs (:func:`tuned.bench.metrics.mean_summary`
+    keeps their mean)."""
+    return int(round((row.get(key) or 0) * (row.get("repeats") or 1)))
+
+
+def _summary(rows, slo, reasons, tuned_runs, static_runs) -> tuple[dict, dict | None, dict]:
     """The side-by-side table and ratios; returns the noise verdict, the host's pace
     it printed (:func:`tuned.bench.report.host_pace`; None without a probe) and each
     run's longest silence (:func:`tuned.bench.metrics.longest_silence`)."""
@@ -281,8 +338,8 @@ def _summary(rows, slo, reasons, tuned_run, static_run) -> tuple[dict, dict | No
         _say(f"  {name:13s} {r['goodput_rps'] or 0:8.3f}/s {r['attainment'] or 0:7.2f} "
              f"{r['output_tok_s'] or 0:9.1f} {_fmt_s(r['ttft_p50_s']):>9s} "
              f"{_fmt_s(r['ttft_p99_s']):>9s} {_fmt_s(r['tpot_p50_s']):>9s} "
-             f"{_fmt_s(r['tpot_p99_s']):>9s} {r['preemptions']:7d} "
-             f"{r['completed']:>3d}/{r['submitted']:<4d}")
+             f"{_fmt_s(r['tpot_p99_s']):>9s} {_total(r, 'preemptions'):7d} "
+             f"{_total(r, 'completed'):>3d}/{_total(r, 'submitted'):<4d}")
     (_, t), (_, s) = rows
 
     def ratio(k):
@@ -290,22 +347,29 @@ def _summary(rows, slo, reasons, tuned_run, static_run) -> tuple[dict, dict | No
 
     _say(f"  tuned vs vLLM's default: goodput x{ratio('goodput_rps'):.2f}, attainment "
          f"x{ratio('attainment'):.2f}, throughput x{ratio('output_tok_s'):.2f}")
-    # one run each here: the verdict says so rather than read a margin as a result
-    verdict = noise_verdict("tuned", [t["goodput_rps"] or 0.0], "vllm-default",
-                            [s["goodput_rps"] or 0.0])
+    def per_run(r):
+        return [x or 0.0 for x in r.get("goodput_rps_runs") or [r["goodput_rps"]]]
+
+    if len(per_run(t)) > 1:
+        _say(f"  goodput per run: tuned {', '.join(f'{x:.3f}' for x in per_run(t))}; "
+             f"vllm-default {', '.join(f'{x:.3f}' for x in per_run(s))} req/s (the table "
+             f"gives each side's mean over its runs)")
+    # with one run each the verdict says so rather than read a margin as a result
+    verdict = noise_verdict("tuned", per_run(t), "vllm-default", per_run(s))
     _say(f"  above the host's noise? {verdict['words']}")
-    # one run each: what the host's speed did between them is the spread there is
-    pace = host_pace([{"name": "tuned", "pace_s_runs": [list(tuned_run.pace_s)]},
-                      {"name": "vllm-default", "pace_s_runs": [list(static_run.pace_s)]}])
+    # what the host's speed did around each run
+    pace = host_pace([{"name": "tuned", "pace_s_runs": [list(r.pace_s) for r in tuned_runs]},
+                      {"name": "vllm-default",
+                       "pace_s_runs": [list(r.pace_s) for r in static_runs]}])
     if pace:
         _say(f"  {pace['words']}")
-    quiet = {name: longest_silence(run.results)
-             for name, run in (("tuned", tuned_run), ("vllm-default", static_run))}
-    words = silence_words([(name, [q]) for name, q in quiet.items()])
+    quiet = {name: [longest_silence(r.results) for r in runs]
+             for name, runs in (("tuned", tuned_runs), ("vllm-default", static_runs))}
+    words = silence_words(list(quiet.items()))
     if words:
         _say(f"  {words}")
     _say(f"  tuned's decisions by reason: {json.dumps(reasons, sort_keys=True)}")
-    lost = sum(r["submitted"] - r["completed"] for _, r in rows)
-    _say(f"  requests lost: {lost}; servers still serving at the end: "
-         f"{tuned_run.server_returncode is None and static_run.server_returncode is None}")
+    lost = sum(_total(r, "submitted") - _total(r, "completed") for _, r in rows)
+    alive = all(r.server_returncode is None for r in (*tuned_runs, *static_runs))
+    _say(f"  requests lost: {lost}; servers still serving at the end: {alive}")
     return verdict, pace, quiet

@@ -12,10 +12,11 @@ default static cap side by side on the same load, through the benchmark's code.
    prompts' steps); that server stops. (A fit from the calibration alone, one or two requests
    in flight, can put the SLA's batch at twice the engine's and size a load past
    what any cap serves.)
-   Where one decode beside the smallest prefill chunk (``min_chunk_tokens``) takes
-   longer than that SLA on the burst's fit, no chunk fits and the token budget, one
-   of tuned's two knobs, could not act; the SLA is raised to 1.2 x that step and the
-   demo says so (a prompt token costs several decodes' time on some CPUs).
+   Where the SLA is below 1.2 x one decode beside the smallest prefill chunk
+   (``min_chunk_tokens``) on the burst's fit, it is raised to that, and the demo says
+   so: below the step itself no chunk fits and the token budget, one of tuned's two
+   knobs, could not act; just above it the chunk fits beside a few decodes only (a
+   prompt token costs several decodes' time on some CPUs).
 3. Size an open-loop, phase-shifting workload from the burst's fit and the SLA
    (chat, then long prompts with short answers, then heavier chat) and drive it
    through a fresh ``tuned serve`` with that SLA, printing each decision of its first
@@ -228,11 +229,13 @@ def cmd_demo(args) -> int:
         raised = sla_fitting_chunk(sla_s, fit, cfg.min_chunk_tokens)
         if raised > sla_s:
             step = raised / CHUNK_HEADROOM
-            _say(f"  TBT SLA raised to {raised * 1e3:.1f} ms: one decode beside a "
-                 f"{cfg.min_chunk_tokens}-token prefill chunk takes {step * 1e3:.1f} ms on "
-                 f"the burst's fit, so at {sla_s * 1e3:.1f} ms no chunk fits and the token "
-                 f"budget could not act; {CHUNK_HEADROOM:g} x that step leaves room for "
-                 f"decodes beside the chunk")
+            room = int((sla_s - step) / fit["beta"]) + 1 if fit.get("beta") else 1
+            why = ("no chunk fits beside a decode and the token budget could not act"
+                   if sla_s < step else
+                   f"that chunk fits beside {room} decode{'s' if room != 1 else ''} at most")
+            _say(f"  TBT SLA raised to {raised * 1e3:.1f} ms, {CHUNK_HEADROOM:g} x the "
+                 f"{step * 1e3:.1f} ms that one decode beside a {cfg.min_chunk_tokens}-token "
+                 f"prefill chunk takes on the burst's fit: at {sla_s * 1e3:.1f} ms {why}")
             derived = {**derived, "sla_s_batch1": sla_s, "sla_s": raised,
                        "raised_for_chunk": True}
             sla_s = raised

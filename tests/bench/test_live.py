@@ -157,10 +157,12 @@ def _chunk(completion_tokens=None, prompt_tokens=8, finish=None, choices=True) -
 
 class FakeServer:
     """Answers POST /v1/completions with the given server-sent events, moving the
-    fake clock by ``gaps[i]`` before event i; records the request bodies."""
+    fake clock by ``gaps[i]`` before event i; records the request bodies. GET
+    /metrics answers the next of ``metrics`` (Prometheus text), 404 without them."""
 
-    def __init__(self, clock, events, gaps, status=200):
+    def __init__(self, clock, events, gaps, status=200, metrics=None):
         self.clock, self.events, self.gaps, self.status = clock, events, gaps, status
+        self.metrics = list(metrics) if metrics is not None else None
         self.bodies: list[dict] = []
         self.sent = 0
 
@@ -175,6 +177,10 @@ class FakeServer:
 
     def handler(self, request):
         httpx = live._http()
+        if request.url.path == "/metrics":
+            if not self.metrics:
+                return httpx.Response(404)
+            return httpx.Response(200, text=self.metrics.pop(0))
         self.bodies.append(json.loads(request.content))
         if self.status != 200:
             return httpx.Response(self.status, json={"error": {"message": "bad prompt",
@@ -305,6 +311,51 @@ def test_the_pace_probe_reads_the_median_step_and_no_figure_from_a_bunched_strea
     # exactly half of the gaps bunched: no figure
     assert live.probe_step_s([0.0, 0.0, 0.02, 0.02]) is None
 
+
+
+def _vllm_metrics(*engines):
+    """vLLM's /metrics text with ``vllm:inter_token_latency_seconds`` at (sum, count)
+    for each engine (as vLLM labels them), beside another histogram."""
+    lines = ["# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency "
+             "in seconds.", "# TYPE vllm:inter_token_latency_seconds histogram"]
+    for i, (total, count) in enumerate(engines):
+        lab = f'engine="{i}",model_name="m"'
+        lines += [f'vllm:inter_token_latency_seconds_bucket{{{lab},le="0.01"}} {count}',
+                  f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {count}',
+                  f"vllm:inter_token_latency_seconds_count{{{lab}}} {count}",
+                  f"vllm:inter_token_latency_seconds_sum{{{lab}}} {total}"]
+    lines += ["# HELP vllm:time_to_first_token_seconds TTFT.",
+              "# TYPE vllm:time_to_first_token_seconds histogram",
+              'vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 99',
+              'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 99.0']
+    return "\n".join(lines) + "\n"
+
+
+def test_a_probe_bunched_every_time_reads_the_engines_own_token_stamps():
+    """Steps so short (the test model's 2 ms) that the engine makes the whole stream
+    before the API server or the client reads it: every try comes bunched, and the
+    step is the engine core's own stamps, the mean time between the probe's tokens
+    by vLLM's histogram before and after each try (the median over the tries)."""
+    n = live.PACE_PROBE.output_tokens
+    events = [_chunk(k) for k in range(1, n)] + [_chunk(n, finish="length"), "[DONE]"]
+    bunched = [0.2, 1.0] + [0.0] * (n - 1)
+    # engine 1 served the three tries: 32 gaps of 2, 3 and 2.5 ms; engine 0 did nothing
+    stamps = [(1.0, 10), (0.5, 100)], [(1.0, 10), (0.564, 132)], \
+        [(1.0, 10), (0.564, 132)], [(1.0, 10), (0.66, 164)], \
+        [(1.0, 10), (0.66, 164)], [(1.0, 10), (0.74, 196)]
+    srv = FakeServer(FakeClock(100.0), events, bunched,
+                     metrics=[_vllm_metrics(*m) for m in stamps])
+    assert srv.run(lambda c: live._pace(c, [1] * 8))[0] == pytest.approx(0.0025)
+    assert len(srv.bodies) == 3 and srv.metrics == []
+    # a try whose stats missed more than half its steps gives no figure from them
+    srv = FakeServer(FakeClock(100.0), events, bunched,
+                     metrics=[_vllm_metrics(*m) for m in (
+                         [(0.0, 0)], [(0.3, 15)], [(0.3, 15)], [(0.364, 47)],
+                         [(0.364, 47)], [(0.564, 57)])])
+    assert srv.run(lambda c: live._pace(c, [1] * 8))[0] == pytest.approx(0.002)
+    # no /metrics either: no figure
+    srv = FakeServer(FakeClock(100.0), events, bunched)
+    assert srv.run(lambda c: live._pace(c, [1] * 8))[0] is None
 
 # --- start failures ----------------------------------------------------------------------------
 

@@ -50,8 +50,9 @@ How each request is timed (all times in seconds since the run start, on
   1 at that moment (``LiveRun.pace_s``), so that runs minutes apart on a host whose
   speed drifts can be set side by side at the speed each ran at. A probe whose
   tokens came in bunches (a host stall: :func:`probe_step_s`) is sent again, up to
-  :data:`PACE_TRIES` in all; one that fails, or is bunched every time, gives None;
-  the run stands without it.
+  :data:`PACE_TRIES` in all; one bunched every time is read from vLLM's own
+  per-token stamps instead (:func:`_pace`); one that fails gives None; the run
+  stands without it.
 - A request answered HTTP 429 or 503, or whose stream ends before any token with
   finish reason ``abort`` or with only the usage chunk and ``[DONE]`` (how tuned's
   wait bound refuses a request in vLLM: aborted before its first token, whose
@@ -103,6 +104,11 @@ WARMUP = RequestSpec("warmup", 0.0, 8, 4, 4)
 PACE_PROBE = RequestSpec("pace", 0.0, 8, 33, 33)
 #: a probe whose tokens came in bunches is sent again, this many times in all
 PACE_TRIES = 3
+#: vLLM's own histogram of the time between a request's tokens, each token stamped in
+#: the engine core when its step's outputs were made (vllm/v1/engine/__init__.py,
+#: ``EngineCoreOutputs.timestamp``; vllm/v1/metrics/stats.py), so a stall of the API
+#: server or of this client, which bunches the stream, does not move it
+ENGINE_ITL_METRIC = "vllm:inter_token_latency_seconds"
 
 
 @dataclass
@@ -298,6 +304,7 @@ class _Client:
                                  timeout=timeout_s, http_client=http)
         self.http = http
         self.openai = openai
+        self.base_url = base_url
         self.on_decision = on_decision
         self.model = model
         self.endpoint = endpoint
@@ -397,6 +404,25 @@ class _Client:
             res.output_tokens = res.output_tokens or seen
             res.first_token_s = res.finish_s = None
         return res
+
+    async def engine_itl(self) -> tuple[float, float] | None:
+        """(sum, count) of :data:`ENGINE_ITL_METRIC` over every engine on the server's
+        ``/metrics``; None where it could not be read."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            r = await self.http.get(f"{self.base_url}/metrics", timeout=5.0)
+            r.raise_for_status()
+            total = {"_sum": 0.0, "_count": 0.0}
+            for fam in text_string_to_metric_families(r.text):
+                if fam.name == ENGINE_ITL_METRIC:
+                    for sample in fam.samples:
+                        suffix = sample.name[len(ENGINE_ITL_METRIC):]
+                        if suffix in total:
+                            total[suffix] += sample.value
+            return total["_sum"], total["_count"]
+        except Exception:   # noqa: BLE001 - a fallback measurement only
+            return None
 
     async def poll_decisions(self, limit: int) -> bool:
         """One GET of tuned's /decisions: the applied cap into the timeline, new
@@ -519,10 +545,18 @@ def probe_step_s(itls_s: Sequence[float]) -> float | None:
 
 async def _pace(client: _Client, prompt: list[int]) -> float | None:
     """The pace probe's step: :data:`PACE_PROBE` alone on the server
-    (:func:`probe_step_s` of its stream); None when it fails or is refused, or when
-    its tokens came in bunches in each of :data:`PACE_TRIES` tries (a host stall is
-    brief; a measurement, never a reason to stop the run)."""
+    (:func:`probe_step_s` of its stream); None when it fails or is refused.
+
+    When its tokens came in bunches (a stall of the API server or of this client, or
+    steps so short that the whole stream is made before either reads it) it is sent
+    again, up to :data:`PACE_TRIES` in all; when each try came bunched, the step is the
+    median over the tries of the mean time between the probe's tokens as vLLM stamped
+    them in the engine core (:data:`ENGINE_ITL_METRIC`, read before and after each
+    try), None where that could not be read either. A measurement, never a reason to
+    stop the run."""
+    engine_steps: list[float] = []
     for _ in range(PACE_TRIES):
+        before = await client.engine_itl()
         try:
             r = await client.send(PACE_PROBE, prompt)
         except Exception:   # noqa: BLE001 - the probe only measures
@@ -532,7 +566,14 @@ async def _pace(client: _Client, prompt: list[int]) -> float | None:
         step = probe_step_s(r.itls_s)
         if step is not None:
             return step
-    return None
+        after = await client.engine_itl() if before is not None else None
+        if after is not None:
+            n = after[1] - before[1]
+            # the probe's own steps: nothing else in flight, so the count grew by its
+            # tokens after the first (fewer where the engine's stats missed a step)
+            if 2 * n >= PACE_PROBE.output_tokens - 1:
+                engine_steps.append((after[0] - before[0]) / n)
+    return statistics.median(engine_steps) if engine_steps else None
 
 
 class LiveServer:

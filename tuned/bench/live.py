@@ -551,12 +551,12 @@ async def _pace(client: _Client, prompt: list[int]) -> float | None:
     steps so short that the whole stream is made before either reads it) it is sent
     again, up to :data:`PACE_TRIES` in all; when each try came bunched, the step is the
     median over the tries of the mean time between the probe's tokens as vLLM stamped
-    them in the engine core (:data:`ENGINE_ITL_METRIC`, read before and after each
-    try), None where that could not be read either. A measurement, never a reason to
+    them in the engine core (:data:`ENGINE_ITL_METRIC`, read before the first try and
+    after each), None where that could not be read either. A measurement, never a reason to
     stop the run."""
     engine_steps: list[float] = []
+    before = await client.engine_itl()
     for _ in range(PACE_TRIES):
-        before = await client.engine_itl()
         try:
             r = await client.send(PACE_PROBE, prompt)
         except Exception:   # noqa: BLE001 - the probe only measures
@@ -566,13 +566,16 @@ async def _pace(client: _Client, prompt: list[int]) -> float | None:
         step = probe_step_s(r.itls_s)
         if step is not None:
             return step
+        # read once between tries: nothing else is in flight, so one try's "after"
+        # is the next one's "before"
         after = await client.engine_itl() if before is not None else None
         if after is not None:
             n = after[1] - before[1]
-            # the probe's own steps: nothing else in flight, so the count grew by its
-            # tokens after the first (fewer where the engine's stats missed a step)
+            # the probe's own steps: the count grew by its tokens after the first
+            # (fewer where the engine's stats missed a step)
             if 2 * n >= PACE_PROBE.output_tokens - 1:
                 engine_steps.append((after[0] - before[0]) / n)
+        before = after
     return statistics.median(engine_steps) if engine_steps else None
 
 

@@ -35,7 +35,7 @@ from tuned.policies import catalog
 SLA_MODES = ("evidence", "paper")
 MEMORY_DEMANDS = ("occupancy", "lifetime")
 SLA_STATISTICS = catalog.SLA_STATISTICS
-TOKEN_BUDGET_POLICIES = ("sla", "max")
+TOKEN_BUDGET_POLICIES = ("auto", "sla", "max")
 WAIT_BOUND_MODES = refusal.MODES
 ADMISSION_GUARDS = ("tpot", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -210,9 +210,14 @@ class Config:
                            "package.module:Class (your own)", policies="batch")
     batch_options: dict = _f({}, "options of the batch policy (a TOML table; each "
                              "policy's options are listed below)")
-    token_budget_policy: str = _f("sla", "per-step token budget: sla (the largest prefill "
+    token_budget_policy: str = _f("auto", "per-step token budget: sla (the largest prefill "
                                   "chunk that keeps the predicted step time within "
-                                  "tbt_sla_s) or max (max_num_batched_tokens)",
+                                  "tbt_sla_s), max (max_num_batched_tokens) or auto (sla "
+                                  "where token_budget_granule > 0, a GPU whose step time "
+                                  "is a staircase in the tokens; max where it is 0, a "
+                                  "host whose step time is a line: there a chunk changes "
+                                  "no request's mean step, its TPOT, and only delays the "
+                                  "prompt's first token)",
                                   choices=TOKEN_BUDGET_POLICIES)
     admission_guard: str = _f("tpot", "tpot: with a TBT SLA and a tuned waiting queue, "
                               "a new prompt waits while its prefill would push a running "

@@ -41,7 +41,7 @@ def test_an_empty_file_is_the_documented_defaults():
     assert (cfg.host, cfg.port, cfg.metrics_host, cfg.metrics_port) == \
         ("127.0.0.1", 8000, "127.0.0.1", 9464)
     assert (cfg.interval_s, cfg.stale_after_s, cfg.fallback_cap) == (0.5, 5.0, 4)
-    assert (cfg.batch_policy, cfg.queue_policy, cfg.token_budget_policy) == ("tuned", "fcfs", "sla")
+    assert (cfg.batch_policy, cfg.queue_policy, cfg.token_budget_policy) == ("tuned", "fcfs", "auto")
     assert (cfg.on_max_wait, cfg.admission_guard, cfg.log_level) == ("refuse", "tpot", "info")
     assert cfg.tbt_sla_s == 0.0 and not cfg.sla_enabled
 

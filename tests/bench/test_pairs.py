@@ -49,7 +49,7 @@ def test_pairs_and_ablations_are_named_and_configured():
                 cfg.queue_spec()[1], cfg.ttft_sla_s, cfg.guards_admission,
                 cfg.max_num_seqs, cfg.max_num_batched_tokens)
 
-    assert knobs("tuned") == ("tuned", "sla", "fcfs", {"late_after_s": 2.0}, 2.0, True, 8, 2048)
+    assert knobs("tuned") == ("tuned", "auto", "fcfs", {"late_after_s": 2.0}, 2.0, True, 8, 2048)
     assert knobs("tuned-cap-only") == ("tuned", "max", "fcfs", {}, 0.0, False, 8, 2048)
     assert knobs("tuned-budget-only") == ("static", "sla", "fcfs", {}, 0.0, False,
                                           8, 2048)

@@ -44,6 +44,27 @@ def test_each_declared_batch_policy_is_composed_in_the_wrappers(name, inner):
     assert sla.inner.inner.sla_s == (0.0 if name == "memory" else 0.05)
 
 
+def test_auto_budget_sizes_chunks_on_a_staircase_and_leaves_the_full_one_on_a_line():
+    from tuned.core.types import Observation
+
+    gpu = _build(batch_policy="tuned", tbt_sla_s=0.05)          # the default granule, 256
+    cpu = _build(batch_policy="tuned", tbt_sla_s=0.05, token_budget_granule=0)
+    sla_cpu = _build(batch_policy="tuned", tbt_sla_s=0.05, token_budget_granule=0,
+                     token_budget_policy="sla")
+    paper = _build(batch_policy="tuned", tbt_sla_s=0.05, token_budget_granule=0,
+                   sla_mode="paper")
+    assert [b.inner.inner.control for b in (gpu, cpu, sla_cpu, paper)] == [True, False,
+                                                                         True, True]
+    budget = cpu.inner.inner
+    d = budget.decide(Observation(num_running=4, num_waiting=3, kv_capacity_blocks=1000,
+                                  demand_mean=None, demand_std=None, demand_samples=0,
+                                  tbt_mean_s=0.06, decode_batch_mean=4.0))
+    # the full budget, reported as chosen for a line, and the SLA bound told that the
+    # budget does not act (so a violation caused by prefill moves the cap)
+    assert (d.token_budget, d.inputs["budget_bound"], budget.inner.budget_acts) == (
+        2048, "line", False)
+
+
 def test_a_plugin_is_composed_without_the_token_budget(tmp_path, monkeypatch):
     from tests.faults import MODE_ENV, write_mode
 

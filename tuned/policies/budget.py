@@ -6,7 +6,9 @@ Seed 000's PD-fusion variant picks the chunk size so that a mixed step still mee
 the TBT SLA (:func:`token_budget`). The budget is a knob of its own, orthogonal to the
 cap: ``token_budget_policy = "sla"`` wraps whichever ``batch_policy`` is chosen
 (``tuned``, ``memory``, ``sla``, ``static``, ``trtllm``); ``"max"`` leaves the budget
-at ``max_num_batched_tokens``. A ``package.module:Class`` plugin returns its own
+at ``max_num_batched_tokens``; ``"auto"`` (the default) is ``"sla"`` where the step
+time is a staircase in the tokens (``token_budget_granule`` > 0, a GPU) and the full
+budget, still wrapped and reported (``budget_bound = "line"``), where it is a line. A ``package.module:Class`` plugin returns its own
 budget and is not wrapped.
 
 One piece of protocol joins the two: an inner policy with a ``budget_acts``
@@ -112,7 +114,8 @@ class TokenBudget:
     min_chunk_tokens: int
     sla_s: float = 0.0
     step_model: StepModel | None = None      # the profile's T(b, c, kv), if any
-    control: bool = True                     # False: the full budget (policy "max")
+    control: bool = True                     # False: the full budget (policy "auto"
+                                             # on a host whose step time is a line)
     decode_budget: str = "running"
     margin_s: float = 0.0
     granule: int = 0                         # round the SLA-sized budget down to this
@@ -122,7 +125,9 @@ class TokenBudget:
                                              # TBT SLA less margin and bias), "ttft"
                                              # (requests wait, not held by the cap: the
                                              # SLA, or past it by the window's room,
-                                             # ttft_step_target) or "none" (the full one)
+                                             # ttft_step_target), "none" (the full one)
+                                             # or "line" (the full one: control off, the
+                                             # step time a line in the tokens)
 
     @property
     def wants_step_fit(self) -> bool:
@@ -245,6 +250,6 @@ class TokenBudget:
             self.bias_s = min(max(self.bias_s + 0.5 * err, 0.0), sla_s / 2)
             sla_s -= self.bias_s
         if sla_s <= 0 or model is None:
-            self.bound = "none"
+            self.bound = "none" if self.control else "line"
         return token_budget(b_budget, self.max_num_batched_tokens, self.min_chunk_tokens,
                             sla_s, model, obs.kv_tokens_resident, granule=self.granule)

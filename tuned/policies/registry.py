@@ -111,8 +111,16 @@ class Wrapper:
 def _token_budget(policy: Any, b: Build) -> TokenBudget:
     cfg, paper = b.cfg, b.cfg.sla_mode == "paper"
     sla_s = cfg.tbt_sla_s if cfg.sla_enabled and b.spec.budget_sla else 0.0
+    # "auto": chunks sized for the SLA where the step time is a staircase in the
+    # tokens (a granule, a GPU's GEMM tiles), the full budget where it is a line (a
+    # CPU host). On a line a prompt's tokens cost the running requests the same time
+    # in one step or in many, so a request's TPOT, the mean of the steps it decodes
+    # in, is the same either way, while each extra chunk delays the prompt's first
+    # token by a step; the cap holds TPOT there (docs/results.md, "A fifteenth
+    # sitting").
+    line = cfg.token_budget_policy == "auto" and not paper and not cfg.token_budget_granule
     return TokenBudget(policy, max_num_batched_tokens=b.max_num_batched_tokens,
-                       min_chunk_tokens=cfg.min_chunk_tokens, sla_s=sla_s,
+                       min_chunk_tokens=cfg.min_chunk_tokens, sla_s=sla_s, control=not line,
                        step_model=b.profile.step_model() if b.profile is not None else None,
                        decode_budget="batch" if paper else "running",
                        margin_s=0.0 if paper else cfg.eps_d_s,
@@ -123,7 +131,7 @@ def _token_budget(policy: Any, b: Build) -> TokenBudget:
 WRAPPERS: tuple[Wrapper, ...] = (
     Wrapper("token_budget",
             lambda b: (b.spec is not None and b.spec.token_budget
-                       and b.cfg.token_budget_policy == "sla"),
+                       and b.cfg.token_budget_policy in ("sla", "auto")),
             _token_budget),
     Wrapper("cap_damper", lambda b: True,
             lambda p, b: CapDamper(p, hold_ticks=hold_ticks(b.cfg.cap_raise_hold_s,

@@ -175,7 +175,10 @@ class Config:
                        "narrow only from ticks where the cap was binding, fall on measured "
                        "violations; see docs) or paper (seed 000 as published)",
                        choices=SLA_MODES)
-    sla_statistic: str = _f("p90", "what is held to tbt_sla_s: the 90th percentile of the "
+    sla_statistic: str = _f("auto", "what is held to tbt_sla_s: auto (p90 while the token "
+                            "budget sizes prefill chunks for the SLA, decode_p90 while it "
+                            "does not, as with token_budget_policy auto on a CPU host), "
+                            "the 90th percentile of the "
                             "decode step times over tbt_window_s (p90) or their mean (mean, "
                             "seed 000's), the "
                             "mean held to a margin below tbt_sla_s learnt from finished "

@@ -128,7 +128,7 @@ def test_fcfs_with_a_ttft_target_demotes_late_requests_unless_told_otherwise():
     # a choice
     ({"on_max_wait": "drop"}, "on_max_wait: must be one of refuse, serve, off, got 'drop'"),
     ({"sla_statistic": "p99"},
-     "sla_statistic: must be one of mean, p90, attainment, decode_p90, got 'p99'"),
+     "sla_statistic: must be one of auto, mean, p90, attainment, decode_p90, got 'p99'"),
     ({"sla_attainment_target": 0.3},
      "sla_attainment_target: must be in [0.5, 0.999], got 0.3"),
     ({"sla_attainment_target": 1.0},

@@ -543,6 +543,7 @@ def test_without_attainment_the_setpoint_is_the_sla_and_the_margin_one():
     ctrl = Controller(config.validate({"tbt_sla_s": 0.05}), eng, m, clock=lambda: 1.0)
     eng.add_step(0.040, 4, t=0.9)
     d = ctrl.run_once()
+    # the default auto: the budget sizes chunks (granule 256, a GPU), so p90
     assert (d.inputs["sla_statistic"], d.inputs["sla_setpoint_s"]) == ("p90", 0.05)
     assert m.registry.get_sample_value("tuned_sla_setpoint_seconds") == 0.05
     assert m.registry.get_sample_value("tuned_sla_margin_ratio") == 1.0

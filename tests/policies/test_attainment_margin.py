@@ -93,6 +93,12 @@ def test_the_decision_says_which_statistic_it_held_and_to_what():
     assert (d["sla_statistic"], d["sla_setpoint_s"]) == ("mean", SLA)
     assert "sla_margin" not in d
     assert decide("p90")["sla_statistic"] == "p90"
+    # auto names what it held: p90 where the token budget sizes chunks for the SLA
+    # (a granule, a GPU), decode_p90 where it is the full budget (a line, a CPU host)
+    assert decide("auto")["sla_statistic"] == "p90"     # granule 256 by default
+    assert decide("auto", token_budget_granule=0)["sla_statistic"] == "decode_p90"
+    assert decide("auto", token_budget_granule=0,
+                  token_budget_policy="sla")["sla_statistic"] == "p90"
     d = decide("attainment", sla_attainment_target=0.8)
     margin = 1.0 - 20 * 0.8 * ATTAINMENT_STEP
     assert d["sla_statistic"] == "attainment"

@@ -137,7 +137,7 @@ def test_p90_statistic():
                     demand_std=0.0, demand_samples=10, tbt_mean_s=0.030,
                     decode_batch_mean=8.0, tbt_p90_s=0.070, binding=1.0)
     assert ev.update(o)[1] == "sla_over"          # mean within, p90 over
-    with pytest.raises(ValueError, match="statistic: must be one of mean, p90, attainment, "
+    with pytest.raises(ValueError, match="statistic: must be one of auto, mean, p90, attainment, "
                        "decode_p90, got .p99."):
         EvidenceSlaBound(SLA, EPS, 2, 1, 1, 64, statistic="p99")
 
@@ -160,8 +160,9 @@ def test_decode_p90_statistic_reads_the_decode_steps_spread_and_the_prefill_mean
     assert w.tbt_mean_s == pytest.approx(0.05565)
     assert w.decode_only_tbt_s == pytest.approx(0.0485)
 
-    def seen(statistic, sla):
+    def seen(statistic, sla, budget_acts=True):
         ev = EvidenceSlaBound(sla, EPS, 2, 1, 1, 64, statistic=statistic)
+        ev.budget_controlled = budget_acts
         o = Observation(num_running=8, num_waiting=4, kv_capacity_blocks=100,
                         demand_mean=1.0, demand_std=0.0, demand_samples=10,
                         tbt_mean_s=w.tbt_mean_s, decode_batch_mean=8.0,
@@ -177,6 +178,13 @@ def test_decode_p90_statistic_reads_the_decode_steps_spread_and_the_prefill_mean
     # p90 reads a prefill step (120 ms), which the decode-only mean puts on the prefill
     assert seen("p90", 0.064)[1] == "sla_over_prefill"
     assert seen("mean", 0.064)[1] == "sla_under"            # 55.65 < 64 - 2 ms
+    # auto: p90 while the token budget acts (it answers the prefill step), decode_p90
+    # while it does not (the full budget on a CPU host: the cap answers, and the
+    # prefill is spread over the steps as in a request's TPOT)
+    assert seen("auto", 0.064) == (pytest.approx(0.120), "sla_over_prefill")
+    assert seen("auto", 0.064, budget_acts=False) == (pytest.approx(0.06315), "sla_hold")
+    assert seen("auto", 0.056, budget_acts=False)[1] == "sla_over"
+    assert seen("p90", 0.064, budget_acts=False)[1] == "sla_over"
 
 
 # ---------------------------------------------------------------- infeasible SLA

@@ -360,7 +360,9 @@ class EvidenceSlaBound(SlaBound):
     host), the plain p90 reads a prefill step once more than a tenth of the steps
     prefill and the cap swings; a request's TPOT spreads the prefill over its steps,
     as ``decode_p90`` does. With ``decode_p90`` the decode-only steps' p90 (not their
-    mean) also decides whether prefill caused a violation. The SLA itself stays what
+    mean) also decides whether prefill caused a violation. ``auto`` (the default) is
+    ``p90`` on ticks where the token budget acts and ``decode_p90`` where it does not
+    (:attr:`held`, in the decision's ``sla_statistic``). The SLA itself stays what
     feasibility is judged against.
     The warm start seeds the midpoint and keeps an interval of width max(alpha, b)
     around it, so a wrong prediction is corrected by bisection, not by delta per tick.
@@ -390,12 +392,25 @@ class EvidenceSlaBound(SlaBound):
         self.low = max(self.b_min, b - w)
         self.high = min(self.b_max, b + w)
 
+    @property
+    def held(self) -> str:
+        """The statistic held this tick: ``auto`` is ``p90`` while the token budget
+        sizes prefill chunks for the SLA (a prefilling step is then within it, and the
+        p90 may read one) and ``decode_p90`` while it does not (the full budget on a
+        line, a CPU host: a prefilling step is several decode steps' time, which a
+        request's TPOT spreads over its steps and the p90 reads whole once a tenth of
+        the steps prefill)."""
+        if self.statistic == "auto":
+            return "p90" if self.budget_controlled else "decode_p90"
+        return self.statistic
+
     def measured(self, obs: Observation) -> float | None:
-        if self.statistic == "decode_p90" and obs.decode_only_p90_s is not None \
+        held = self.held
+        if held == "decode_p90" and obs.decode_only_p90_s is not None \
                 and obs.decode_only_tbt_s is not None and obs.tbt_mean_s is not None:
             t = obs.decode_only_p90_s + obs.tbt_mean_s - obs.decode_only_tbt_s
         else:
-            t = obs.tbt_p90_s if self.statistic == "p90" else obs.tbt_mean_s
+            t = obs.tbt_p90_s if held == "p90" else obs.tbt_mean_s
         return t if t is not None and math.isfinite(t) else None
 
     def update(self, obs: Observation) -> tuple[int, str]:
@@ -410,7 +425,7 @@ class EvidenceSlaBound(SlaBound):
         settling, self.settling = self.settling, max(self.settling - 1, 0)
         if t > setpoint + self.eps_s:
             dec = obs.decode_only_tbt_s
-            if self.statistic == "decode_p90" and obs.decode_only_p90_s is not None:
+            if self.held == "decode_p90" and obs.decode_only_p90_s is not None:
                 dec = obs.decode_only_p90_s
             if dec is None and obs.step_model is not None:
                 # every step carried prefill: what would the decodes alone take?
@@ -636,7 +651,7 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
         d["sla_s"] = pol.sla.sla_s
         d["search"] = [pol.sla.low, pol.sla.high]
         # which statistic the search held, and to what (the SLA, or a learnt margin)
-        d["sla_statistic"] = pol.sla.statistic
+        d["sla_statistic"] = getattr(pol.sla, "held", pol.sla.statistic)
         d["sla_setpoint_s"] = round(pol.sla.setpoint_s, 6)
         if pol.sla.margin is not None:
             d.update(pol.sla.margin.inputs())

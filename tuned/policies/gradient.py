@@ -18,7 +18,7 @@ sample the source does::
 with smoothing 0.2, queueSize 4, rttTolerance 1.5 and longWindow 600 by default.
 
 Here a sample is one controller tick; "rtt" is the window's decode step time (its mean,
-or its 90th percentile with ``sla_statistic = "p90"``), "inflight" the running requests,
+or its 90th percentile with ``sla_statistic = "p90"`` or ``"auto"``), "inflight" the running requests,
 the limit the batch cap, bounded by ``b_min`` and ``b_max``. What differs:
 
 * **the reference**: with a TBT SLO (``tbt_sla_s``) the gradient is ``tbt_sla_s / rtt``
@@ -103,7 +103,8 @@ class GradientLimit:
         return self.limit, "gradient_down" if gradient < 1.0 else "gradient_up", seen
 
     def decide(self, obs: Observation) -> Decision:
-        rtt = obs.tbt_p90_s if self.statistic == "p90" else obs.tbt_mean_s
+        # "auto" is the p90 here: this policy has no token budget to tell it apart
+        rtt = obs.tbt_p90_s if self.statistic in ("p90", "auto") else obs.tbt_mean_s
         limit, reason, seen = self.update(rtt, obs.num_running)
         cap = min(max(int(limit), self.min_limit), self.ceiling)
         return Decision(target=cap, lower=self.min_limit, upper=self.max_limit, cap=cap,

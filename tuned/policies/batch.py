@@ -187,6 +187,11 @@ class SlaBound:
         self.margin: AttainmentMargin | None = None   # a learnt margin (attainment)
 
     @property
+    def held(self) -> str:
+        """The statistic held this tick (the decision's ``sla_statistic``)."""
+        return self.statistic
+
+    @property
     def setpoint_s(self) -> float:
         """What the measured statistic is held to: D_SLA, or the learnt margin x D_SLA."""
         return self.margin.setpoint_s if self.margin is not None else self.sla_s
@@ -651,7 +656,7 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
         d["sla_s"] = pol.sla.sla_s
         d["search"] = [pol.sla.low, pol.sla.high]
         # which statistic the search held, and to what (the SLA, or a learnt margin)
-        d["sla_statistic"] = getattr(pol.sla, "held", pol.sla.statistic)
+        d["sla_statistic"] = pol.sla.held
         d["sla_setpoint_s"] = round(pol.sla.setpoint_s, 6)
         if pol.sla.margin is not None:
             d.update(pol.sla.margin.inputs())

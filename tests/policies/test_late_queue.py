@@ -45,8 +45,10 @@ def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
     # the head waited 1.4 s, within half its TTFT target: the search's cap
     assert pol.decide(_obs(1.4, tbt=SLA)).cap == 16
     interval = (pol.sla.low, pol.sla.high)
-    # 3.5 s: late; the cap is the memory bound's, and the interval is not moved by the
-    # steps the lifted cap runs
+    assert interval == (15, 17)        # the hold branch narrowed it around 16
+    # 3.5 s: late; the cap is the memory bound's. The steps the lifted cap runs (16
+    # decodes over the SLA) would lower the high end to 16, but it cannot go below
+    # low + alpha = 17: the interval stays
     for _ in range(3):
         d = pol.decide(_obs(3.5, tbt=0.200))
         assert (d.reason, d.cap, d.b_mem, d.b_sla) == ("ttft_late", 32, 32, 16)
@@ -56,6 +58,33 @@ def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
     # the lifted cap's steps), then answers the violation
     got = [pol.decide(_obs(None, tbt=0.200)) for _ in range(5)]
     assert [(d.reason, d.cap) for d in got] == [("ttft_late_settling", 16)] * 4 + [("sla_over", 15)]
+
+
+def test_a_lifted_window_within_the_slo_raises_the_search():
+    """The cycle this breaks (the fifteenth sitting's W8 runs): the search sat at
+    [3, 7] after a long-prompt phase; the chat phase's queue went late, the cap lifted
+    to 30, 20 decodes ran within the SLA, and the search came back to [3, 7], cap 5,
+    where the queue was late again within a second. The lifted window proves 20
+    decodes hold the SLA: the low end rises to 20, the high end to 20 + alpha, and
+    the drain after the lift (b-bar falling back toward 5, within) does not lower it.
+    A window over the SLA at a b-bar inside the interval lowers the high end to it."""
+    pol = _inner()
+    pol.sla.low, pol.sla.high = 3, 7
+    within = dataclasses.replace(_obs(3.5, tbt=0.040), decode_batch_mean=20.0)
+    d = pol.decide(within)
+    assert (d.reason, d.cap) == ("ttft_late", 32)
+    assert (pol.sla.low, pol.sla.high) == (20, 22)
+    for bbar in (12.0, 6.0):      # the drain: within, at smaller batches
+        d = pol.decide(dataclasses.replace(within, oldest_wait_s=None, decode_batch_mean=bbar))
+        assert (d.reason, d.cap) == ("ttft_late_settling", 21)
+    # over at 21.4 inside [20, 22]: the high end falls to 21 (low + alpha = 22 at least)
+    pol.decide(dataclasses.replace(within, oldest_wait_s=None, decode_batch_mean=21.4,
+                                   tbt_mean_s=0.080, tbt_p90_s=0.080))
+    assert (pol.sla.low, pol.sla.high) == (20, 22)
+    pol.sla.low, pol.sla.high = 3, 30
+    pol.decide(dataclasses.replace(within, decode_batch_mean=24.0, tbt_mean_s=0.080,
+                                   tbt_p90_s=0.080))
+    assert (pol.sla.low, pol.sla.high) == (3, 24)
 
 
 def test_lift_tpot_stops_where_the_model_puts_the_mean_step_at_the_slo():

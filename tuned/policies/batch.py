@@ -418,6 +418,29 @@ class EvidenceSlaBound(SlaBound):
             t = obs.tbt_p90_s if held == "p90" else obs.tbt_mean_s
         return t if t is not None and math.isfinite(t) else None
 
+    def learn_lifted(self, obs: Observation) -> None:
+        """While a late queue holds the cap lifted (and until the window has turned
+        over), the search does not answer the window, but it keeps what the window
+        proves: the lifted batch ran at b-bar and took T. Within the setpoint, b-bar
+        holds the SLA, so the low end rises to it (and the high end stays above it by
+        alpha); over it at a b-bar inside the interval, the high end falls to it.
+        Neither end moves toward a smaller batch on a window within the SLA, so the
+        drain after a lift (b-bar falling to the old cap) cannot drag the interval
+        down. Without this the search comes back from every lift to the interval it
+        had before it, the queue is late again within a second and the cap cycles
+        between the two (docs/results.md, "A sixteenth sitting")."""
+        t, bbar = self.measured(obs), obs.decode_batch_mean
+        if t is None or bbar is None or not math.isfinite(bbar):
+            return
+        bb = min(max(int(math.floor(bbar + 0.5)), self.b_min), self.b_max)
+        setpoint = self.setpoint_s
+        if t < setpoint - self.eps_s and bb > self.low:
+            self.low = bb
+            self.high = min(max(self.high, bb + self.alpha), self.b_max)
+        elif t > setpoint + self.eps_s and self.low < bb < self.high:
+            self.high = max(bb, self.low + self.alpha)
+        self._midpoint()
+
     def update(self, obs: Observation) -> tuple[int, str]:
         binding = obs.binding >= self.bind_share
         if self.margin is not None:
@@ -594,7 +617,10 @@ class BatchPolicy:
             if late or self._late_hold:
                 # the SLA search is held while the cap is lifted and until the TBT
                 # window has turned over: its steps ran at a batch the search did not
-                # choose, and answering them would collapse the interval
+                # choose, and answering them would collapse the interval; it keeps
+                # only what they prove about the batch that ran
+                if isinstance(self.sla, EvidenceSlaBound):
+                    self.sla.learn_lifted(obs)
                 b_sla, sla_reason = (self.sla.low + self.sla.high) // 2, "ttft_late_settling"
                 self._late_hold = (self.late_hold_ticks if late
                                    else max(self._late_hold - 1, 0))
@@ -761,7 +787,9 @@ SEED000_REASONS = {
                  "throughput (lift_tpot: the largest batch the step model puts within "
                  "tbt_sla_s sets it)",
     "ttft_late_settling": "the SLA search held for one TBT window after the cap was lifted "
-                          "for late requests: its steps ran at a batch it did not choose",
+                          "for late requests: its steps ran at a batch it did not choose; "
+                          "it keeps only what they prove (a b-bar within the SLA raises "
+                          "the low end, one over it inside the interval lowers the high)",
     "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
                       "memory bound and full token budget maximise throughput",
 }

@@ -81,6 +81,10 @@ def test_a_lifted_window_within_the_slo_raises_the_search():
     pol.decide(dataclasses.replace(within, oldest_wait_s=None, decode_batch_mean=21.4,
                                    tbt_mean_s=0.080, tbt_p90_s=0.080))
     assert (pol.sla.low, pol.sla.high) == (20, 22)
+    # in the band (|T - SLA| <= eps_D) at b-bar 26: the paper's hold interval [25, 27]
+    pol.decide(dataclasses.replace(within, decode_batch_mean=26.0, tbt_mean_s=SLA + 0.001,
+                                   tbt_p90_s=SLA + 0.001))
+    assert (pol.sla.low, pol.sla.high) == (25, 27)
     pol.sla.low, pol.sla.high = 3, 30
     pol.decide(dataclasses.replace(within, decode_batch_mean=24.0, tbt_mean_s=0.080,
                                    tbt_p90_s=0.080))

@@ -423,8 +423,10 @@ class EvidenceSlaBound(SlaBound):
         over), the search does not answer the window, but it keeps what the window
         proves: the lifted batch ran at b-bar and took T. Within the setpoint, b-bar
         holds the SLA, so the low end rises to it (and the high end stays above it by
-        alpha); over it at a b-bar inside the interval, the high end falls to it.
-        Neither end moves toward a smaller batch on a window within the SLA, so the
+        alpha); inside the band (within eps_D of the setpoint) the interval rises to
+        the paper's hold interval around b-bar; over it at a b-bar inside the
+        interval, the high end falls to it. Neither end moves toward a smaller batch
+        on a window within the SLA, so the
         drain after a lift (b-bar falling to the old cap) cannot drag the interval
         down. Without this the search comes back from every lift to the interval it
         had before it, the queue is late again within a second and the cap cycles
@@ -434,10 +436,16 @@ class EvidenceSlaBound(SlaBound):
             return
         bb = min(max(int(math.floor(bbar + 0.5)), self.b_min), self.b_max)
         setpoint = self.setpoint_s
-        if t < setpoint - self.eps_s and bb > self.low:
-            self.low = bb
-            self.high = min(max(self.high, bb + self.alpha), self.b_max)
-        elif t > setpoint + self.eps_s and self.low < bb < self.high:
+        if t <= setpoint + self.eps_s:
+            # within: b-bar holds the SLA (the paper's under branch, low <- b-bar); in
+            # the band: b-bar is at it (its hold branch, the interval around b-bar)
+            within = t < setpoint - self.eps_s
+            low = bb if within else bb - self.alpha // 2
+            if low > self.low:
+                self.low = low
+                self.high = max(self.high, bb + (self.alpha if within
+                                                 else math.ceil(self.alpha / 2)))
+        elif self.low < bb < self.high:
             self.high = max(bb, self.low + self.alpha)
         self._midpoint()
 
@@ -789,7 +797,8 @@ SEED000_REASONS = {
     "ttft_late_settling": "the SLA search held for one TBT window after the cap was lifted "
                           "for late requests: its steps ran at a batch it did not choose; "
                           "it keeps only what they prove (a b-bar within the SLA raises "
-                          "the low end, one over it inside the interval lowers the high)",
+                          "the low end, one at it the interval around it, one over it "
+                          "inside the interval lowers the high end)",
     "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
                       "memory bound and full token budget maximise throughput",
 }

@@ -47,8 +47,8 @@ def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
     interval = (pol.sla.low, pol.sla.high)
     assert interval == (15, 17)        # the hold branch narrowed it around 16
     # 3.5 s: late; the cap is the memory bound's. The steps the lifted cap runs (16
-    # decodes over the SLA) would lower the high end to 16, but it cannot go below
-    # low + alpha = 17: the interval stays
+    # decodes over the SLA) prove nothing upward, and a window over the SLA is left to
+    # the search once the hold ends: the interval stays
     for _ in range(3):
         d = pol.decide(_obs(3.5, tbt=0.200))
         assert (d.reason, d.cap, d.b_mem, d.b_sla) == ("ttft_late", 32, 32, 16)

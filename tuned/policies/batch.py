@@ -225,9 +225,15 @@ class SlaBound:
         self.low = max(self.low - self.delta, self.b_min)
         return "sla_over"
 
+    def _hold_interval(self, bb: int) -> tuple[int, int]:
+        """The paper's hold interval around b-bar: [b-bar - floor(alpha/2),
+        b-bar + ceil(alpha/2)], unclamped."""
+        return bb - self.alpha // 2, bb + math.ceil(self.alpha / 2)
+
     def _narrow(self, bb: int) -> str:
-        self.high = min(bb + math.ceil(self.alpha / 2), self.b_max)
-        self.low = max(bb - self.alpha // 2, self.b_min)
+        low, high = self._hold_interval(bb)
+        self.high = min(high, self.b_max)
+        self.low = max(low, self.b_min)
         return "sla_hold"
 
     def _midpoint(self) -> int:
@@ -440,12 +446,11 @@ class EvidenceSlaBound(SlaBound):
         if t <= setpoint + self.eps_s:
             # within: b-bar holds the SLA (the paper's under branch, low <- b-bar); in
             # the band: b-bar is at it (its hold branch, the interval around b-bar)
-            within = t < setpoint - self.eps_s
-            low = bb if within else bb - self.alpha // 2
+            low, high = ((bb, bb + self.alpha) if t < setpoint - self.eps_s
+                         else self._hold_interval(bb))
             if low > self.low:
                 self.low = low
-                self.high = max(self.high, bb + (self.alpha if within
-                                                 else math.ceil(self.alpha / 2)))
+                self.high = max(self.high, high)
         self._midpoint()
 
     def update(self, obs: Observation) -> tuple[int, str]:

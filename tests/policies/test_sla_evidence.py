@@ -102,6 +102,39 @@ def test_a_fall_from_a_cap_that_did_not_bind_halves_it():
     assert (b.low, b.high) == (1, 3)
 
 
+def test_a_fall_prefill_caused_is_undone_once_the_prefill_has_left_the_window():
+    """The demo's long-prompt phase on a CPU host (the budget cannot act): prefill adds
+    50 ms to the mean step while the decode-only steps take 30 ms, the cap falls 16 ->
+    4 and 4 -> 2. While prompts still add more than half of that (26 ms), the cap
+    stays down; once they add 20 ms (<= 25) and the window is under the SLA, the
+    interval goes back to before the first fall, [1, 32], so the chat load after the
+    prompts does not queue behind a cap of 2 (reason sla_restore, once)."""
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False, settle_ticks=1)
+    b.low, b.high = 1, 32
+    long_ = obs(4, 0, 0.080, 3.0, dec_only=0.030)
+    assert b.update(long_) == (4, "sla_over")
+    assert b.update(long_) == (4, "sla_over_settling")
+    assert b.update(long_) == (2, "sla_over")
+    assert b.undo == (1, 32, pytest.approx(0.050))
+    b.update(obs(2, 0, 0.040, 2.0, dec_only=0.030))            # settling: kept
+    assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.014)) == (2, "sla_idle")  # 26 ms
+    assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.020)) == (16, "sla_restore")
+    assert (b.low, b.high, b.undo) == (1, 32, None)
+    assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.020)) == (16, "sla_idle")
+    # a fall the decodes caused (decode-only steps over the SLA too) drops the undo
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False)
+    b.low, b.high = 1, 32
+    b.update(long_)
+    assert b.undo is not None
+    assert b.update(obs(8, 4, 0.080, 8.0, binding=1.0, dec_only=0.060)) == (4, "sla_over")
+    assert b.undo is None
+    assert b.update(obs(2, 0, 0.030, 2.0, dec_only=0.030)) == (4, "sla_idle")
+    # where the budget acts the cap never fell, so there is nothing to undo
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32)
+    b.low, b.high = 1, 32
+    assert b.update(long_) == (16, "sla_over_prefill") and b.undo is None
+
+
 def test_after_a_fall_the_window_turns_over_before_the_next():
     """The window holds the steps that caused a fall for tbt_window_s; a tick every
     interval_s would read them again and fall again. settle_ticks = 3 (a 2 s window,

@@ -348,6 +348,15 @@ class EvidenceSlaBound(SlaBound):
       argument of the next point), and a window that long prompts pushed over the SLA
       at three decodes would set a cap of 16 to 2, where requests then queue past
       their TTFT while the search climbs back;
+    * a fall that prefill caused where the budget could not act (the decode-only
+      steps met the SLA, as for ``sla_over_prefill``) is undone once the prefill has
+      left the window: when what prefill added to the mean step (the window's mean
+      step less its decode-only mean) is at most half what it added at the fall, and
+      T is under the SLA, the interval goes back to what it was before the fall
+      (reason ``sla_restore``). The fall answered a load of long prompts, not the
+      decodes; without the undo the cap stays where the prompts left it, and the
+      chat load that follows them queues while the search climbs back by a quarter
+      per binding tick. A fall the decodes caused drops the undo;
     * after a fall, ``settle_ticks`` ticks pass before the next one (reason
       ``sla_over_settling``, interval kept): the window still holds the steps that
       caused the fall, and a tick every ``interval_s`` over a ``tbt_window_s``
@@ -394,6 +403,9 @@ class EvidenceSlaBound(SlaBound):
         self.budget_controlled = budget_controlled
         self.settle_ticks = settle_ticks
         self.settling = 0       # ticks left before another fall may follow the last one
+        # the interval before a prefill-caused fall, and what prefill added to the mean
+        # step then (sla_restore), or None
+        self.undo: tuple[int, int, float] | None = None
         self.margin = (AttainmentMargin(sla_s, attainment_target)
                        if statistic == "attainment" else None)
 
@@ -463,6 +475,13 @@ class EvidenceSlaBound(SlaBound):
         bb = int(math.floor(bbar + 0.5))
         setpoint = self.setpoint_s
         settling, self.settling = self.settling, max(self.settling - 1, 0)
+        added = _prefill_added(obs)
+        if (self.undo is not None and not settling and t < setpoint - self.eps_s
+                and added is not None and added <= self.undo[2] / 2):
+            # the prompts that caused the fall have left the window: undo it
+            self.low, self.high = max(self.low, self.undo[0]), max(self.high, self.undo[1])
+            self.undo = None
+            return self._midpoint(), "sla_restore"
         if t > setpoint + self.eps_s:
             dec = obs.decode_only_tbt_s
             if self.held == "decode_p90" and obs.decode_only_p90_s is not None:
@@ -470,12 +489,21 @@ class EvidenceSlaBound(SlaBound):
             if dec is None and obs.step_model is not None:
                 # every step carried prefill: what would the decodes alone take?
                 dec = obs.step_model.predict_step_s(bbar, 0.0, obs.kv_tokens_resident)
-            if (self.budget_controlled and dec is not None
-                    and dec <= setpoint - self.eps_s):
+            prefill_caused = dec is not None and dec <= setpoint - self.eps_s
+            if self.budget_controlled and prefill_caused:
                 reason = "sla_over_prefill"
             elif settling:
                 reason = "sla_over_settling"
             else:
+                if not prefill_caused:
+                    self.undo = None
+                else:
+                    # every step prefilled (no decode-only mean): against the decodes'
+                    # predicted step
+                    was = added if added is not None else max(t - dec, 0.0)
+                    # a second fall in the same episode undoes to before the first
+                    self.undo = ((self.low, self.high, was) if self.undo is None
+                                 else (*self.undo[:2], max(self.undo[2], was)))
                 if binding:
                     reason = self._fall(bb)
                 else:   # b-bar is the offered load: halve the cap instead
@@ -496,6 +524,15 @@ class EvidenceSlaBound(SlaBound):
         else:
             reason = self._narrow(bb)
         return self._midpoint(), reason
+
+
+def _prefill_added(obs: Observation) -> float | None:
+    """What prefill added to the window's mean step: its mean step less the mean of
+    its decode-only steps (None without both)."""
+    if obs.tbt_mean_s is None or obs.decode_only_tbt_s is None:
+        return None
+    added = obs.tbt_mean_s - obs.decode_only_tbt_s
+    return max(added, 0.0) if math.isfinite(added) else None
 
 
 class Feasibility:
@@ -788,6 +825,9 @@ SEED000_REASONS = {
     "no_memory_bound": "batch_policy = sla: the SLA bound alone decides",
     "sla_over_prefill": "TBT over the SLA but decode-only steps within it: prefill chunks "
                         "caused it, the token budget shrinks, the cap holds",
+    "sla_restore": "a fall that prefill caused (decode-only steps within the SLA, the "
+                   "token budget unable to act) undone: what prefill adds to the mean "
+                   "step is at most half what it added then, and TBT is under the SLA",
     "sla_idle": "the cap was not binding (nothing waited at the cap): SLA search kept",
     "sla_over_settling": "TBT still over the SLA on a window that holds the steps of the "
                          "last fall: the search waits for the window to turn over",

@@ -111,6 +111,56 @@ def test_the_held_prompt_is_admitted_once_the_running_request_finishes():
     assert q and q.pop_request().request_id == "big"
 
 
+def test_the_guard_holds_a_prompt_at_most_twice_its_own_prefill():
+    """r0 (31 tokens; its first token at t = -0.6, then a 0.6 s stall) decodes a token
+    every 25 ms from t = 0, so its projected TPOT stays (0.6 + 30 * 25 ms) / 30 = 45 ms;
+    the 300-token prompt would add 10-15 ms, so the TPOT check holds it throughout.
+    T(0, 300) = 20 + 300 ms, so the guard holds it at most 0.64 s from its first hold
+    (t = 0), then admits it though the check still says no."""
+    q = QueueCore(make_policy("fcfs"))
+    running: list = []
+    r0 = Req("r0", -0.7, 10, 31, extra_args={"tuned_output_tokens": 31})
+    q.add_request(r0)
+    q.begin_step(ctx(-0.6), running)
+    assert q.pop_request() is r0
+    running.append(r0)
+    r0.num_output_tokens = 1
+    q.begin_step(ctx(-0.6), running)
+    assert q.guard.hold_bound_s(q._infos["r0"], ctx(0.0)) == pytest.approx(0.06)
+    q.begin_step(ctx(0.0), running)
+    q.add_request(Req("big", 0.0, 300, 8))
+    assert not q and q.last_verdict.reason == "tpot_guard"
+    assert q.guard.hold_bound_s(q._infos["big"], ctx(0.0)) == pytest.approx(0.64)
+    for now in (0.3, 0.63):
+        r0.num_output_tokens = 1 + round(now / 0.025)
+        q.begin_step(ctx(now), running)
+        assert not q and q.last_verdict.reason == "tpot_guard", now
+    r0.num_output_tokens = 1 + 26
+    assert not q.guard.tpot_room(q._infos["big"], ctx(0.65), running, q._infos)
+    q.begin_step(ctx(0.65), running)
+    assert q and q.pop_request().request_id == "big"
+    assert q.guard.held["tpot_guard"] == 3 and "big" in q.guard.held_since
+    q.request_finished(Req("big", 0.0, 300, 8), learn=False)
+    assert "big" not in q.guard.held_since
+
+
+def test_prompts_admitted_but_not_yet_prefilled_count_against_the_running():
+    """r0 projects 25 ms. A 100-token prompt p is admitted (25 + 15 = 40 ms); its
+    prefill still to run lengthens r0's coming steps by 0.1 s over 10 tokens, so r0's
+    projection without the next newcomer is 35 ms, and a 150-token one (+20 ms) now
+    waits. Once p's prompt is computed, the same newcomer goes (25 + 20 = 45 ms)."""
+    q, running, r0 = queue_with_one_running()
+    p = PReq("p", 0.0, 100, 8)
+    q.add_request(p)
+    assert q.pop_request() is p
+    running.append(p)
+    q.add_request(Req("c", 0.0, 150, 8))
+    assert not q and q.last_verdict.reason == "tpot_guard"
+    p.num_computed_tokens = 100
+    q.begin_step(ctx(0.0), running)
+    assert q and q.pop_request().request_id == "c"
+
+
 def test_a_request_still_in_its_prefill_is_not_counted():
     # TPOT starts at the first token: a running request with none yet is not protected
     q, running, r0 = queue_with_one_running()

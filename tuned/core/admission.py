@@ -8,7 +8,8 @@ reads the engine's running requests (their progress, their remaining prompt toke
 and the step model T(b, c, kv) the controller publishes, so it lives beside the queue
 core that owns those, and wraps every policy the same way. Off without a step model
 or an SLA; a held request never waits forever (with nothing to protect it is
-admitted).
+admitted, and the guard holds one at most :data:`HOLD_BOUND_PREFILLS` times its own
+prefill alone).
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ def prompt_tokens_left(r) -> int:
     prompt; an engine request without ``num_computed_tokens`` counts as none done)."""
     done = int(getattr(r, "num_computed_tokens", 0) or 0)
     return max(int(r.num_prompt_tokens) - done, 0)
+
+
+#: the guard holds one request at most this many times its own prefill alone, T(0, p):
+#: what it protects (the running requests' TPOT) is paid for in the held prompt's
+#: TTFT, and this bounds that price to a multiple of the prompt's own service time
+#: (bounded slowdown, as HRRN's response ratio bounds it)
+HOLD_BOUND_PREFILLS = 2.0
 
 
 #: who held an admission besides the guard: the queue policy's own deferrals
@@ -67,6 +75,7 @@ class AdmissionGuard:
     def __init__(self) -> None:
         self.first_token_s: dict[str, float] = {}
         self.held = dict.fromkeys(HOLD_REASONS, 0)
+        self.held_since: dict[str, float] = {}
 
     @property
     def holds(self) -> int:
@@ -83,20 +92,38 @@ class AdmissionGuard:
 
     def hold_reason(self, cand: ReqInfo, ctx: AdmitContext, running: Sequence,
                     infos: Mapping[str, ReqInfo]) -> str | None:
-        """``"tpot_guard"`` or ``"ttft_guard"`` when ``cand`` must wait, else None."""
+        """``"tpot_guard"`` or ``"ttft_guard"`` when ``cand`` must wait, else None
+        (also once the guard has held it :data:`HOLD_BOUND_PREFILLS` times its own
+        prefill alone, :meth:`hold_bound_s`)."""
+        since = self.held_since.get(cand.request_id)
+        if since is not None and ctx.now_s - since >= self.hold_bound_s(cand, ctx):
+            return None
         held = ("tpot_guard" if not self.tpot_room(cand, ctx, running, infos)
                 else "ttft_guard" if not self.ttft_room(cand, ctx, running, infos) else None)
         if held:
             self.held[held] += 1
+            self.held_since.setdefault(cand.request_id, ctx.now_s)
         return held
+
+    @staticmethod
+    def hold_bound_s(cand: ReqInfo, ctx: AdmitContext) -> float:
+        """How long the guard may hold ``cand`` in all: :data:`HOLD_BOUND_PREFILLS`
+        times its prefill alone, T(0, p) (inf without a step model)."""
+        model = ctx.step_model
+        if model is None:
+            return float("inf")
+        return HOLD_BOUND_PREFILLS * model.predict_step_s(0, max(cand.prompt_tokens, 0))
 
     def forget(self, request_id: str) -> None:
         self.first_token_s.pop(request_id, None)
+        self.held_since.pop(request_id, None)
 
     def prune(self, live: Iterable[str]) -> None:
         live = set(live)
         for rid in [rid for rid in self.first_token_s if rid not in live]:
             del self.first_token_s[rid]
+        for rid in [rid for rid in self.held_since if rid not in live]:
+            del self.held_since[rid]
 
     def tpot_room(self, cand: ReqInfo, ctx: AdmitContext, run: Sequence,
                   infos: Mapping[str, ReqInfo]) -> bool:
@@ -110,7 +137,10 @@ class AdmissionGuard:
         first token + (n - g) * T(b, 0, kv)) / (n - 1) without the newcomer (kv: the
         tokens resident in the cache, which every step reads) and adds
         gamma * p + beta * (n - g) with it; the newcomer waits if that pushes a request
-        that still meets ``ctx.tpot_sla_s`` over it. Requests already past the SLA,
+        that still meets ``ctx.tpot_sla_s`` over it. Prompts admitted already (in this
+        step too) and not yet prefilled add gamma times their remaining prompt tokens
+        to every projection, with or without the newcomer: their prefill runs in the
+        protected requests' steps either way. Requests already past the SLA,
         or whose first token came later than ``ctx.ttft_sla_s`` (when set), are not
         protected (they are lost either way), so one slow request cannot
         block admission; with nothing to protect the newcomer is admitted, so nothing
@@ -122,6 +152,10 @@ class AdmissionGuard:
         first = self.first_token_s
         t_step = model.predict_step_s(len(run), 0.0, ctx.kv_resident_tokens)
         extra_prefill = model.gamma * max(cand.prompt_tokens, 0)
+        # prompts admitted already (this step's too) still to prefill: their steps are
+        # the protected requests' steps as well, whatever the newcomer does
+        committed = model.gamma * sum(prompt_tokens_left(r) for r in run
+                                      if r.num_output_tokens < 1)
         beta = model.beta
         for r in run:
             g = r.num_output_tokens
@@ -137,7 +171,7 @@ class AdmissionGuard:
             n = max(pred, g + 1)
             rem = n - g
             denom = max(n - 1, 1)
-            base = (now - t1 + rem * t_step) / denom
+            base = (now - t1 + rem * t_step + committed) / denom
             if base > sla:
                 continue            # past saving: not protected
             if ttft > 0 and info is not None and t1 - info.arrival_s > ttft:

@@ -32,7 +32,7 @@ def prompt_tokens_left(r) -> int:
 #: the guard holds one request at most this many times its own prefill alone, T(0, p):
 #: what it protects (the running requests' TPOT) is paid for in the held prompt's
 #: TTFT, and this bounds that price to a multiple of the prompt's own service time
-#: (bounded slowdown, as HRRN's response ratio bounds it)
+#: (a bounded slowdown: the guard adds at most twice the prompt's prefill to its wait)
 HOLD_BOUND_PREFILLS = 2.0
 
 

@@ -42,6 +42,24 @@ def test_light_load_does_not_collapse_the_cap():
     assert (ev.low, ev.high) == (1, 64)
 
 
+def test_a_queue_at_a_full_cap_binds_before_the_window_says_so():
+    """The demo's heavy chat phase (seventeen running at a cap of 17 from [3, 32],
+    requests starting to wait, the window full on 21 % of its steps, its mean batch 16
+    and its steps well within the SLA): the decision already said the cap binds, yet
+    the search kept the interval (sla_idle) until half the window's steps were full,
+    a second later, while seven waited. Now a queue at a full cap binds at once; the
+    low end rises to b-bar, and never falls to a b-bar of steps before the queue."""
+    ev = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32)
+    ev.low, ev.high = 3, 32                                     # cap 17
+    assert ev.update(obs(17, 0, 0.030, 16.0, binding=0.21)) == (17, "sla_idle")
+    assert ev.update(obs(16, 2, 0.030, 16.0, binding=0.21)) == (17, "sla_idle")
+    assert ev.update(obs(17, 2, 0.030, 16.0, binding=0.21)) == (24, "sla_under")
+    assert (ev.low, ev.high) == (16, 32)
+    ev.low, ev.high = 20, 26                                    # cap 23
+    assert ev.update(obs(23, 4, 0.030, 12.0, binding=0.1)) == (23, "sla_under")
+    assert (ev.low, ev.high) == (20, 27)
+
+
 # ---------------------------------------------------------------- warm start
 def plant(cap: int) -> float:
     """Step time of a server whose SLA batch is 190: 10 ms + 0.21 ms per sequence."""

@@ -57,6 +57,11 @@ class Observation:
                                      # them ((reason, n), ...; tuned.core.admission.
                                      # holds_between); None: unknown (vLLM's own queue)
 
+    def waits_at_full(self, cap: int) -> bool:
+        """Requests wait now with ``cap`` or more running: the cap holds them back at
+        this tick, whatever the window's share of such steps says."""
+        return self.num_waiting > 0 and self.num_running >= cap
+
 
 @dataclass(frozen=True)
 class Decision:

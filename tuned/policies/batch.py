@@ -364,7 +364,9 @@ class EvidenceSlaBound(SlaBound):
       registry sets it to the window's length in ticks, less the tick of the fall);
     * under or within the SLA: the paper's update only on ticks where the cap was
       binding (requests waited while the cap was full for at least ``bind_share``
-      of the window's steps); otherwise the interval is kept (``sla_idle``);
+      of the window's steps, or wait at a full cap now); otherwise the interval is
+      kept (``sla_idle``); the under branch raises the low end to b-bar, never
+      lowers it;
     * under the SLA while binding, once the low end has reached the top of the
       interval (high - low <= 2 alpha + 1), the high end grows by max(delta, high / 4)
       (``sla_expand``) instead of delta: the paper's delta = 1 per tick is a noise
@@ -467,7 +469,11 @@ class EvidenceSlaBound(SlaBound):
         self._midpoint()
 
     def update(self, obs: Observation) -> tuple[int, str]:
-        binding = obs.binding >= self.bind_share
+        # binding over the window, or now: requests wait at a full cap (a queue that
+        # formed since the last tick reaches bind_share of the window's steps only a
+        # window later, and the decision already says the cap binds)
+        binding = (obs.binding >= self.bind_share
+                   or obs.waits_at_full((self.low + self.high) // 2))
         if self.margin is not None:
             self.margin.learn(obs.finished_tpot_s)
         t, bbar = self.measured(obs), obs.decode_batch_mean
@@ -514,7 +520,9 @@ class EvidenceSlaBound(SlaBound):
         elif not binding:
             reason = "sla_idle"
         elif t < setpoint - self.eps_s:
-            self.low = min(bb, self.high - self.alpha)
+            # b-bar held the SLA; a low end already above it stays (binding only now,
+            # b-bar is the window's mean over steps before the queue formed)
+            self.low = max(self.low, min(bb, self.high - self.alpha))
             if self.high - self.low <= 2 * self.alpha + 1:
                 self.high = min(self.high + max(self.delta, math.ceil(self.high / 4)),
                                 self.b_max)

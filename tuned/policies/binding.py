@@ -59,7 +59,7 @@ def cap_binding(obs: Observation, cap: int) -> dict:
     its steps."""
     r, w = obs.num_running, obs.num_waiting
     share = f"full with requests waiting on {obs.binding:.0%} of the window's steps"
-    if w > 0 and (r >= cap or obs.binding >= BIND_SHARE):
+    if obs.waits_at_full(cap) or (w > 0 and obs.binding >= BIND_SHARE):
         where = "at" if r >= cap else "under"
         return {"cap_binds": True,
                 "cap_note": f"the cap binds: {r} running {where} cap {cap}, {w} waiting "

@@ -185,10 +185,8 @@ class Config:
                             "requests' TPOT so that sla_attainment_target of them meet it "
                             "(attainment; the tuned and sla batch policies, sla_mode "
                             "evidence), or the 90th percentile of the decode steps without "
-                            "prefill, averaged over the run of steps nine in ten recent "
-                            "requests lived, plus what prefill added to the mean step "
-                            "(decode_p90: p90 without its jump once a tenth of the steps "
-                            "prefill)",
+                            "prefill plus what prefill added to the mean step (decode_p90: "
+                            "p90 without its jump once a tenth of the steps prefill)",
                             choices=SLA_STATISTICS)
     late_queue: str = _f("lift", "what the SLA bound does once the longest-waiting request "
                          "has waited past lift_after_s (half of ttft_sla_s): lift (the "

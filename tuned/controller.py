@@ -42,7 +42,7 @@ from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
 from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
-from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments, tpot_steps,
+from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments,
                                present_pairs, request_tpot_s, step_window)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
@@ -283,15 +283,14 @@ class Controller:
         if new_steps:
             self._step_seq = new_steps[-1].seq + 1
         self._refresh_step_fit(now)
+        win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
+                          cap=self.slot.applied.cap, model=self._step_fit)
         # every departure since the last tick (counted, TPOTs), however many: the
         # demand window below may be shorter than one tick's departures
         new_fin = eng.finished.since(self._fin_seq)
         if new_fin:
             self._fin_seq = new_fin[-1].seq + 1
         fin = eng.finished.last(cfg.demand_window)
-        win = step_window(eng.steps.newest_first(), now, cfg.tbt_window_s,
-                          cap=self.slot.applied.cap, model=self._step_fit,
-                          tpot_steps=tpot_steps(fin))
         # A request's KV demand in blocks: what the paged allocator gives it, at a
         # random decode step of its life (occupancy) or all of it (lifetime).
         if cfg.memory_demand == "lifetime":
@@ -335,7 +334,7 @@ class Controller:
             tbt_mean_s=win.tbt_mean_s, decode_batch_mean=win.decode_batch_mean,
             kv_usage=kv_usage, tbt_p90_s=win.tbt_p90_s,
             decode_only_tbt_s=win.decode_only_tbt_s, mixed_tbt_s=win.mixed_tbt_s,
-            decode_only_p90_s=win.decode_only_p90_s, tpot_steps=win.tpot_steps,
+            decode_only_p90_s=win.decode_only_p90_s,
             binding=win.binding,
             kv_tokens_resident=win.kv_tokens_resident, step_model=self._step_fit,
             gpu_free_fraction=gpu_free, finished_tpot_s=tpots,

@@ -238,59 +238,6 @@ def test_decode_p90_statistic_reads_the_decode_steps_spread_and_the_prefill_mean
     assert seen("p90", 0.064, budget_acts=False)[1] == "sla_over"
 
 
-def test_decode_p90_reads_runs_of_a_requests_steps_not_single_slow_steps():
-    """A host that slows for a stretch shorter than a request's life: 60 decode-only
-    steps of 24 ms with 9 of 36 ms in the middle, in a 2 s window, SLA 33 ms. The
-    single steps' p90 is a slow step (36 ms: a fall). A request that lived 30 steps in
-    the window took at most 24 + 9 x 12 / 30 = 27.6 ms a token; the means of the 40
-    runs of 30 steps put 22 at that (those holding the whole stretch), so their p90 is
-    27.6 ms and the search does not fall. Runs longer than the window read its mean."""
-    from tuned.core.ring import StepSample
-    from tuned.core.window import step_window
-
-    times = [0.024] * 30 + [0.036] * 9 + [0.024] * 30
-    steps = [StepSample(i, 10.0 - 0.02 * i, t, 12, 0, 0, 12, 12, 0.5, 10, 800, 12, 0, 0)
-             for i, t in enumerate(times)]
-    one = step_window(steps, now=10.0, window_s=2.0, cap=12)
-    run = step_window(steps, now=10.0, window_s=2.0, cap=12, tpot_steps=30)
-    whole = step_window(steps, now=10.0, window_s=2.0, cap=12, tpot_steps=500)
-    assert (one.tpot_steps, run.tpot_steps, whole.tpot_steps) == (1, 30, 69)
-    assert one.decode_only_p90_s == pytest.approx(0.036)
-    assert run.decode_only_p90_s == pytest.approx(0.0276)
-    assert whole.decode_only_p90_s == pytest.approx(run.decode_only_tbt_s)
-
-    def decide(w):
-        ev = EvidenceSlaBound(0.033, EPS, 2, 1, 1, 64, statistic="decode_p90")
-        ev.warm_start(12)
-        o = Observation(num_running=12, num_waiting=4, kv_capacity_blocks=100,
-                        demand_mean=1.0, demand_std=0.0, demand_samples=10,
-                        tbt_mean_s=w.tbt_mean_s, decode_batch_mean=12.0,
-                        tbt_p90_s=w.tbt_p90_s, decode_only_tbt_s=w.decode_only_tbt_s,
-                        decode_only_p90_s=w.decode_only_p90_s, binding=1.0)
-        return ev.update(o)
-
-    assert decide(one)[1] == "sla_over"
-    assert decide(run) == (15, "sla_under")           # low 12 (b-bar), high 18 + 1
-
-
-def test_the_run_is_what_nine_in_ten_recent_requests_decoded():
-    """``tpot_steps``: the lower decile of the finished requests' output tokens less
-    one (a TPOT averages that many steps); a request with one token has no TPOT and
-    does not count; 1 when none has finished."""
-    from tuned.core.ring import FinishedRequest
-    from tuned.core.window import tpot_steps
-
-    def done(*outputs):
-        return [FinishedRequest(i, 1.0, f"r{i}", 10, o, 100, 0.0, 0, first_token_s=0.5)
-                for i, o in enumerate(outputs)]
-
-    assert tpot_steps([]) == 1
-    assert tpot_steps(done(1, 1)) == 1
-    assert tpot_steps(done(41)) == 40
-    # 20 requests of 11..30 tokens (10..29 steps): the lower decile is the third, 12
-    assert tpot_steps(done(*range(30, 10, -1), 1)) == 12
-
-
 # ---------------------------------------------------------------- infeasible SLA
 def policy(paper: bool = False) -> TokenBudget:
     """Seed 000's two bounds with the token budget wrapped around them, as

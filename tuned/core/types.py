@@ -34,9 +34,7 @@ class Observation:
                                      # read only for policies that ask (wants_active)
     tbt_p90_s: float | None = None   # 90th percentile of those step times
     decode_only_tbt_s: float | None = None  # mean step time of decode steps without prefill
-    decode_only_p90_s: float | None = None  # their 90th percentile, over the means of
-                                     # tpot_steps consecutive ones
-    tpot_steps: int = 1              # decode steps nine in ten recent requests lived
+    decode_only_p90_s: float | None = None  # their 90th percentile
     binding: float = 0.0             # share of the window's steps that ended with requests
                                      # waiting while the cap was full (the cap was binding)
     kv_tokens_resident: int = 0      # KV tokens held by running requests (newest step)

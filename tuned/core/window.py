@@ -43,10 +43,7 @@ class StepWindow(NamedTuple):
     prefill_residual_s: float | None = None  # mean of measured - model's T(b, c, kv) over
                                     # the decode steps with prefill (None: no model or
                                     # no such step)
-    decode_only_p90_s: float | None = None  # 90th percentile of the decode-only steps'
-                                    # mean over tpot_steps consecutive ones (one: the
-                                    # steps themselves)
-    tpot_steps: int = 1             # the run of decode-only steps that p90 averages
+    decode_only_p90_s: float | None = None  # 90th percentile of the decode-only steps
 
     @property
     def binding(self) -> float:
@@ -55,7 +52,7 @@ class StepWindow(NamedTuple):
 
 
 def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
-                cap: int | None = None, model=None, tpot_steps: int = 1) -> StepWindow:
+                cap: int | None = None, model=None) -> StepWindow:
     """Aggregate the steps that ended in (now - window_s, now], newest first.
 
     ``newest_first`` may be a lazy iterator (``Ring.newest_first()``); it is read
@@ -67,13 +64,6 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
     fit spans the step ring, the window only the last seconds, so this is the fit's
     error where the token budget spends it now (a host whose speed drifts, an
     intercept the fit over-reads).
-
-    ``tpot_steps``: the decode-only steps' p90 is taken over the means of that many
-    consecutive ones (at most all of them), not over single steps. The TPOT SLO judges
-    a request's mean over its own steps (:func:`request_tpot_s`), so a stretch of slow
-    steps shorter than a request's life moves its TPOT by its share of that life, not
-    whole; the controller passes the decode steps nine in ten recent requests lived
-    (:func:`tpot_steps`). One keeps the single steps' p90.
     """
     tbt_sum = b_sum = dec_sum = mix_sum = res_sum = 0.0
     n = steps = binding = prefill = dec_n = 0
@@ -109,36 +99,12 @@ def step_window(newest_first: Iterable[StepSample], now: float, window_s: float,
                       kv_usage or 0.0, _p90(times), steps, binding, prefill,
                       dec_sum / dec_n if dec_n else None, mix_sum / prefill if prefill else None,
                       kv_res, res_sum / prefill if prefill and model is not None else None,
-                      _p90(_run_means(dtimes, tpot_steps)), max(min(tpot_steps, len(dtimes)), 1))
+                      _p90(dtimes))
 
 
 def _p90(times: list[float]) -> float | None:
     """The 90th percentile of ``times`` (the rank above), None when there are none."""
     return upper_quantile(sorted(times), 0.9) if times else None
-
-
-def _run_means(times: list[float], k: int) -> list[float]:
-    """The means of every ``k`` consecutive ``times`` (all of them when fewer; the
-    times themselves for k <= 1)."""
-    k = min(k, len(times))
-    if k <= 1:
-        return times
-    run = sum(times[:k])
-    out = [run / k]
-    for i in range(k, len(times)):
-        run += times[i] - times[i - k]
-        out.append(run / k)
-    return out
-
-
-def tpot_steps(finished: Iterable[FinishedRequest]) -> int:
-    """The decode steps that nine in ten recent requests lived at least: the lower
-    decile of output tokens less one (what a request's TPOT averages,
-    :func:`request_tpot_s`) over ``finished``, among those with two output tokens or
-    more; 1 with none. A mean over more steps spreads less, so the p90 of means over
-    this many steps bounds what the SLO, judging nine in ten requests, sees."""
-    runs = sorted(f.output_tokens - 1 for f in finished if f.output_tokens >= 2)
-    return runs[len(runs) // 10] if runs else 1
 
 
 class DemandMoments(NamedTuple):

@@ -377,9 +377,8 @@ class EvidenceSlaBound(SlaBound):
     the mean held to a margin below D_SLA learnt from finished requests' TPOT
     (``attainment``, :class:`AttainmentMargin`, aiming at ``attainment_target`` of
     them within the SLO), or ``decode_p90``: the 90th percentile of the decode steps
-    that carried no prefill (of their means over runs of ``tpot_steps``, the steps nine
-    in ten recent requests lived: :func:`tuned.core.window.step_window`) plus the
-    window's mean step less their mean (what prefill added per step). Where a prefilling step takes several decode steps' time (a CPU
+    that carried no prefill plus the window's mean step less their mean (what prefill
+    added per step). Where a prefilling step takes several decode steps' time (a CPU
     host), the plain p90 reads a prefill step once more than a tenth of the steps
     prefill and the cap swings; a request's TPOT spreads the prefill over its steps,
     as ``decode_p90`` does. With ``decode_p90`` the decode-only steps' p90 (not their
@@ -731,7 +730,7 @@ def _inputs(obs: Observation, pol: BatchPolicy) -> dict:
          "demand_mean_blocks": obs.demand_mean, "demand_std_blocks": obs.demand_std,
          "demand_samples": obs.demand_samples, "tbt_mean_s": obs.tbt_mean_s,
          "tbt_p90_s": obs.tbt_p90_s, "decode_only_tbt_s": obs.decode_only_tbt_s,
-         "decode_only_p90_s": obs.decode_only_p90_s, "tpot_steps": obs.tpot_steps,
+         "decode_only_p90_s": obs.decode_only_p90_s,
          "binding": round(obs.binding, 3), "kv_tokens_resident": obs.kv_tokens_resident,
          "mixed_tbt_s": obs.mixed_tbt_s,
          "decode_batch_mean": obs.decode_batch_mean,

@@ -471,13 +471,13 @@ class EvidenceSlaBound(SlaBound):
         # binding over the window, or now: requests wait at a full cap (a queue that
         # formed since the last tick reaches bind_share of the window's steps only a
         # window later, and the decision already says the cap binds)
-        binding = (obs.binding >= self.bind_share
-                   or obs.waits_at_full((self.low + self.high) // 2))
+        cap = (self.low + self.high) // 2     # the cap the search set last tick
+        binding = obs.binding >= self.bind_share or obs.waits_at_full(cap)
         if self.margin is not None:
             self.margin.learn(obs.finished_tpot_s)
         t, bbar = self.measured(obs), obs.decode_batch_mean
         if t is None or bbar is None or not math.isfinite(bbar):
-            return (self.low + self.high) // 2, "initial"
+            return cap, "initial"
         bb = int(math.floor(bbar + 0.5))
         setpoint = self.setpoint_s
         settling, self.settling = self.settling, max(self.settling - 1, 0)
@@ -513,7 +513,6 @@ class EvidenceSlaBound(SlaBound):
                 if binding:
                     reason = self._fall(bb)
                 else:   # b-bar is the offered load: halve the cap instead
-                    cap = (self.low + self.high) // 2
                     reason = self._fall(max(bb, cap // 2))
                 self.settling = self.settle_ticks
         elif not binding:

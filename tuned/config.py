@@ -188,17 +188,18 @@ class Config:
                             "prefill plus what prefill added to the mean step (decode_p90: "
                             "p90 without its jump once a tenth of the steps prefill)",
                             choices=SLA_STATISTICS)
-    late_queue: str = _f("lift", "what the SLA bound does once the longest-waiting request "
-                         "has waited past lift_after_s (half of ttft_sla_s): lift (the "
-                         "cap goes to the memory bound until none has: holding TPOT while "
-                         "the queue's head is about to be late grows the queue and every "
-                         "later request's TTFT; the SLA search resumes one TBT window "
-                         "later), lift_tpot (the same, "
-                         "to the largest batch the step model puts within tbt_sla_s, at "
-                         "most the memory bound: the decoding requests keep their TPOT, "
-                         "the queue drains slower) or hold (seed 000's: the SLA bound "
-                         "holds whatever waits); needs ttft_sla_s > 0 and sla_mode "
-                         "evidence", choices=("lift", "lift_tpot", "hold"))
+    late_queue: str = _f("lift_tpot", "what the SLA bound does once the longest-waiting "
+                         "request has waited past lift_after_s (half of ttft_sla_s): "
+                         "lift_tpot (the cap goes up to the largest batch the step model "
+                         "puts within tbt_sla_s, at most the memory bound, until none "
+                         "has: holding TPOT while the queue's head is about to be late "
+                         "grows the queue and every later request's TTFT, and past that "
+                         "batch every request decoding meanwhile misses its TPOT; the SLA "
+                         "search resumes one TBT window later), lift (the same, to the "
+                         "memory bound: the queue drains faster, the decoding requests "
+                         "pay in TPOT) or hold (seed 000's: the SLA bound holds whatever "
+                         "waits); needs ttft_sla_s > 0 and sla_mode evidence",
+                         choices=("lift", "lift_tpot", "hold"))
     lift_after_s: float = _f(0.0, "with late_queue lift or lift_tpot: how long the "
                              "longest-waiting request may wait before the cap is lifted "
                              "(0 = half of ttft_sla_s: the lift comes while the queue's "

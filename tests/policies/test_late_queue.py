@@ -38,7 +38,7 @@ def _obs(oldest_wait_s, tbt=0.080):
 
 
 def test_a_late_head_lifts_the_cap_to_the_memory_bound_and_holds_the_search():
-    pol = _inner()
+    pol = _inner(late_queue="lift")
     # half the 3 s TTFT target; the search held for one 2 s window of 0.5 s ticks
     assert (pol.late_after_s, pol.late_hold_ticks) == (1.5, 4)
     pol.sla.low, pol.sla.high = 1, 32
@@ -101,17 +101,40 @@ def test_lift_tpot_stops_where_the_model_puts_the_mean_step_at_the_slo():
     assert (d.reason, d.cap, d.b_mem, d.b_sla, d.upper) == ("ttft_late", 18, 32, 16, 18)
     assert lift_target(_obs(3.5, tbt=0.046), model, SLA, 32) == 18
     # 60 ms measured: 18 ms over the model, room for 11 decodes, under the search's 16:
-    # no lift, the search's cap stays (held while late)
+    # no lift; the search stays held for the window the lifted cap ran in
     d = pol.decide(dataclasses.replace(_obs(3.5, tbt=0.060), step_model=model))
     assert (d.reason, d.cap) == ("ttft_late_settling", 16)
     # no model, or no measured window: the memory bound, as with lift
     assert lift_target(_obs(3.5, tbt=0.046), None, SLA, 32) == 32
     assert lift_target(dataclasses.replace(_obs(3.5), tbt_mean_s=None), model, SLA, 32) == 32
-    # lift, the default: the memory bound whatever the model says
-    pol = _inner()
+    # lift: the memory bound whatever the model says
+    pol = _inner(late_queue="lift")
     pol.sla.low = pol.sla.high = 16
     d = pol.decide(dataclasses.replace(_obs(3.5, tbt=0.046), step_model=model))
     assert (d.reason, d.cap, d.upper) == ("ttft_late", 32, 32)
+
+
+def test_a_late_queue_that_lifts_nothing_leaves_the_search_answering():
+    """The search is held while a late queue lifts the cap, not whenever the queue is
+    late: where the lift would not raise the cap (``lift_tpot``'s batch not above the
+    search's, or the memory bound not above it), a window over the SLA makes the
+    search fall as it would without a queue. Held, the steps ran over the SLA at the
+    search's cap for as long as the queue stayed late."""
+    model = LinearStepModel(a=0.010, beta=0.002, gamma=0.0, eta=0.0, r2=1.0, n_samples=100,
+                            source="test")
+    late_over = dataclasses.replace(_obs(3.5, tbt=0.060), step_model=model)
+    pol = _inner(late_queue="lift_tpot")
+    pol.sla.low, pol.sla.high = 8, 24
+    # 60 ms measured at 16 decodes: room for 11 on the model, under the search's 16
+    assert lift_target(late_over, model, SLA, 32) == 11
+    got = [pol.decide(late_over) for _ in range(2)]
+    assert [(d.reason, d.cap) for d in got] == [("sla_over", 11), ("sla_over_settling", 11)]
+    assert (pol.sla.low, pol.sla.high) == (7, 16)
+    # lift: the memory bound (32) is not above the search's cap (32): nothing to lift
+    pol = _inner()
+    pol.sla.low = pol.sla.high = 32
+    d = pol.decide(_obs(3.5, tbt=0.060))
+    assert (d.reason, d.cap) == ("sla_over", 31)
 
 
 @pytest.mark.parametrize("raw", [{"late_queue": "hold"}, {"sla_mode": "paper"},
@@ -127,7 +150,7 @@ def test_late_queue_is_validated_by_name():
     with pytest.raises(config_mod.ConfigError,
                        match=r"late_queue: must be one of lift, lift_tpot, hold"):
         config_mod.validate({"late_queue": "drop"})
-    assert config_mod.validate({}).late_queue == "lift"
+    assert config_mod.validate({}).late_queue == "lift_tpot"
     # the observation carries how long the oldest waiting request has waited
     assert "oldest_wait_s" in {f.name for f in dataclasses.fields(Observation)}
 

@@ -153,6 +153,40 @@ def test_a_fall_prefill_caused_is_undone_once_the_prefill_has_left_the_window():
     assert b.update(long_) == (16, "sla_over_prefill") and b.undo is None
 
 
+def test_a_restore_goes_no_higher_than_the_step_model_puts_within_the_setpoint():
+    """The interval before a fall may hold a high end the search never tested (the
+    first interval's b_max, carried from restore to restore); restored to it, the
+    memory bound sets the cap and the running requests grow past the SLO for a window
+    before the next fall (W9's heavy chat phase, 2026-12-05: cap 33, 28 running,
+    steps 35-37 ms against 34.7 ms). With an online step model the restore stops at
+    the batch the model puts within the setpoint at the window's measured excess:
+    T(b) = 10 ms + 2 ms a decode says 14 ms at 2 decodes, 40 ms was measured, so
+    26 ms of each step is prefill or a slower host, leaving room for 7 decodes."""
+    model = LinearStepModel(a=0.010, beta=0.002, gamma=0.0, eta=0.0, r2=1.0, n_samples=100,
+                            source="test")
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False, settle_ticks=1)
+    b.low, b.high = 1, 32
+    long_ = obs(4, 0, 0.080, 3.0, dec_only=0.030)
+    assert b.update(long_) == (4, "sla_over")
+    assert b.update(long_) == (4, "sla_over_settling")
+    assert b.update(long_) == (2, "sla_over")
+    b.update(obs(2, 0, 0.040, 2.0, dec_only=0.030))            # settling: kept
+    assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.020, model=model)) == (4, "sla_restore")
+    assert (b.low, b.high, b.undo) == (1, 7, None)
+    # the same where the window's requests have all finished by the tick (the prompts
+    # left, the engine emptied): the model's batch at no context
+    b.low, b.high, b.undo = 1, 2, (1, 32, 0.050)
+    assert b.update(obs(0, 0, 0.040, 2.0, dec_only=0.020, model=model)) == (4, "sla_restore")
+    assert (b.low, b.high) == (1, 7)
+    # a restore never lowers the interval: a high end already above the model's batch
+    # stays, and the low end comes back to before the fall within it
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False)
+    b.low, b.high = 10, 12
+    b.undo = (14, 32, 0.050)
+    assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.020, model=model)) == (12, "sla_restore")
+    assert (b.low, b.high) == (12, 12)
+
+
 def test_after_a_fall_the_window_turns_over_before_the_next():
     """The window holds the steps that caused a fall for tbt_window_s; a tick every
     interval_s would read them again and fall again. settle_ticks = 3 (a 2 s window,

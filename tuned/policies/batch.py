@@ -484,8 +484,17 @@ class EvidenceSlaBound(SlaBound):
         added = _prefill_added(obs)
         if (self.undo is not None and not settling and t < setpoint - self.eps_s
                 and added is not None and added <= self.undo[2] / 2):
-            # the prompts that caused the fall have left the window: undo it
-            self.low, self.high = max(self.low, self.undo[0]), max(self.high, self.undo[1])
+            # the prompts that caused the fall have left the window: undo it, up to
+            # the batch the online step model puts within the setpoint (at the
+            # window's measured excess over it): a high end the search never tested
+            # (the first interval's b_max, carried from restore to restore) is not
+            # evidence, and back there the memory bound sets the cap while the
+            # running requests grow past the SLO for a window before the next fall
+            high = self.undo[1]
+            if obs.step_model is not None:
+                high = min(high, lift_target(obs, obs.step_model, setpoint, self.b_max))
+            self.high = max(self.high, high)
+            self.low = min(max(self.low, self.undo[0]), self.high)
             self.undo = None
             return self._midpoint(), "sla_restore"
         if t > setpoint + self.eps_s:
@@ -606,24 +615,25 @@ class Feasibility:
 
 
 def lift_target(obs: Observation, model: StepModel | None, sla_s: float, b_mem: int) -> int:
-    """The cap a late queue lifts to with ``late_queue = "lift_tpot"``: the largest
-    batch whose mean step the step model puts within the TPOT SLO, at the running
-    requests' context and with the window's measured excess over the model's
+    """The cap a late queue lifts to with ``late_queue = "lift_tpot"``, the default:
+    the largest batch whose mean step the step model puts within the TPOT SLO, at the
+    running requests' context and with the window's measured excess over the model's
     decode-only step (the prefill the steps carried, a host slower than the fit) taken
     off the SLO; never above the memory bound.
 
     A request whose first token is already late is lost to goodput whatever the cap;
     lifting past this batch to drain the queue faster makes every request decoding
     meanwhile miss its TPOT as well. Up to it the queue drains as fast as the running
-    requests' TPOT allows, so slower than at the memory bound: the TTFT tail and the
-    throughput pay, which is why ``lift``, to the memory bound, stays the default
-    (docs/results.md, "A lift that stops at the TPOT SLO"). Without a model or a
-    measured window the lift is to the memory bound, as with ``lift``."""
-    if (model is None or not obs.num_running or obs.tbt_mean_s is None
+    requests' TPOT allows, so slower than at the memory bound (``lift``): the TTFT
+    tail and the throughput may pay (docs/results.md, "A lift that stops at the TPOT
+    SLO", and the twentieth sitting for why it became the default). Without a model
+    or a measured window the lift is to the memory bound, as with ``lift``."""
+    if (model is None or obs.tbt_mean_s is None
             or obs.decode_batch_mean is None or not math.isfinite(obs.tbt_mean_s)
             or not math.isfinite(obs.decode_batch_mean)):
         return b_mem
-    kv_seq = obs.kv_tokens_resident / obs.num_running
+    # nothing running now (the window's steps ran before it emptied): no context
+    kv_seq = obs.kv_tokens_resident / obs.num_running if obs.num_running else 0.0
     bbar = max(obs.decode_batch_mean, 1.0)
     excess = max(obs.tbt_mean_s - model.predict_step_s(bbar, 0.0, bbar * kv_seq), 0.0)
     return min(max(model.largest_batch_within(sla_s - excess, b_mem, kv_seq), 1), b_mem)
@@ -667,10 +677,17 @@ class BatchPolicy:
             feasible = self.feasibility.update(obs, model)
         late = (self.late_after_s > 0 and obs.oldest_wait_s is not None
                 and obs.oldest_wait_s > self.late_after_s)
+        lift = None             # the cap a late queue lifts to, where it is lifted
+        if late and self.sla is not None and feasible:
+            held_cap = (self.sla.low + self.sla.high) // 2
+            to = (lift_target(obs, model, self.sla.sla_s, b_mem) if self.late_to_tpot
+                  else b_mem)
+            if held_cap < b_mem and to > held_cap:
+                lift = to
         if self.sla is not None and feasible:
             if isinstance(self.sla, EvidenceSlaBound):
                 self.sla.budget_controlled = self.budget_acts
-            if late or self._late_hold:
+            if lift is not None or self._late_hold:
                 # the SLA search is held while the cap is lifted and until the TBT
                 # window has turned over: its steps ran at a batch the search did not
                 # choose, and answering them would collapse the interval; it keeps
@@ -678,7 +695,7 @@ class BatchPolicy:
                 if isinstance(self.sla, EvidenceSlaBound):
                     self.sla.learn_lifted(obs)
                 b_sla, sla_reason = (self.sla.low + self.sla.high) // 2, "ttft_late_settling"
-                self._late_hold = (self.late_hold_ticks if late
+                self._late_hold = (self.late_hold_ticks if lift is not None
                                    else max(self._late_hold - 1, 0))
             else:
                 b_sla, sla_reason = self.sla.update(obs)
@@ -692,11 +709,8 @@ class BatchPolicy:
             target, reason = b_mem, "sla_infeasible"
         else:
             target, reason = b_mem, mem_reason
-        if late and b_sla is not None and target < b_mem:
-            lift = (lift_target(obs, model, self.sla.sla_s, b_mem) if self.late_to_tpot
-                    else b_mem)
-            if lift > target:
-                target, reason, upper = lift, "ttft_late", lift
+        if lift is not None and lift > target:
+            target, reason, upper = lift, "ttft_late", lift
         cap = min(max(target, self.b_min), self.ceiling)
         # Alg. 1 line 6 / Alg. 2 line 15: the batch never drops below the running
         # decodes; they drain to the gate (cap) as they finish.

@@ -120,6 +120,20 @@ def test_a_fall_from_a_cap_that_did_not_bind_halves_it():
     assert (b.low, b.high) == (1, 3)
 
 
+def _fallen_twice_on_long_prompts() -> EvidenceSlaBound:
+    """A search that long prompts pushed over the SLA twice (16 -> 4 -> 2) where the
+    budget cannot act: prefill adds 50 ms to the mean step, the decode-only steps
+    take 30 ms; then one settling tick as the prompts pass."""
+    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False, settle_ticks=1)
+    b.low, b.high = 1, 32
+    long_ = obs(4, 0, 0.080, 3.0, dec_only=0.030)
+    assert b.update(long_) == (4, "sla_over")
+    assert b.update(long_) == (4, "sla_over_settling")
+    assert b.update(long_) == (2, "sla_over")
+    b.update(obs(2, 0, 0.040, 2.0, dec_only=0.030))            # settling: kept
+    return b
+
+
 def test_a_fall_prefill_caused_is_undone_once_the_prefill_has_left_the_window():
     """The demo's long-prompt phase on a CPU host (the budget cannot act): prefill adds
     50 ms to the mean step while the decode-only steps take 30 ms, the cap falls 16 ->
@@ -127,14 +141,9 @@ def test_a_fall_prefill_caused_is_undone_once_the_prefill_has_left_the_window():
     stays down; once they add 20 ms (<= 25) and the window is under the SLA, the
     interval goes back to before the first fall, [1, 32], so the chat load after the
     prompts does not queue behind a cap of 2 (reason sla_restore, once)."""
-    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False, settle_ticks=1)
-    b.low, b.high = 1, 32
-    long_ = obs(4, 0, 0.080, 3.0, dec_only=0.030)
-    assert b.update(long_) == (4, "sla_over")
-    assert b.update(long_) == (4, "sla_over_settling")
-    assert b.update(long_) == (2, "sla_over")
+    b = _fallen_twice_on_long_prompts()
     assert b.undo == (1, 32, pytest.approx(0.050))
-    b.update(obs(2, 0, 0.040, 2.0, dec_only=0.030))            # settling: kept
+    long_ = obs(4, 0, 0.080, 3.0, dec_only=0.030)
     assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.014)) == (2, "sla_idle")  # 26 ms
     assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.020)) == (16, "sla_restore")
     assert (b.low, b.high, b.undo) == (1, 32, None)
@@ -164,13 +173,7 @@ def test_a_restore_goes_no_higher_than_the_step_model_puts_within_the_setpoint()
     26 ms of each step is prefill or a slower host, leaving room for 7 decodes."""
     model = LinearStepModel(a=0.010, beta=0.002, gamma=0.0, eta=0.0, r2=1.0, n_samples=100,
                             source="test")
-    b = EvidenceSlaBound(SLA, EPS, 2, 1, 1, 32, budget_controlled=False, settle_ticks=1)
-    b.low, b.high = 1, 32
-    long_ = obs(4, 0, 0.080, 3.0, dec_only=0.030)
-    assert b.update(long_) == (4, "sla_over")
-    assert b.update(long_) == (4, "sla_over_settling")
-    assert b.update(long_) == (2, "sla_over")
-    b.update(obs(2, 0, 0.040, 2.0, dec_only=0.030))            # settling: kept
+    b = _fallen_twice_on_long_prompts()
     assert b.update(obs(2, 0, 0.040, 2.0, dec_only=0.020, model=model)) == (4, "sla_restore")
     assert (b.low, b.high, b.undo) == (1, 7, None)
     # the same where the window's requests have all finished by the tick (the prompts

@@ -131,7 +131,7 @@ def test_a_late_queue_that_lifts_nothing_leaves_the_search_answering():
     assert [(d.reason, d.cap) for d in got] == [("sla_over", 11), ("sla_over_settling", 11)]
     assert (pol.sla.low, pol.sla.high) == (7, 16)
     # lift: the memory bound (32) is not above the search's cap (32): nothing to lift
-    pol = _inner()
+    pol = _inner(late_queue="lift")
     pol.sla.low = pol.sla.high = 32
     d = pol.decide(_obs(3.5, tbt=0.060))
     assert (d.reason, d.cap) == ("sla_over", 31)

@@ -490,9 +490,8 @@ class EvidenceSlaBound(SlaBound):
             # (the first interval's b_max, carried from restore to restore) is not
             # evidence, and back there the memory bound sets the cap while the
             # running requests grow past the SLO for a window before the next fall
-            high = self.undo[1]
-            if obs.step_model is not None:
-                high = min(high, lift_target(obs, obs.step_model, setpoint, self.b_max))
+            # (without a model lift_target is b_max: the interval before the fall)
+            high = min(self.undo[1], lift_target(obs, obs.step_model, setpoint, self.b_max))
             self.high = max(self.high, high)
             self.low = min(max(self.low, self.undo[0]), self.high)
             self.undo = None
@@ -619,7 +618,8 @@ def lift_target(obs: Observation, model: StepModel | None, sla_s: float, b_mem: 
     the largest batch whose mean step the step model puts within the TPOT SLO, at the
     running requests' context and with the window's measured excess over the model's
     decode-only step (the prefill the steps carried, a host slower than the fit) taken
-    off the SLO; never above the memory bound.
+    off the SLO; never above the memory bound. :class:`EvidenceSlaBound` also stops a
+    restore here, at its setpoint and with ``b_max`` for the memory bound.
 
     A request whose first token is already late is lost to goodput whatever the cap;
     lifting past this batch to drain the queue faster makes every request decoding

@@ -207,10 +207,17 @@ def test_decision_faults_fall_back_within_bound(ctx):
             c.delays[mode] = {"cause": cause, "from_write_s": round(from_write, 4),
                               "from_fault_s": round(from_fault, 4),
                               "max_step_s": round(max_step_s, 4)}
-            # the next tick sees the fault (<= interval_s), offers the fallback, and
-            # the engine applies it at the top of its next step; one more interval_s
-            # of slack for the tick thread's scheduling on a busy host
-            assert from_write <= 2 * INTERVAL_S + fault_s + max_step_s, c.delays[mode]
+            # the first tick that starts after the write sees the fault: at most one
+            # decision lands between the write and the faulted tick (the tick already
+            # under way at the write, which read the file before it). An order, not a
+            # time: how soon that tick runs is the host's scheduling (CI once saw the
+            # tick thread 0.45 s late on a 0.25 s interval); what the controller
+            # promises is timed from the faulted tick itself: it offers the fallback
+            # and the engine applies it at the top of its next step
+            ticks = [d["t"] for d in srv.decisions(200)["recent"]
+                     if t_w < d["t"] < began["t_wall"]]
+            c.delays[mode]["ticks_between"] = len(ticks)
+            assert len(ticks) <= 1, c.delays[mode]
             assert 0 <= from_fault <= INTERVAL_S + fault_s + max_step_s, c.delays[mode]
             assert fb["cap"] == FALLBACK_CAP and fb["level"] == "warning"
             assert err["level"] == "error" and err["fallback_cap"] == FALLBACK_CAP

@@ -210,8 +210,8 @@ def test_decision_faults_fall_back_within_bound(ctx):
             # the first tick that starts after the write sees the fault: at most one
             # decision lands between the write and the faulted tick (the tick already
             # under way at the write, which read the file before it). An order, not a
-            # time: how soon that tick runs is the host's scheduling (CI once saw the
-            # tick thread 0.45 s late on a 0.25 s interval); what the controller
+            # time: how soon that tick runs is the host's scheduling (a host that keeps
+            # the tick thread off its cores for a while delays it); what the controller
             # promises is timed from the faulted tick itself: it offers the fallback
             # and the engine applies it at the top of its next step
             ticks = [d["t"] for d in srv.decisions(200)["recent"]

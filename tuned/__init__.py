@@ -1,3 +1,3 @@
 """tuned: a live batch-size and token-budget autotuner embedded in vLLM's scheduler."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -149,32 +149,79 @@ def _source_copy(dest: Path) -> Path:
     return dest
 
 
+def _build(src: Path, out: Path) -> tuple[Path, Path]:
+    """``python -m build`` of ``src``: the sdist, then the wheel built from that sdist
+    (so a file missing from the sdist is missing from the wheel too)."""
+    run = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out),
+                          str(src)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    (sdist,) = out.glob("tuned_llm-*.tar.gz")
+    (wheel,) = out.glob("tuned_llm-*.whl")
+    return sdist, wheel
+
+
 @pytest.mark.slow
-def test_wheel_carries_the_data_and_runs_from_anywhere(tmp_path):
+def test_release_builds_checks_and_runs_from_a_clean_venv(tmp_path):
+    """The release as a user gets it: ``python -m build`` makes an sdist and a wheel
+    that ``twine check --strict`` accepts, carrying the licences, the changelog and
+    every data file; the wheel installed into a new virtual environment (its
+    dependencies from the package index, no checkout beside it) runs `tuned
+    simulate`."""
+    import tarfile
+
+    import tuned
+
     src = _source_copy(tmp_path / "src")
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel",
-                    "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
-                   check=True, capture_output=True, text=True, timeout=300)
-    (wheel,) = wheels.glob("tuned_llm-*.whl")
+    sdist, wheel = _build(src, tmp_path / "dist")
+    assert wheel.name == f"tuned_llm-{tuned.__version__}-py3-none-any.whl"
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist),
+                            str(wheel)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count("PASSED") == 2
+
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {f"tuned/data/{rel}" for rel in data_files()}
     assert {"tuned/data/LICENSE", "tuned/data/README.md"} <= expected
     assert expected - names == set()
+    info = f"tuned_llm-{tuned.__version__}.dist-info"
+    assert {f"{info}/licenses/LICENSE", f"{info}/licenses/tuned/data/LICENSE"} <= names
+    meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in meta.splitlines()
+    assert f"Version: {tuned.__version__}" in meta.splitlines()
+    (gpu,) = [line for line in meta.splitlines()
+              if line.startswith("Requires-Dist: vllm") and 'extra == "gpu"' in line]
+    assert sorted(gpu.split()[1].rstrip(";").removeprefix("vllm").split(",")) == \
+        ["<0.34", ">=0.32"]
+    top = f"tuned_llm-{tuned.__version__}"
+    in_sdist = set(tarfile.open(sdist).getnames())
+    assert {f"{top}/LICENSE", f"{top}/CHANGELOG.md", f"{top}/tuned/data/LICENSE",
+            f"{top}/pyproject.toml"} <= in_sdist
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    assert f"## {tuned.__version__} " in (ROOT / "CHANGELOG.md").read_text()
 
-    target = tmp_path / "target"
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "install",
-                    "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    venv = tmp_path / "venv"                # a new environment: none of .venv's packages
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    py = venv / "bin" / "python"
+    # the running interpreter's pip installs into the new environment (no ensurepip)
+    install = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                              "--python", str(py), "install", "-q", str(wheel)],
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
     cwd = tmp_path / "elsewhere"           # no ../shared, no checkout beside it
     cwd.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(target)}
-    where = subprocess.run([sys.executable, "-c", "import tuned; print(tuned.__file__)"],
-                           cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
-    assert Path(where.stdout.strip()).is_relative_to(target)
-    run = subprocess.run([sys.executable, "-m", "tuned", "simulate", "--hardware",
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    where = subprocess.run([str(py), "-c", "import tuned, sys; print(tuned.__file__); "
+                            "print(sys.prefix)"], cwd=cwd, env=env, capture_output=True,
+                           text=True, timeout=60)
+    file, prefix = where.stdout.split()
+    assert Path(file).is_relative_to(venv) and Path(prefix) == venv
+    run = subprocess.run([str(venv / "bin" / "tuned"), "simulate", "--hardware",
                           "a100-llama2-7b", "--workload", "trace:azure_conv_2023,n=20",
                           "--seed", "1", "--out", "out"],
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert (cwd / "out" / "result.json").is_file()
+    version = subprocess.run([str(venv / "bin" / "tuned"), "--version"], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert version.stdout.strip() == f"tuned {tuned.__version__}"

@@ -1,5 +1,6 @@
-"""dashboards/tuned-grafana.json: structure, metric names, and every query against a real
-Prometheus scraping tuned's own metrics registry."""
+"""dashboards/tuned-grafana.json and the alerts of deploy/kubernetes/prometheusrule.yaml:
+structure, metric names, and every query and alert expression against a real Prometheus
+scraping tuned's own metrics registry."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from doc_readers import (DASHBOARD, all_queries, grafana_to_promql as _grafana_to_promql,
                          guide_queries, guide_scrape_configs, load_dashboard as load)
 from prom_harness import prometheus  # noqa: F401  (fixture)
+from tuned.engines.gateway import REFUSED_METRIC
 
 # PromQL functions, aggregations and keywords the dashboard may use.
 PROMQL_WORDS = {
@@ -27,6 +30,12 @@ PROMQL_WORDS = {
 #: every selector of one of tuned's series, and of one of vLLM's
 TUNED_SELECTOR = 'job=~"$job", server=~"$server", engine=~"$engine"'
 VLLM_SELECTOR = 'job=~"$vllm_job", server=~"$server", engine=~"$engine"'
+#: the gateway's count of 429s is on vLLM's /metrics (its API server: no engine label)
+GATEWAY_SELECTOR = 'job=~"$vllm_job", server=~"$server"'
+#: the alerts (a PrometheusRule; its spec is a Prometheus rules file)
+RULES = DASHBOARD.parents[1] / "deploy" / "kubernetes" / "prometheusrule.yaml"
+#: series Prometheus makes itself for every target, which no code exports
+PROMETHEUS_OWN = {"up"}
 #: vLLM's metric names are ``vllm:<name>``; a selector matches the prefix as
 #: ``vllm[:_]`` (some exporters and remote-write paths turn the colon into ``_``)
 VLLM_PREFIX = "vllm[:_]"
@@ -110,9 +119,17 @@ def test_metric_name_extraction():
     assert name_patterns(expr) == {"vllm[:_]generation_tokens_total"}
 
 
+def alert_rules() -> dict[str, dict]:
+    """{alert name: rule} of the PrometheusRule."""
+    spec = yaml.safe_load(RULES.read_text())["spec"]
+    return {r["alert"]: r for g in spec["groups"] for r in g["rules"]}
+
+
 @pytest.fixture(scope="module")
 def exported() -> tuple[set[str], set[str]]:
-    return tuned_exported(), vllm_exported()
+    """(tuned's names: its registry's and the gateway's 429 count on vLLM's /metrics,
+    vLLM's names)."""
+    return tuned_exported() | {REFUSED_METRIC}, vllm_exported()
 
 
 def test_exported_names_are_collected_not_listed(exported):
@@ -151,6 +168,32 @@ def test_every_query_names_only_exported_metrics(exported):
             assert re.fullmatch(pat, hits.pop().replace("vllm:", "vllm_", 1)), where
 
 
+def test_every_alert_names_only_exported_metrics(exported):
+    """The alerts' expressions, checked as the dashboard's are: tuned's names from its
+    registry (and the gateway's), vLLM's by a pattern that matches one of its names,
+    and Prometheus's own ``up``."""
+    tuned, vllm = exported
+    rules = alert_rules()
+    assert len(rules) == 8
+    for name, rule in rules.items():
+        names, patterns = metric_names(rule["expr"]), name_patterns(rule["expr"])
+        assert names or patterns, name
+        assert names <= tuned | PROMETHEUS_OWN, f"{name}: {sorted(names - tuned)}"
+        for pat in patterns:
+            assert pat.startswith(VLLM_PREFIX), name
+            assert len({n for n in vllm if re.fullmatch(pat, n)}) == 1, (name, pat)
+    used = set().union(*(metric_names(r["expr"]) for r in rules.values()))
+    assert {"tuned_requests_refused_total", REFUSED_METRIC, "tuned_step_path_errors_total",
+            "tuned_fallback_active", "tuned_fallbacks_total", "tuned_engine_steps_total",
+            "tuned_reloads_total", "up"} == used
+
+
+def test_the_name_check_fails_a_misspelt_metric(exported):
+    tuned, _ = exported
+    names = metric_names("sum by (where) (increase(tuned_step_path_error_total[15m])) > 0")
+    assert names - tuned == {"tuned_step_path_error_total"}
+
+
 def test_dashboard_shows_decisions_beside_vllm_latency(exported):
     """Feasibility, holds and fallbacks from tuned, TTFT and TPOT from vLLM, on the
     panel that shows the cap; the series duplicating vLLM's are read from vLLM."""
@@ -160,6 +203,19 @@ def test_dashboard_shows_decisions_beside_vllm_latency(exported):
         used |= metric_names(expr) | name_patterns(expr)
     assert {"tuned_sla_feasible", "tuned_queue_deferred_total", "tuned_fallback_active",
             "tuned_controller_tick_phase_seconds_bucket"} <= used
+    # what an operator is paged for: refusals (the queue's and the gateway's 429s) and
+    # errors on the step path; and the guard's holds, which are not the policy's deferrals
+    panel_of = {t["legendFormat"]: (p["title"], metric_names(t["expr"]))
+                for p in dash["panels"] for t in p["targets"]}
+    assert panel_of["held {{reason}}"] == ("Queue holds, deferrals and admissions (per s)",
+                                           {"tuned_queue_held_total"})
+    assert panel_of["deferred {{policy}}"][1] == {"tuned_queue_deferred_total"}
+    assert panel_of["refused {{reason}}"] == ("Refusals by reason (requests/s)",
+                                              {"tuned_requests_refused_total"})
+    assert panel_of["refused overloaded (HTTP 429, gateway)"] == (
+        "Refusals by reason (requests/s)", {REFUSED_METRIC})
+    assert panel_of["{{where}}"] == ("Step-path errors by place (count per 5 min)",
+                                     {"tuned_step_path_errors_total"})
     panel = next(p for p in dash["panels"] if p["title"].startswith("vLLM TTFT and TPOT"))
     shown = set().union(*(metric_names(t["expr"]) | name_patterns(t["expr"])
                           for t in panel["targets"]))
@@ -220,11 +276,13 @@ def test_dashboard_structure():
                     assert {"1h": "last 1 h", "5m": "per 5 min"}[window] in title, where
         # every selector filters by the dashboard's variables: tuned's by job, instance
         # and engine, vLLM's by its own job and the same engine
-        selectors = re.findall(r"\{([^}]*)\}", re.sub(r"\{\{\w+\}\}", "", expr))
+        selectors = re.findall(r"([\w:]*)\{([^}]*)\}", re.sub(r"\{\{\w+\}\}", "", expr))
         assert selectors, where
-        for sel in selectors:
+        for name, sel in selectors:
             if "__name__" in sel:
                 assert sel.endswith(VLLM_SELECTOR), f"{where}: {sel}"
+            elif name == REFUSED_METRIC:
+                assert sel == GATEWAY_SELECTOR, f"{where}: {sel}"
             else:
                 assert sel == TUNED_SELECTOR, f"{where}: {sel}"
     titles = {p["title"] for p in dash["panels"]}
@@ -235,7 +293,9 @@ def test_dashboard_structure():
                      "Throughput (tokens/s; requests/s and preemptions/s on the right axis)",
                      "Fallbacks, controller errors, reloads (count per 5 min)",
                      "Decisions by reason (decisions/s)", "SLA feasible (1 = yes)",
-                     "Fallback active (1 = yes)", "Queue holds and admissions (per s)",
+                     "Fallback active (1 = yes)", "Queue holds, deferrals and admissions (per s)",
+                     "Refusals by reason (requests/s)",
+                     "Step-path errors by place (count per 5 min)",
                      "vLLM TTFT and TPOT p95 (s) beside the cap (sequences, right axis)",
                      "SLA feasible, fallback active (1 = yes)"):
         assert required in titles
@@ -252,7 +312,7 @@ def test_dashboard_structure():
 
 def test_guide_queries_are_read_whole():
     q = guide_queries()
-    assert len(q) == 7, list(q)
+    assert len(q) == 4, list(q)
     beside = next(v for k, v in q.items() if k.startswith("tuned's cap (sequences) beside"))
     assert beside.startswith("label_replace(max by (server, engine)") and " or " in beside
     assert all(v.count("(") == v.count(")") for v in q.values()), q
@@ -262,7 +322,7 @@ class FakeVllm:
     """The series vLLM's API server exports, under vLLM's own names, types and labels
     (``model_name``, ``engine``), for the dashboard's vLLM queries; one per server."""
 
-    def __init__(self, engines: list[str], running: float):
+    def __init__(self, engines: list[str], running: float, refusing: bool = False):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -271,6 +331,9 @@ class FakeVllm:
                        for n, t in vllm_definitions().items()
                        if n.removeprefix("vllm:") in VLLM_USED}
         self.engines = engines
+        # tuned's gateway middleware counts its 429s in the API server's registry
+        self.gateway = Counter(REFUSED_METRIC.removesuffix("_total"), "429s",
+                               registry=self.registry) if refusing else None
         for e in engines:
             self.series["vllm:num_requests_running"].labels("m", e).set(running)
             self.series["vllm:num_requests_waiting"].labels("m", e).set(2)
@@ -278,6 +341,8 @@ class FakeVllm:
 
     def tick(self) -> None:
         """What a serving engine does between scrapes: counts and latencies move."""
+        if self.gateway is not None:
+            self.gateway.inc()
         for e in self.engines:
             for name, s in self.series.items():
                 child = s.labels("m", e)
@@ -307,12 +372,15 @@ def test_every_query_returns_what_it_says(prometheus):
     ranks, server B (127.0.0.2) with one; each serves tuned's real metrics registry
     per rank and vLLM's series (same names, types and labels) from its API server.
     Prometheus scrapes them with the operator guide's scrape config, relabelling as
-    written. Then every dashboard query returns one series per server and rank (vLLM's
+    written, and a third tuned target, server C (127.0.0.3), where nothing listens.
+    Then every dashboard query returns one series per server and rank (vLLM's
     included: two servers' engine 0 are not summed), the server variable picks one
-    server, and each of the guide's queries returns what its comment says."""
+    server, each of the guide's queries returns what its comment says, and each alert
+    names exactly the servers and ranks whose trouble it is about."""
     from prometheus_client import start_http_server
 
     from tuned.metrics import Metrics
+    from tuned.netutil import free_port
 
     a, b = "127.0.0.1", "127.0.0.2"
     ranks = {(a, "0"): Metrics(engine="0"), (a, "1"): Metrics(engine="1"),
@@ -330,15 +398,17 @@ def test_every_query_returns_what_it_says(prometheus):
         m.tick.observe(0.002), m.tick_phase.labels("decide").observe(0.001)
         for _ in range(5):
             m.tbt.observe(0.04)
-    vllm = {a: FakeVllm(["0", "1"], running=3), b: FakeVllm(["0"], running=7)}
+        m.q_held.labels("ttft_guard").inc()
+    vllm = {a: FakeVllm(["0", "1"], running=3, refusing=True), b: FakeVllm(["0"], running=7)}
     servers = [start_http_server(0, addr=host, registry=m.exported)
                for (host, _), m in ranks.items()]
     servers += [start_http_server(0, addr=host, registry=v.registry) for host, v in vllm.items()]
     addr = [f"{s.server_address[0]}:{s.server_address[1]}" for s, _ in servers]
     expected = [(a, "0"), (a, "1"), (b, "0")]
+    c = "127.0.0.3"
     try:
         prom = prometheus([], scrape_configs=guide_scrape_configs(
-            {"tuned": addr[:3], "vllm": addr[3:]}))
+            {"tuned": addr[:3] + [f"{c}:{free_port()}"], "vllm": addr[3:]}))
         prom.wait_for_series("count(tuned_applied_cap_seqs) == 3", timeout_s=60)
         prom.wait_for_series('count({__name__=~"vllm[:_]num_requests_running"}) == 3', 60)
         # after the first scrape: the annotation's change, the guide's refused reloads
@@ -346,6 +416,7 @@ def test_every_query_returns_what_it_says(prometheus):
         for m in ranks.values():
             m.reloads.labels("refused").inc()
         ranks[(a, "0")].fallbacks.labels("stale").inc()
+        ranks[(a, "0")].in_fallback.set(1)
         # the relabelling: tuned's and vLLM's series of one server share its label
         assert _pairs(prom.query("tuned_applied_cap_seqs")) == expected
         assert _pairs(prom.query('{__name__=~"vllm[:_]num_requests_running"}')) == expected
@@ -357,8 +428,10 @@ def test_every_query_returns_what_it_says(prometheus):
         legends = {f"panel {p['title']!r} {t['refId']}": t.get("legendFormat", "")
                    for p in panels.values() for t in p["targets"]}
         guide = guide_queries()
+        rules = alert_rules()
         pending = {**{w: _grafana_to_promql(e) for w, e in queries.items()},
-                   **{"guide: " + c: q for c, q in guide.items()}}
+                   **{"guide: " + c: q for c, q in guide.items()},
+                   **{"alert: " + n: r["expr"] for n, r in rules.items()}}
         deadline = time.monotonic() + 120
         # rate() needs two samples inside the window: keep counters moving a little
         while pending and time.monotonic() < deadline:
@@ -367,6 +440,11 @@ def test_every_query_returns_what_it_says(prometheus):
                     m.steps.inc()
                 m.tbt.observe(0.03), m.tick.observe(0.001), m.q_deferred.labels("sjf").inc()
                 m.tick_phase.labels("decide").observe(0.001), m.decisions.labels("sla_hold").inc()
+                m.q_held.labels("ttft_guard").inc()
+            # B refuses at its wait bound, A's server answers 429s (FakeVllm), and A's
+            # rank 1 has errors on its step path
+            ranks[(b, "0")].refused.labels("max_wait").inc()
+            ranks[(a, "1")].step_path_errors.labels("pop_request").inc()
             for v in vllm.values():
                 v.tick()
             for where, expr in list(pending.items()):
@@ -419,11 +497,23 @@ def test_every_query_returns_what_it_says(prometheus):
         assert all(0.1 <= x[3] <= 0.25 for x in beside if x[2] == "ttft_p95_seconds"), beside
         held = g("vLLM's TTFT p95")
         assert _pairs(held) == [(a, "0"), (a, "1")]       # only A holds its cap below 16
-        refused = g("endpoints that refused a config reload in the last hour")
-        assert _pairs(refused) == expected
-        assert [r["metric"]["cause"] for r in g("fallbacks in the last 15 min, by cause")] \
-            == ["stale"]
-        assert _pairs(g("engines holding requests that completed no step")) == [(b, "0")]
+
+        # ---- the alerts, each naming what its trouble is about
+        def alert(name: str, *labels: str) -> list[tuple[str, ...]]:
+            return sorted(tuple(r["metric"].get(k, "") for k in labels)
+                          for r in prom.query(rules[name]["expr"]))
+
+        assert alert("TunedEndpointDown", "server") == [(c,)]
+        assert alert("TunedFallbackActive", "server", "engine") == [(a, "0")]
+        assert alert("TunedFallbacks", "cause") == [("stale",)]
+        assert alert("TunedEngineStalled", "server", "engine") == [(b, "0")]
+        assert alert("TunedReloadRefused", "server", "engine") == expected
+        assert alert("TunedRequestsRefused", "server", "engine", "reason") == \
+            [(b, "0", "max_wait")]
+        assert [r["metric"] for r in prom.query(rules["TunedGatewayRefusing"]["expr"])] == \
+            [{"server": a}]
+        assert alert("TunedStepPathErrors", "server", "engine", "where") == \
+            [(a, "1", "pop_request")]
     finally:
         for server, thread in servers:
             server.shutdown()

@@ -23,7 +23,7 @@ from tuned.workloads import WorkloadError
 USER_ERRORS = (UserError, ConfigError, ProfileError, WorkloadError)
 
 SUBCOMMAND_MODULES = ("tuned.serve", "tuned.demo", "tuned.profiler", "tuned.opscli",
-                      "tuned.simulate", "tuned.bench.command")
+                      "tuned.simulate", "tuned.bench.command", "tuned.bench.recommend")
 
 
 class Parser(argparse.ArgumentParser):

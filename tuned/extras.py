@@ -14,7 +14,7 @@ from typing import Callable
 BENCH_EXTRA_MODULES: tuple[str, ...] = ("matplotlib", "openai", "requests", "tqdm")
 """Top-level modules of the bench extra's packages (pyproject.toml, ``bench``)."""
 
-BENCH_EXTRA_COMMANDS: tuple[str, ...] = ("bench", "profile", "demo")
+BENCH_EXTRA_COMMANDS: tuple[str, ...] = ("bench", "profile", "demo", "recommend")
 """``tuned`` subcommands that need the bench extra."""
 
 INSTALL_HINT = "pip install 'tuned-llm[bench]'"

@@ -99,7 +99,7 @@ def test_vllm_arguments_after_the_separator_still_reach_vllm(tmp_path):
     (["--bogus"], "tuned: unrecognized arguments: --bogus (see tuned --help)"),
     (["serv"], "tuned: argument COMMAND: invalid choice: 'serv' (choose from 'serve', "
                "'demo', 'profile', 'fit', 'check-config', 'status', 'reload', 'simulate', "
-               "'bench'); did you mean serve? (see tuned --help)"),
+               "'bench', 'recommend'); did you mean serve? (see tuned --help)"),
     (["bench", "--engine", "vlm", "--out", "x"],
      "tuned bench: argument --engine: invalid choice: 'vlm' (choose from 'sim', 'vllm'); "
      "did you mean vllm? (see tuned bench --help)"),

@@ -77,14 +77,8 @@ def register(subparsers) -> None:
                    "the rest, as a CPU quota throttles a container) from T0 to T1 seconds "
                    "of each run's workload")
     p.add_argument("--workload", help="workload spec (see `tuned simulate --help`)")
-    p.add_argument("--sla", "--slo", dest="slo", default="ttft=2,tpot=0.05",
-                   help="SLAs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s); "
-                        "ttft sets the config's ttft_sla_s, tpot (or tbt) its tbt_sla_s; "
-                        "a value MULTIPLEx (tpot=2.5x, ttft=40x) is that multiple of the "
-                        "decode step at batch 1: on --engine vllm measured in the same run "
-                        "before the contenders (as `tuned demo` derives its SLA), on the "
-                        "simulator the step model's prediction for one decode at the "
-                        "calibration load's context; --slo is the old spelling")
+    add_sla_argument(p, "on --engine vllm measured in the same run before the contenders "
+                     "(as `tuned demo` derives its SLA), on the simulator ")
     p.add_argument("--out", required=True, help="report folder")
     p.add_argument("--quick", action="store_true", help="fewer contenders and probes")
     p.add_argument("--seed", type=int, default=0)
@@ -107,6 +101,18 @@ def register(subparsers) -> None:
     p.add_argument("--paper", choices=("multibin", "mcsf", "pang", "saber", "bucketserve"),
                    help="reproduce a paper's result instead (see tuned.bench.papers)")
     p.set_defaults(func=cmd_bench)
+
+
+def add_sla_argument(p, where: str = "") -> None:
+    """``--sla`` (``--slo``, the old spelling), as bench and recommend take it; ``where``
+    says where a relative value's batch-1 step comes from, before the simulator's."""
+    p.add_argument("--sla", "--slo", dest="slo", default="ttft=2,tpot=0.05",
+                   help="SLAs in seconds: ttft=S,tpot=S[,e2el=S] (default %(default)s); "
+                        "ttft sets the config's ttft_sla_s, tpot (or tbt) its tbt_sla_s; "
+                        "a value MULTIPLEx (tpot=2.5x, ttft=40x) is that multiple of the "
+                        "decode step at batch 1: " + where + "the step model's prediction "
+                        "for one decode at the calibration load's context; --slo is the "
+                        "old spelling")
 
 
 def _fail(msg: str) -> int:
@@ -175,19 +181,7 @@ def cmd_bench(args) -> int:
             return _run_paper(args)
         if not args.workload:
             raise _Refused("--workload is required (or --paper NAME)")
-        from tuned.bench.metrics import SloSpec
-
-        try:
-            spec = SloSpec.parse(args.slo)
-        except ValueError as e:
-            raise _Refused(f"--sla: {e}") from None
-        # the keys in seconds first: every argument is checked before any engine starts
-        slo = SloSpec(spec.seconds, {}, args.slo).resolve(None)
-        target = _sim_target(args, slo) if args.engine == "sim" else _vllm_target(args, slo)
-        wl, wls, field = _field(args, target)
-        if spec.relative:
-            slo = _relative_slo(args, spec, target)
-            wl, wls, field = _field(args, target)
+        target, slo, wl, wls, field = prepare(args)
     except _Refused as e:
         return _fail(str(e))
     t0 = time.monotonic()
@@ -196,6 +190,27 @@ def cmd_bench(args) -> int:
     results = _sweep(args, target, field, wls, slo)
     _write_report(args, target, wl, slo, results, t0)
     return 0
+
+
+def prepare(args) -> tuple["_Target", Any, Any, list, list]:
+    """From the arguments of a bench (or of ``tuned recommend``, which runs its
+    simulator part): the target, the SLO in seconds, the workload, one workload per
+    repeat and the contenders; :class:`_Refused` with the one line a bad argument
+    prints, before any engine starts."""
+    from tuned.bench.metrics import SloSpec
+
+    try:
+        spec = SloSpec.parse(args.slo)
+    except ValueError as e:
+        raise _Refused(f"--sla: {e}") from None
+    # the keys in seconds first: every argument is checked before any engine starts
+    slo = SloSpec(spec.seconds, {}, args.slo).resolve(None)
+    target = _sim_target(args, slo) if args.engine == "sim" else _vllm_target(args, slo)
+    wl, wls, field = _field(args, target)
+    if spec.relative:
+        slo = _relative_slo(args, spec, target)
+        wl, wls, field = _field(args, target)
+    return target, slo, wl, wls, field
 
 
 def _relative_slo(args, spec, target: "_Target"):
@@ -235,7 +250,8 @@ def _relative_slo(args, spec, target: "_Target"):
     except config_mod.ConfigError as e:
         raise _Refused(clip_text(str(e), 4 * CLIP_CHARS)) from None
     target.step = {"spec": str(spec), "step_s_batch1": step, "source": how}
-    print(f"tuned bench: --sla {spec} -> {slo} (batch-1 step {step * 1e3:.2f} ms, {how})",
+    print(f"tuned {getattr(args, 'command', None) or 'bench'}: --sla {spec} -> {slo} "
+          f"(batch-1 step {step * 1e3:.2f} ms, {how})",
           file=sys.stderr, flush=True)
     return slo
 
@@ -399,15 +415,18 @@ def _int_list(flag: str, text: str | None) -> list[int] | None:
                          f"{clip_text(text)!r}") from None
 
 
-def command_argv(args) -> list[str]:
+def command_argv(args, name: str = "bench", skip: tuple[str, ...] = (),
+                 flags: dict[str, str] | None = None) -> list[str]:
     """The options this run was given, as the arguments that repeat it (``--jobs`` is
-    left out: it changes how fast a run goes, not what it reports)."""
-    argv = ["bench"]
+    left out: it changes how fast a run goes, not what it reports); ``name`` is the
+    subcommand, ``skip`` more keys to leave out, ``flags`` the flag of a key whose
+    flag is not its name."""
+    argv = [name]
     for key, value in vars(args).items():
-        if key in ("func", "command", "jobs") or value is None or value is False \
+        if key in ("func", "command", "jobs", *skip) or value is None or value is False \
                 or (key == "repeats" and value == 1):
             continue
-        flag = "--" + key.replace("_", "-")
+        flag = (flags or {}).get(key) or "--" + key.replace("_", "-")
         argv += [flag] if value is True else [flag, str(value)]
     return argv
 
@@ -457,9 +476,11 @@ def _sim_one(j: int) -> tuple[dict, dict]:
 
     i, k = divmod(j, len(_JOB["wls"]))
     c = _JOB["field"][i]
-    out = _JOB["bench"].run(c, _JOB["wls"][k].requests)
+    out = _JOB["bench"].run(c, _JOB["wls"][k].requests, timelines=_JOB["timelines"])
     s = summarize(out.results, _JOB["slo"])
-    write_requests_csv(_JOB["log_dir"] / _requests_csv(c.name, k), out.results, _JOB["slo"])
+    if _JOB["log_dir"] is not None:
+        write_requests_csv(_JOB["log_dir"] / _requests_csv(c.name, k), out.results,
+                           _JOB["slo"])
     s.update(cap_figures(out.cap_timeline))
     return s, {"cap": out.cap_timeline, "tbt": out.tbt_timeline}
 
@@ -478,30 +499,35 @@ def _sim_capacity(i: int) -> dict:
 
 
 class _Progress:
-    """A tqdm bar on a terminal; one line per finished run otherwise (logs, CI)."""
+    """A tqdm bar on a terminal; otherwise (logs, CI) one line per finished run, or
+    with ``every_s`` one line at most that often and one for the last run."""
 
-    def __init__(self, total: int, desc: str) -> None:
+    def __init__(self, total: int, desc: str, every_s: float = 0.0) -> None:
         from tqdm import tqdm
 
         self.tty = sys.stderr.isatty()
         self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr,
                         disable=not self.tty)
         self.total, self.done, self.desc, self.t0 = total, 0, desc, time.monotonic()
+        self.every_s, self.last = every_s, self.t0
 
     def update(self, name: str) -> None:
         self.done += 1
         self.bar.set_postfix_str(name)
         self.bar.update(1)
-        if not self.tty:
+        now = time.monotonic()
+        if not self.tty and (now - self.last >= self.every_s or self.done == self.total):
+            self.last = now
             print(f"[{self.desc} {self.done}/{self.total}] {name} "
-                  f"({time.monotonic() - self.t0:.0f}s)", file=sys.stderr, flush=True)
+                  f"({now - self.t0:.0f}s)", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.bar.close()
 
 
-def _pool_map(fn, items, jobs: int, desc: str, names: list[str] | None = None):
-    prog = _Progress(len(items), desc)
+def _pool_map(fn, items, jobs: int, desc: str, names: list[str] | None = None,
+              every_s: float = 0.0):
+    prog = _Progress(len(items), desc, every_s)
     names = names or [c.name for c in _JOB["field"]]
     out: dict[int, Any] = {}
     if jobs <= 1:
@@ -527,23 +553,35 @@ class _indexed:
         return i, self.fn(i)
 
 
+def sim_runs(hw, field, wls, slo, *, jobs: int, events=None, log_dir: Path | None = None,
+             timelines: bool = True, every_s: float = 0.0) -> list[list[tuple[dict, dict]]]:
+    """Every contender of ``field`` on every workload of ``wls`` (one per repeat) on the
+    simulated ``hw``, in ``jobs`` processes, with a progress line at most every
+    ``every_s`` on stderr: per contender, one (summary, timelines) per repeat. With
+    ``log_dir``, each run's per-request CSV goes there; ``timelines`` False leaves the
+    cap and TBT timelines empty (a faster run)."""
+    from tuned.bench.runner import SimBench
+
+    _JOB.update(field=field, bench=SimBench(hw, events=events or None), wls=wls, slo=slo,
+                log_dir=log_dir, timelines=timelines)
+    reps = len(wls)
+    names = [c.name if reps == 1 else f"{c.name} #{k + 1}" for c in field for k in range(reps)]
+    outs = _pool_map(_sim_one, list(range(len(field) * reps)), jobs, "runs", names, every_s)
+    return [outs[i * reps:(i + 1) * reps] for i in range(len(field))]
+
+
 def _bench_sim(hw, field, wls, slo, capacity: bool, args, events=None):
     from tuned.bench import report as report_mod
     from tuned.bench.metrics import mean_summary
-    from tuned.bench.runner import SimBench
 
     jobs = args.jobs or os.cpu_count() or 1
     log_dir = Path(args.out) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     wl = wls[0]
-    _JOB.update(field=field, bench=SimBench(hw, events=events or None), wls=wls, slo=slo, quick=args.quick,
-                log_dir=log_dir)
-    reps = len(wls)
-    names = [c.name if reps == 1 else f"{c.name} #{k + 1}" for c in field for k in range(reps)]
-    outs = _pool_map(_sim_one, list(range(len(field) * reps)), jobs, "runs", names)
-    runs = [report_mod.run_row(c, mean_summary([s for s, _ in outs[i * reps:(i + 1) * reps]]))
-            for i, c in enumerate(field)]
-    timelines = {c.name: outs[i * reps][1] for i, c in enumerate(field)}
+    per = sim_runs(hw, field, wls, slo, jobs=jobs, events=events, log_dir=log_dir)
+    _JOB["quick"] = args.quick
+    runs = [report_mod.run_row(c, mean_summary([s for s, _ in p])) for c, p in zip(field, per)]
+    timelines = {c.name: p[0][1] for c, p in zip(field, per)}
     cap: dict[str, float] = {}
     probes: dict[str, list] = {}
     if capacity:

@@ -101,23 +101,33 @@ def _low(x) -> float:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else math.inf
 
 
-def best_static(runs: list[dict], capacity: dict[str, float] | None,
-                budget: int | None = None) -> dict[str, str]:
-    """The best static pair in hindsight per metric (:data:`BEST_BY`; with
-    ``capacity``, by capacity too); ``budget``: among the static caps at that token
-    budget only (the best cap at vLLM's default budget). Ties go to the lower TTFT
-    p99, then to the run listed first (the smaller cap, then the smaller budget)."""
+def rank_static(runs: list[dict], key: str = "goodput_rps",
+                budget: int | None = None) -> list[dict]:
+    """The static runs, best first by ``key`` (more is better); ``budget``: the
+    static caps at that token budget only. Ties go to the lower TTFT p99, then to
+    the run listed first (the smaller cap, then the smaller budget)."""
     # vLLM's default is a static pair too: an operator could keep it
     statics = [(i, r) for i, r in enumerate(runs) if r["kind"] == "static"
                and (budget is None or r.get("budget") == budget)]
+    return [r for _, r in sorted(statics, key=lambda ir: (-_num(ir[1].get(key)),
+                                                          _low(ir[1].get("ttft_p99_s")),
+                                                          ir[0]))]
+
+
+def best_static(runs: list[dict], capacity: dict[str, float] | None,
+                budget: int | None = None) -> dict[str, str]:
+    """The best static pair in hindsight per metric (:data:`BEST_BY`, the first of
+    :func:`rank_static`; with ``capacity``, by capacity too); ``budget``: among the
+    static caps at that token budget only (the best cap at vLLM's default budget)."""
     out = {}
     for label, key in BEST_BY.items():
-        if statics:
-            out[f"by_{label}"] = min(statics, key=lambda ir: (-_num(ir[1].get(key)),
-                                                              _low(ir[1].get("ttft_p99_s")),
-                                                              ir[0]))[1]["name"]
+        ranked = rank_static(runs, key, budget)
+        if ranked:
+            out[f"by_{label}"] = ranked[0]["name"]
+    statics = [r for r in runs if r["kind"] == "static"
+               and (budget is None or r.get("budget") == budget)]
     if capacity and statics:
-        named = [r["name"] for _, r in statics if r["name"] in capacity]
+        named = [r["name"] for r in statics if r["name"] in capacity]
         if named:
             out["by_capacity"] = max(named, key=lambda n: capacity[n])
     return out

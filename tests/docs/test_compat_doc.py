@@ -9,12 +9,28 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "compatibility.md"
 
 
-def _rows() -> list[list[str]]:
-    rows = []
+def _rows(header: str = "| Feature") -> list[list[str]]:
+    """The rows of the table whose header starts with ``header``."""
+    rows, inside = [], False
     for line in DOC.read_text().splitlines():
-        if line.startswith("| ") and not line.startswith("| Feature") and "---" not in line:
+        if line.startswith(header):
+            inside = True
+        elif inside and not line.startswith("|"):
+            break
+        elif inside and "---" not in line:
             rows.append([c.strip() for c in line.strip().strip("|").split("|")])
     return rows
+
+
+def test_the_version_table_names_each_supported_release_and_its_report():
+    from tuned.engines.vllm_version import SUPPORTED_VLLM
+
+    rows = _rows("| vLLM |")
+    assert [r[0] for r in rows] == [f"{a}.{b}.x" for a, b in SUPPORTED_VLLM]
+    for version, _, how in rows:
+        report = re.search(r"\]\((vllm-surface/[\d.]+\.json)\)", how).group(1)
+        assert report.startswith(f"vllm-surface/{version[:-1]}"), version
+        assert (DOC.parent / report).is_file(), report
 
 
 def test_every_row_has_a_status_and_a_test():

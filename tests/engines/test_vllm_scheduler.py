@@ -196,8 +196,16 @@ def test_a_prompt_part_computed_is_counted_as_prefilling(sched):
 
 def test_unsupported_vllm_version_is_a_clear_error():
     assert check_vllm_version("0.32.0") == (0, 32)
-    with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; found 0\.31\.2"):
-        check_vllm_version("0.31.2")
+    assert check_vllm_version("0.33.0") == (0, 33)
+    assert check_vllm_version("0.33.2rc1") == (0, 33)
+    message = ("tuned's scheduler adapter supports vLLM 0.32.x and 0.33.x; found {}. "
+               "Install a supported vLLM (extras: tuned-llm[gpu] or tuned-llm[cpu]).")
+    for version in ("0.31.2", "0.34.0", "1.0.0"):
+        with pytest.raises(UnsupportedVllmError) as e:
+            check_vllm_version(version)
+        assert str(e.value) == message.format(version)
+    with pytest.raises(UnsupportedVllmError, match=r"^cannot parse vLLM version 'dev'$"):
+        check_vllm_version("dev")
 
 
 def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):

@@ -42,23 +42,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from tuned.core.refusal import Refusal, at_the_door
+from tuned.engines.vllm_surface import QUEUED_ROUTES
 
 #: how long one answer of the endpoint is used
 POLL_S = 0.5
 #: how long one read of the endpoint may take (in the background: no request waits)
 READ_TIMEOUT_S = 2.0
 #: the requests it may refuse (POST only): every route of vLLM's API server whose
-#: request queues in the engine -- generation in each API flavour, then pooling
-#: (tests/engines/test_gateway.py checks the list against vLLM's routes). Not here:
-#: render, tokenize and token counting, LoRA and admin routes (no engine request).
-PATHS = frozenset((
-    "/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
-    "/v1/responses", "/v1/messages", "/cohere/v2/chat", "/inference/v1/generate",
-    "/invocations", "/generative_scoring", "/v1/systemone",
-    "/v1/audio/transcriptions", "/v1/audio/translations",
-    "/v1/embeddings", "/v2/embed", "/pooling", "/classify",
-    "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
-))
+#: request queues in the engine, in any supported vLLM release (the list of vLLM's
+#: routes, sorted, is :mod:`tuned.engines.vllm_surface`'s; tools/vllm_surface.py
+#: reports a route a new release adds). Not here: render, tokenize and token
+#: counting, LoRA and admin routes (no engine request).
+PATHS = QUEUED_ROUTES
 URL_ENV = "TUNED_ADMISSION_URL"
 #: the counter of 429s, on vLLM's own ``/metrics`` (this process's registry)
 REFUSED_METRIC = "tuned_gateway_refused_total"

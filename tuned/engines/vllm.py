@@ -1,4 +1,4 @@
-"""tuned inside vLLM 0.32: a thin scheduler subclass.
+"""tuned inside vLLM (0.32 and 0.33): a thin scheduler subclass.
 
 vLLM loads it in the EngineCore process (``--scheduler-cls
 tuned.engines.vllm.TunedScheduler``, or ``LLM(scheduler_cls=...)``) and calls it

@@ -1,4 +1,4 @@
-"""vLLM 0.32 waiting queue ordered and gated by a tuned queue policy.
+"""A vLLM waiting queue ordered and gated by a tuned queue policy.
 
 :class:`PolicyQueue` is a ``vllm.v1.core.sched.request_queue.RequestQueue`` that
 replaces the scheduler's ``self.waiting``. Everything it does is the engine-neutral

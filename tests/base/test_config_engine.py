@@ -66,11 +66,11 @@ def test_config_from_the_environment(tmp_path):
     assert setup.cfg.max_num_seqs == 8
 
 
-def test_no_config_is_one_clear_error():
-    assert problems_of(lambda: engine_setup({}, {})) == [
-        "config: none given to tuned's scheduler; pass --additional-config "
-        "'{\"tuned\": {\"config_path\": \"FILE\"}}' or set TUNED_CONFIG=FILE (or start it "
-        "with `tuned serve`)"]
+def test_no_config_runs_the_defaults_with_the_engines_settings():
+    setup = engine_setup({}, {}, {**ENGINE, "max_num_seqs": 16})
+    assert (setup.cfg.max_num_seqs, setup.cfg.max_num_batched_tokens, setup.cfg.model,
+            setup.cfg.queue_policy, setup.cfg.source_path, setup.overridden) == (
+        16, 256, "meta-llama/Llama-2-7b-hf", "fcfs", "", ())
 
 
 def test_two_different_files_are_refused(tmp_path):
@@ -85,7 +85,8 @@ def test_two_different_files_are_refused(tmp_path):
      "additional_config.tuned: must be a JSON object such as {\"config_path\": "
      "\"/etc/tuned/tuned.toml\"}, got '/etc/tuned/tuned.toml'"),
     ({"tuned": {"config_file": "x"}},
-     "additional_config.tuned: unknown key config_file (known: config_path, serving_url)"),
+     "additional_config.tuned: unknown key config_file; did you mean config_path? (known: "
+     "config_path, serving_url and the config's keys, see `tuned check-config --explain`)"),
     ({"tuned": {"config_path": 3}},
      "additional_config.tuned.config_path: must be a file path string, got 3"),
     ({"tuned": {"config_path": "x", "serving_url": 8000}},
@@ -290,7 +291,7 @@ def test_scheduler_refuses_a_contradicting_engine(tmp_path, tiny_model, monkeypa
     with pytest.raises(ConfigError) as e:
         make_scheduler(str(tiny_model), False, additional_config={})
     assert e.value.problems == [
-        "max_num_seqs: the config says 16, the engine runs --max-num-seqs 8; pass "
-        "--max-num-seqs 16 to vLLM or set max_num_seqs = 8 in the config"]
+        "max_num_seqs: the config says 16, vLLM was given --max-num-seqs 8; remove it "
+        "from the config or give both the same value"]
     assert (f"tuned: config refused: {path.resolve()}: max_num_seqs: the config says 16"
             in capfd.readouterr().err)

@@ -143,7 +143,8 @@ def test_admission_url_from_the_command_line_or_the_environment(tmp_path):
     f.write_text("metrics_port = 9600\n")
     assert gateway.admission_url([], {"TUNED_CONFIG": str(f)}) == \
         "http://127.0.0.1:9600/admission"
-    assert gateway.admission_url([], {}) is None
+    # no config: tuned's scheduler runs its defaults, the endpoint on its default port
+    assert gateway.admission_url([], {}) == "http://127.0.0.1:9464/admission"
 
 
 def test_controller_says_refusing_for_one_bound_after_a_refusal():

@@ -45,9 +45,9 @@ class Reloader:
                            "restart_needed": []}
 
     def read_config_file(self) -> Config:
-        """The running config's file, re-read (the embedded default when it had none)."""
-        path = self.target.cfg.source_path
-        return config_mod.load(path) if path else config_mod.default()
+        """The running config's file, re-read (the embedded default when it had none);
+        dropped into a vLLM command line, its sources (:func:`tuned.config.reread`)."""
+        return config_mod.reread(self.target.cfg)
 
     def reload(self) -> dict:
         with self.lock:

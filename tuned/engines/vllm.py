@@ -52,6 +52,7 @@ from tuned.runtime import production_runtime
 from tuned.core.steppath import StepPathGuard
 from tuned.core.queue import queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample
+from tuned.engines import vllm_plugin
 from tuned.engines.vllm_version import UnsupportedVllmError, check_vllm_version  # noqa: F401
 
 STEP_RING = 8192
@@ -72,33 +73,29 @@ def _http_ok(url: str) -> bool:
 
 def engine_settings(vllm_config) -> dict[str, Any]:
     """What this engine runs with, under tuned's config keys
-    (:func:`tuned.config.engine_problems` compares them with the config)."""
-    sc, mc = vllm_config.scheduler_config, vllm_config.model_config
-    return {"max_num_seqs": sc.max_num_seqs,
-            "max_num_batched_tokens": sc.max_num_batched_tokens,
-            "max_model_len": mc.max_model_len if mc is not None else None,
-            "num_gpu_blocks": vllm_config.cache_config.num_gpu_blocks_override,
-            "model": mc.model if mc is not None else None}
+    (:func:`tuned.config.engine_setup` takes them as the config's engine settings, or
+    holds a config that repeats them to them)."""
+    return vllm_plugin.engine_settings(vllm_config)
 
 
 def _engine_setup(vllm_config) -> config_mod.EngineSetup:
-    """The config from ``tuned serve``'s hand-off, or the file your own vLLM command
-    line names (``--additional-config '{"tuned": {"config_path": FILE}}'`` or
-    ``TUNED_CONFIG=FILE``), validated as ``tuned serve`` validates it, then checked
-    against the engine's own arguments. A problem stops the engine at start: one line
-    per problem on stderr, then :class:`tuned.config.ConfigError`."""
+    """The config from ``tuned serve``'s hand-off, or, dropped into your own vLLM
+    command line, from ``--additional-config '{"tuned": {...}}'``, ``TUNED_<KEY>``
+    variables and the TOML file named by ``config_path`` or ``TUNED_CONFIG``, with the
+    engine's own settings (:func:`tuned.config.engine_setup`). tuned's vLLM plugin
+    (:mod:`tuned.engines.vllm_plugin`) has made the same check in the process that
+    parsed the arguments, before the model loaded; this one stands when the plugin is
+    not loaded (``VLLM_PLUGINS``). A problem stops the engine at start: one line per
+    problem on stderr, then :class:`tuned.config.ConfigError`."""
     try:
-        setup = config_mod.engine_setup(vllm_config.additional_config, os.environ)
-        cfg = setup.cfg
-        problems = (config_mod.model_problems(cfg)
-                    + config_mod.engine_problems(cfg, engine_settings(vllm_config)))
-        if problems:
-            raise config_mod.ConfigError(problems, cfg.source_path)
+        setup = config_mod.engine_setup(vllm_config.additional_config, os.environ,
+                                        engine_settings(vllm_config))
     except config_mod.ConfigError as e:
-        where = f"{e.source}: " if e.source else ""
-        for problem in e.problems:
-            print(f"tuned: config refused: {where}{problem}", file=sys.stderr, flush=True)
+        for line in config_mod.refusal_lines(e):
+            print(line, file=sys.stderr, flush=True)
         raise
+    for line in setup.overridden:
+        log.info("config_overridden", detail=line)
     return setup
 
 

@@ -334,7 +334,8 @@ def test_describe_is_json_and_carries_the_numbers(name):
     model = load_hardware(name)
     d = json.loads(json.dumps(model.describe()))
     assert d["name"] == name
-    assert d["tensor_parallel"] == (4 if "70b" in name else 1)
+    assert d["tensor_parallel"] == (2 if name.startswith("a100x2") else 4 if "70b" in name
+                                    else 1)
     assert d["num_layers"] == (80 if "70b" in name else 32)
     assert d["cpu_overhead_ms"] == 1.0
     assert d["prefill_attention"]["matmul_efficiency"] == 0.5

@@ -116,7 +116,8 @@ from scipy.sparse import coo_matrix
 
 from tuned.bench.papers.mcsf_baselines import (BASELINES, AlphaProtectionPolicy,
                                               ArrivalOrderMCSF, clear_on_overflow)
-from tuned.bench.papers.mcsf_table1 import PAPER_TABLE1, format_table1, run_table1
+from tuned.bench.papers.mcsf_table1 import (PAPER_TABLE1, format_load_sweep, format_table1,
+                                            load_sweep, run_table1)
 from tuned.bench.papers.mcsf_table1 import SEEDS as T1_SEEDS
 from tuned.policies.mcsf import MCSFPolicy
 from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo
@@ -629,6 +630,7 @@ def run(seed: int = 0, *, instances: int = 50, quick: bool = False,
     t1_seeds = (0 if quick else T1_SEEDS) if table1_seeds is None else int(table1_seeds)
     if t1_seeds:
         out["table1"] = run_table1(seed, t1_seeds, data_dir)
+        out["load_sweep"] = load_sweep(seed, data_dir=data_dir)
     out["wall_s"] = clock() - began
     out["cpu_s"] = cpu_clock() - began_cpu
     return out
@@ -676,6 +678,7 @@ def format_table(result: dict) -> str:
                      f"horizon max {ip['horizon_max']}")
     if result.get("table1"):
         lines.extend(format_table1(result["table1"]))
+        lines.extend(format_load_sweep(result.get("load_sweep") or []))
     else:
         lines.append("Table 1 (Section 5.2): not run (--quick); run without it for the "
                      "paper's 50 seeds")

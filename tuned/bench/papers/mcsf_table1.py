@@ -9,8 +9,9 @@ MC-Benchmark 46.472 s (σ 0.310), the α-protection baselines 50.4..53.4 s
 (1.569..1.663x MC-SF's). Absolute seconds depend on the batch-time model, so the
 figure compared is each algorithm's latency relative to MC-SF's.
 
-Here: ``a100-llama2-70b`` (the simulator's Vidur tables, tensor-parallel degree 4)
-with its KV cache cut to the paper's M (:data:`PAPER_KV_TOKENS`, in vLLM's 16-token
+Here: ``a100x2-llama2-70b``, the paper's two A100s (the simulator's Vidur tables,
+tensor-parallel degree 2; its cache at ``gpu_memory_utilization`` 0.9 holds 37,731
+tokens) with its KV cache cut to the paper's M (:data:`PAPER_KV_TOKENS`, in vLLM's 16-token
 blocks), workload ``lmsys:rate=50,n=1000`` (prompt mean 40.6 / median 11, output
 mean 85.3 / median 45; ``max_tokens`` = the output length, so the predictor's
 output estimate is exact, as the paper assumes), a static batch large enough never
@@ -65,7 +66,7 @@ from tuned.bench.runner import results_from_sim
 from tuned.engines.sim import SimEngine, SimRequest, SimulationError
 from tuned.workloads import parse_workload
 
-HARDWARE = "a100-llama2-70b"
+HARDWARE = "a100x2-llama2-70b"
 PAPER_KV_TOKENS = 16492
 RATE_RPS = 50.0
 REQUESTS = 1000
@@ -198,7 +199,8 @@ def _config(policy: str, options: dict, hw) -> config_mod.Config:
 
 def one_run(name: str, requests, hw, rng_seed: Sequence[int] = (0,)) -> dict:
     """One contender on one workload draw: ``avg_s`` (average end-to-end latency,
-    None if the run did not finish), ``finished``, ``evictions``, ``lost_steps``.
+    None if the run did not finish), ``finished``, ``evictions``, ``clearings``
+    (overflows that cleared), ``lost_steps``.
     ``rng_seed`` seeds the β-clearing draws."""
     blocks = -(-PAPER_KV_TOKENS // hw.block_size) + 1      # + vLLM's null block
     alpha = {label: (a, b) for label, a, b in BASELINES}
@@ -220,13 +222,14 @@ def one_run(name: str, requests, hw, rng_seed: Sequence[int] = (0,)) -> dict:
     else:
         raise ValueError(f"mcsf table 1: unknown contender {name!r} (known: "
                          f"{', '.join(CONTENDERS)})")
-    counters = {"evictions": 0, "lost_steps": 0}
+    counters = {"evictions": 0, "clearings": 0, "lost_steps": 0}
     try:
         results = results_from_sim(eng.run(requests))
     except SimulationError:          # a livelock, or past MAX_VIRTUAL_S
         results = None
     if isinstance(eng, AlphaProtectionEngine):
-        counters = {"evictions": eng.evictions, "lost_steps": eng.lost_steps}
+        counters = {"evictions": eng.evictions, "clearings": eng.clearings,
+                    "lost_steps": eng.lost_steps}
     if results is None:
         return {"avg_s": None, "finished": False, **counters}
     done = [r.e2e_s for r in results if r.completed]
@@ -272,6 +275,7 @@ def summarize(draws: Sequence[dict[str, dict]]) -> dict:
                          if per_draw else None),
             "unfinished": sum(not r["finished"] for r in rs),
             "evictions_per_draw": statistics.fmean(r["evictions"] for r in rs),
+            "clearings": sum(r.get("clearings", 0) for r in rs),
             "lost_steps": sum(r["lost_steps"] for r in rs),
         }
     return {"hardware": HARDWARE, "kv_tokens": PAPER_KV_TOKENS, "rate_rps": RATE_RPS,
@@ -300,6 +304,45 @@ def run_table1(seed: int, seeds: int = SEEDS, data_dir: Path | None = None,
         return summarize([_draw_job(w) for w in work])
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         return summarize(pool.map(_draw_job, work))
+
+
+#: the arrival rates :func:`load_sweep` tries on one draw: the paper's λ = 50, twice
+#: it, and 1,000 per second (all 1,000 requests within a second: the most load 1,000
+#: requests can put on the engine)
+SWEEP_RATES = (50.0, 100.0, 1000.0)
+
+
+def load_sweep(seed: int = 0, rates: Sequence[float] = SWEEP_RATES,
+               data_dir: Path | None = None,
+               contenders: Sequence[str] = CONTENDERS) -> list[dict]:
+    """Draw 0's requests at each rate in ``rates``: per rate, MC-SF's average latency
+    beside Table 1's 32.1 s, and each α row's latency and clearings: whether heavier
+    load than the paper's λ makes α-protection overflow on this hardware."""
+    from tuned.sim.hardware import gpu_hardware
+
+    hw = gpu_hardware(HARDWARE, data_dir)
+    out = []
+    for rate in rates:
+        wl = parse_workload(f"lmsys:rate={rate:g},n={REQUESTS}", seed * 1000,
+                            max_model_len=MAX_MODEL_LEN)
+        runs = {c: one_run(c, wl.requests, hw, rng_seed=(seed, 0, b))
+                for b, c in enumerate(contenders)}
+        out.append({"rate_rps": rate, "runs": runs,
+                    "clearings": sum(r["clearings"] for r in runs.values())})
+    return out
+
+
+def format_load_sweep(sweep: Sequence[dict]) -> list[str]:
+    lines = []
+    for row in sweep:
+        runs = row["runs"]
+        mc = runs["MC-SF"]["avg_s"]
+        alpha = ", ".join(f"{c} {_s(r['avg_s'], 1)} s ({r['clearings']} clearings)"
+                          for c, r in runs.items() if c in ALPHA_ROWS)
+        lines.append(f"load sweep, draw 0 at λ = {row['rate_rps']:g}/s: MC-SF avg latency; "
+                     f"α rows | {_s(mc, 1)} s; {alpha}; {row['clearings']} clearings in all | "
+                     f"{PAPER_TABLE1['MC-SF'][0]:.1f} s at λ = 50")
+    return lines
 
 
 def table1_checks(t1: dict) -> list[dict]:
@@ -340,8 +383,8 @@ def format_table1(t1: dict) -> list[str]:
                   if pd and name != "MC-SF" else "")
         extra = ""
         if name in ALPHA_ROWS:
-            extra = (f"; {r['evictions_per_draw']:.0f} evictions per draw, "
-                     f"{r['unfinished']} unfinished")
+            extra = (f"; {r['clearings']} clearings, {r['evictions_per_draw']:.0f} "
+                     f"evictions per draw, {r['unfinished']} unfinished")
         lines.append(f"Table 1 {name} avg latency (σ), / MC-SF's | {_s(r['avg_s'])} s "
                      f"(σ {_s(r['std_s'])}), {_s(r['vs_mcsf'])}x{spread}{extra} | {paper}")
     return lines

@@ -66,6 +66,7 @@ from pathlib import Path
 
 from tuned import config as config_mod
 from tuned.bench.metrics import Slo, capacity_search, summarize
+from tuned.bench.papers.pang_patch import MEMORY_FACTOR, simulate_patch
 from tuned.bench.runner import results_from_sim
 from tuned.sim.hardware import gpu_hardware
 from tuned.workloads import parse_workload
@@ -92,19 +93,25 @@ CAPACITY_ROWS = {
                   "dynamic_qps": 3.8},
 }
 TBT_SLA_S = 0.05
+#: the paper's capacity SLA: decoding time (TPOT) <= 50 ms, nothing else
+PAPER_SLO = Slo(tpot_s=TBT_SLA_S)
+#: tuned's: TTFT <= 2 s added (this project's, see :data:`DEFINITIONS`)
 SLO = Slo(ttft_s=2.0, tpot_s=TBT_SLA_S)
 CAPACITY_TARGET = 0.9
 
 #: Table II's spread of capacity gains over its three rows (3 → 3.3, 5.4 → 6.6,
-#: 3.0 → 3.8 qps): the tolerance of the published algorithm ("tuned-paper") per row
+#: 3.0 → 3.8 qps): the tolerance of the published algorithm and of the author's
+#: patch, per row, on the paper's definition
 PAPER_CAPACITY_GAIN_RANGE = (0.10, 0.267)
-#: tuned's own check (its additions included): at least the paper's lowest row
+#: tuned's own check (its additions included, on its own definition): at least the
+#: paper's lowest row
 MIN_CAPACITY_GAIN = 0.10
 
 #: Quick and full runs share every checked run: the same 3000 requests per run and
 #: the same seeds, so quick's verdict is the full run's (the full run adds only the
-#: unchecked diagnostics: static caps, Algorithms 1+2 on vLLM's fixed budget, the
-#: ablations). A shorter capacity run is not the same experiment: with 1000
+#: unchecked diagnostics: static caps, each definition's other contenders, tuned's
+#: chunk sizing, the ablations, the stall counts). A shorter capacity run is not the
+#: same experiment: with 1000
 #: requests the published algorithm (fixed budget) measured +21.4% where 3000 gave
 #: +5.2%, since a queue that builds slowly past capacity misses the TTFT bound only
 #: late in a run.
@@ -143,10 +150,10 @@ def static_config(hw, cap: int) -> config_mod.Config:
 
 # ------------------------------------------------------------------ (a) throughput
 
-def _throughput_run(cfg, hw, requests) -> dict:
+def _throughput_run(cfg, hw, requests, sim: Callable | None = None) -> dict:
     from tuned.engines.sim import simulate
 
-    res = simulate(cfg, hw, requests, record_steps=True)
+    res = (sim or simulate)(cfg, hw, requests, record_steps=True)
     s = summarize(results_from_sim(res), SLO)
     busy = [st for st in res.steps if st.step_s > 0]
     total_s = sum(st.step_s for st in busy) or 1.0
@@ -178,6 +185,8 @@ def throughput_part(seed: int, n: int, caps: Sequence[int],
         mem_cfg = _config(hw, max_num_seqs=MEMORY_B_MAX, batch_policy="memory",
                           memory_demand="lifetime")
         runs["tuned-memory"] = _throughput_run(mem_cfg, hw, requests)
+        runs["patch-memory"] = _throughput_run(static_config(hw, MEMORY_B_MAX), hw, requests,
+                                               sim=simulate_patch)
         tuned = runs["tuned-memory"]["output_tok_s"]
         ratios = {name: tuned / r["output_tok_s"] for name, r in runs.items()
                   if name.startswith("static-") and r["output_tok_s"]}
@@ -187,6 +196,8 @@ def throughput_part(seed: int, n: int, caps: Sequence[int],
                     * hw.block_size, "default_cap": default_cap, "runs": runs,
                     "tuned_over_static": ratios,
                     "gain_vs_default": ratios[f"static-{default_cap}"] - 1.0,
+                    "patch_gain_vs_default": runs["patch-memory"]["output_tok_s"]
+                    / runs[f"static-{default_cap}"]["output_tok_s"] - 1.0,
                     "best_static": best, "gain_vs_best_static": ratios[best] - 1.0,
                     "workload": wl.describe()})
     return out
@@ -194,25 +205,44 @@ def throughput_part(seed: int, n: int, caps: Sequence[int],
 
 # ------------------------------------------------------------------ (b) capacity
 
-#: the published algorithm: Algorithms 1 and 2 with the paper's interval rule, and
-#: under PD fusion (vLLM v1's chunked prefill, always on here) the paper's own chunk
-#: sizing (Table II's third row: "our method is also valid for determining chunk
-#: size"): each step's token budget is b_t decodes plus the largest prefill chunk the
-#: step model keeps within D_SLA (``token_budget_policy = "sla"`` under ``sla_mode =
-#: "paper"``: the decision's b_t, no margin, no rounding); no admission guard
-PAPER_ALGORITHM = {"sla_mode": "paper", "token_budget_policy": "sla", "admission_guard": "off",
+#: the published algorithm as the paper states it: Algorithms 1 and 2 (b* = min(b_mem,
+#: b_SLA), the paper's interval rule, each request planned at l_in + l_out), no
+#: admission guard, on vLLM's own fixed token budget: the paper gives no chunk-sizing
+#: rule (one sentence: "the third line is implemented with PD fusion scenario, showing
+#: that our method is also valid for determining chunk size")
+PAPER_ALGORITHM = {"sla_mode": "paper", "token_budget_policy": "max", "admission_guard": "off",
                    "memory_demand": "lifetime"}
-#: Algorithms 1 and 2 alone, on vLLM's fixed token budget (a reading without the
-#: paper's chunk sizing; full mode, unchecked)
-PAPER_FIXED_BUDGET = {**PAPER_ALGORITHM, "token_budget_policy": "max"}
+#: Algorithms 1 and 2 with tuned's own PD-fusion chunk sizing (this project's
+#: construction, not the paper's): each step's token budget is b_t decodes plus the
+#: largest prefill chunk the step model keeps within D_SLA (``token_budget_policy =
+#: "sla"`` under ``sla_mode = "paper"``: the decision's b_t, no margin, no rounding)
+TUNED_CHUNK_SIZING = {**PAPER_ALGORITHM, "token_budget_policy": "sla"}
+#: Algorithm 2 alone (the controller's cap); the author's patch of Algorithm 1 runs in
+#: the engine (:class:`tuned.bench.papers.pang_patch.PatchEngine`) and the step takes
+#: the minimum of the two, b* = min(b_mem, b_SLA), as the paper composes them
+PATCH_WITH_SLA = {"batch_policy": "sla", "sla_mode": "paper", "token_budget_policy": "max",
+                  "admission_guard": "off"}
 
-#: full mode: the published algorithm plus one of tuned's additions each, to measure
-#: which addition carries tuned's capacity beyond the paper's (diagnostics, unchecked)
-ABLATIONS = {"paper+guard": {"admission_guard": "tpot"},
-             "paper+evidence": {"sla_mode": "evidence", "sla_statistic": "mean"}}
+#: the two capacity definitions: the paper's (its reference [21]'s: the highest rate
+#: "while meeting the specified SLA targets", here the 50 ms SLA on decoding time
+#: alone; the 90% attainment is this project's reading, the paper names no share) and
+#: tuned's (this project's addition: TTFT <= 2 s too, for [21]'s bound on scheduling
+#: delay; a TBT bound alone is met at any rate by a controller that lets the queue grow)
+DEFINITIONS = {"paper": PAPER_SLO, "tuned": SLO}
 
-#: the contenders whose steps are counted at the rate the tolerance asks of them
-STALL_CONTENDERS = ("vllm-default", "tuned-paper", "tuned-paper-fixed-budget", "tuned")
+#: per definition, the contenders the checks read (quick and full) and the ones the
+#: full run adds (unchecked)
+CHECKED = {"paper": ("vllm-default", "published", "patch"), "tuned": ("vllm-default", "tuned")}
+DIAGNOSTIC = {"paper": ("published+chunk", "tuned"),
+              "tuned": ("published", "patch", "published+chunk")}
+
+#: full mode: tuned's chunk sizing plus one of tuned's other additions each, on
+#: tuned's definition, to measure which addition carries tuned's capacity (unchecked)
+ABLATIONS = {"chunk+guard": {"admission_guard": "tpot"},
+             "chunk+evidence": {"sla_mode": "evidence", "sla_statistic": "mean"}}
+
+#: the contenders whose steps are counted (full mode) at the rate tuned's check asks
+STALL_CONTENDERS = ("vllm-default", "published", "published+chunk", "tuned")
 
 
 def stall_counts(steps: Sequence, sla_s: float = TBT_SLA_S) -> dict:
@@ -249,6 +279,7 @@ def stall_counts(steps: Sequence, sla_s: float = TBT_SLA_S) -> dict:
             "mean_decode_batch": tokens / len(dec) if dec else None}
 
 
+
 def _misses(results, slo: Slo = SLO) -> dict:
     """Requests missing each part of the SLO (a request can miss both)."""
     done = [r for r in results if r.completed]
@@ -259,75 +290,92 @@ def _misses(results, slo: Slo = SLO) -> dict:
             "ttft_miss": ttft, "tpot_miss": tpot}
 
 
-def stall_run(cfg, hw, requests) -> dict:
-    """One run with its steps recorded: attainment, SLO misses and stall counts."""
+def contender(name: str, hw, tuned_kw: dict) -> tuple[config_mod.Config, Callable]:
+    """A named contender's config and the function that simulates it (the author's
+    patch runs on its own engine)."""
+    from functools import partial
+
     from tuned.engines.sim import simulate
 
-    res = simulate(cfg, hw, requests, record_steps=True)
+    if name == "vllm-default":
+        return static_config(hw, hw.vllm_default_max_num_seqs), simulate
+    if name.startswith("static-"):
+        return static_config(hw, int(name.split("-", 1)[1])), simulate
+    if name == "patch":
+        return (_config(hw, **PATCH_WITH_SLA, **tuned_kw),
+                partial(simulate_patch, with_controller=True))
+    changes = {"published": PAPER_ALGORITHM, "published+chunk": TUNED_CHUNK_SIZING,
+               "tuned": {}, **{k: {**TUNED_CHUNK_SIZING, **v} for k, v in ABLATIONS.items()}}
+    if name not in changes:
+        raise ValueError(f"pang: unknown contender {name!r}")
+    return _config(hw, **changes[name], **tuned_kw), simulate
+
+
+def stall_run(cfg, sim, hw, requests) -> dict:
+    """One run with its steps recorded: attainment, SLO misses and stall counts."""
+    res = sim(cfg, hw, requests, record_steps=True)
     results = results_from_sim(res)
     s = summarize(results, SLO)
     return {"attainment": s["attainment"], "tpot_p90_s": s["tpot_p90_s"],
             "ttft_p90_s": s["ttft_p90_s"], **_misses(results), **stall_counts(res.steps)}
 
 
+def _capacity(cfg, sim, hw, wl, base_rate: float, slo: Slo) -> dict:
+    summaries: dict[float, dict] = {}
+
+    def attainment(rate: float) -> float:
+        res = sim(cfg, hw, wl.scaled_rate(rate / base_rate).requests, record_steps=False)
+        s = summarize(results_from_sim(res), slo)
+        summaries[rate] = s
+        return float(s["attainment"] or 0.0)
+
+    cap = capacity_search(attainment, 1.0, 4.0, target=CAPACITY_TARGET, tol_rel=0.02)
+    at = summaries.get(cap.capacity_rps, {})
+    return {**cap.as_dict(), "at_capacity": {k: at.get(k) for k in (
+        "attainment", "output_tok_s", "tpot_mean_s", "tpot_p90_s", "ttft_p90_s")}}
+
+
 def capacity_row(row: dict, seed: int, caps: Sequence[int], *, diagnostics: bool,
                  data_dir: Path | None = None) -> dict:
-    """One Table II row: capacity at TPOT ≤ 50 ms and TTFT ≤ 2 s (90% attainment) per
-    contender, then, at the rate the paper's lowest gain asks of them (vLLM default's
-    capacity × (1 + :data:`MIN_CAPACITY_GAIN`)), each checked contender's stalls
-    counted in its own steps. ``diagnostics``: Algorithms 1+2 on vLLM's fixed
-    budget, the static caps and the ablations too."""
-    from tuned.engines.sim import simulate
-
+    """One Table II row: capacity at 90% attainment under each definition of
+    :data:`DEFINITIONS`, per contender (:data:`CHECKED`; ``diagnostics``: also
+    :data:`DIAGNOSTIC`, the static caps ``caps`` and the ablations on tuned's
+    definition, and each of :data:`STALL_CONTENDERS`' stalls counted in its own steps
+    at the rate tuned's check asks, vLLM default's capacity × (1 +
+    :data:`MIN_CAPACITY_GAIN`))."""
     hw = gpu_hardware(HARDWARE, data_dir)
     wl = parse_workload(workload_spec(row["prompt_mean"], row["output_mean"],
                                       row["requests"]), seed, max_model_len=MAX_MODEL_LEN)
     base_rate = wl.describe()["rate_rps"] or 1.0
     tuned_kw = {"tbt_sla_s": TBT_SLA_S, "eps_d_s": round(TBT_SLA_S * 0.04, 6)}
-    contenders = {"vllm-default": static_config(hw, hw.vllm_default_max_num_seqs),
-                  "tuned-paper": _config(hw, **PAPER_ALGORITHM, **tuned_kw),
-                  "tuned": _config(hw, **tuned_kw)}
-    if diagnostics:
-        contenders["tuned-paper-fixed-budget"] = _config(hw, **PAPER_FIXED_BUDGET, **tuned_kw)
-        for cap in caps:
-            contenders[f"static-{cap}"] = static_config(hw, cap)
-        for name, change in ABLATIONS.items():
-            contenders[name] = _config(hw, **{**PAPER_ALGORITHM, **change}, **tuned_kw)
-    out: dict = {"row": dict(row), "hardware": HARDWARE, "slo": str(SLO),
-                 "target": CAPACITY_TARGET, "workload": wl.describe(), "contenders": {}}
-    for name, cfg in contenders.items():
-        summaries: dict[float, dict] = {}
-
-        def attainment(rate: float, cfg=cfg, summaries=summaries) -> float:
-            res = simulate(cfg, hw, wl.scaled_rate(rate / base_rate).requests,
-                           record_steps=False)
-            s = summarize(results_from_sim(res), SLO)
-            summaries[rate] = s
-            return float(s["attainment"] or 0.0)
-
-        cap = capacity_search(attainment, 1.0, 4.0, target=CAPACITY_TARGET, tol_rel=0.02)
-        at = summaries.get(cap.capacity_rps, {})
-        out["contenders"][name] = {**cap.as_dict(),
-                                   "at_capacity": {k: at.get(k) for k in (
-                                       "attainment", "output_tok_s", "tpot_mean_s",
-                                       "tpot_p90_s", "ttft_p90_s")}}
-    c = out["contenders"]
-    static_names = [k for k in c if k == "vllm-default" or k.startswith("static-")]
-    best = max(static_names, key=lambda k: c[k]["capacity_rps"])
-    out["best_static"] = best
-    base = c["vllm-default"]["capacity_rps"]
-    out["gain_vs_default"] = c["tuned"]["capacity_rps"] / base - 1.0 if base else None
-    out["paper_gain_vs_default"] = c["tuned-paper"]["capacity_rps"] / base - 1.0 if base else None
-    out["gain_vs_best_static"] = (c["tuned"]["capacity_rps"] / c[best]["capacity_rps"] - 1.0
-                                  if c[best]["capacity_rps"] else None)
+    out: dict = {"row": dict(row), "hardware": HARDWARE, "target": CAPACITY_TARGET,
+                 "workload": wl.describe(), "definitions": {}}
+    for dname, slo in DEFINITIONS.items():
+        names = list(CHECKED[dname])
+        if diagnostics:
+            names += list(DIAGNOSTIC[dname])
+            if dname == "tuned":
+                names += [f"static-{c}" for c in caps] + list(ABLATIONS)
+        runs = {}
+        for name in names:
+            cfg, sim = contender(name, hw, tuned_kw)
+            runs[name] = _capacity(cfg, sim, hw, wl, base_rate, slo)
+        base = runs["vllm-default"]["capacity_rps"]
+        statics = [k for k in runs if k == "vllm-default" or k.startswith("static-")]
+        best = max(statics, key=lambda k: runs[k]["capacity_rps"])
+        out["definitions"][dname] = {
+            "slo": str(slo), "contenders": runs, "best_static": best,
+            "gains": {k: (v["capacity_rps"] / base - 1.0 if base else None)
+                      for k, v in runs.items() if k != "vllm-default"}}
+    out["stalls"] = {}
+    base = out["definitions"]["tuned"]["contenders"]["vllm-default"]["capacity_rps"]
     rate = round(base * (1.0 + MIN_CAPACITY_GAIN), 4) if base else None
     out["stall_rate_rps"] = rate
-    out["stalls"] = {}
-    if rate:
+    if diagnostics and rate:
         reqs = wl.scaled_rate(rate / base_rate).requests
         for name in STALL_CONTENDERS:
-            if name in contenders:
-                out["stalls"][name] = stall_run(contenders[name], hw, reqs)
+            cfg, sim = contender(name, hw, tuned_kw)
+            out["stalls"][name] = stall_run(cfg, sim, hw, reqs)
     return out
 
 
@@ -369,32 +417,42 @@ def run(seed: int = 0, *, quick: bool = False,
 
 def checks(result: dict) -> list[dict]:
     """The paper's checks: Algorithm 1's throughput gain over vLLM's default inside
-    Table I's spread at each cache size, and the published algorithm (Algorithms 1+2
-    with the paper's PD-fusion chunk sizing, ``tuned-paper``) inside Table II's spread
-    of capacity gains on each row; tuned's checks: tuned as shipped at least the
-    paper's lowest capacity gain on each row."""
+    Table I's spread at each cache size, as the pseudo-code reads and as the author's
+    patch states it; on the paper's capacity definition, the published algorithm
+    (Algorithms 1+2 on vLLM's fixed budget) and the patch (with Algorithm 2) inside
+    Table II's spread of capacity gains on each row. tuned's checks, on tuned's
+    definition: tuned as shipped at least the paper's lowest gain on each row."""
     out = []
     lo, hi = PAPER_THROUGHPUT_GAIN_RANGE
     for part in result["throughput"]:
-        g = part["gain_vs_default"]
-        out.append({"figure": f"paper's: (a) Algorithm 1 over static-{part['default_cap']} "
-                              f"throughput gain, gpu_memory_utilization "
-                              f"{part['gpu_memory_utilization']:g}",
-                    "ours": g, "target": f"{lo:+.1%}..{hi:+.1%} (Table I's rows)",
-                    "ok": g is not None and lo <= g <= hi})
+        for key, who in (("gain_vs_default", "Algorithm 1 (pseudo-code)"),
+                         ("patch_gain_vs_default", "Algorithm 1 (author's patch)")):
+            g = part.get(key)
+            out.append({"figure": f"paper's: (a) {who} over static-{part['default_cap']} "
+                                  f"throughput gain, gpu_memory_utilization "
+                                  f"{part['gpu_memory_utilization']:g}",
+                        "ours": g, "target": f"{lo:+.1%}..{hi:+.1%} (Table I's rows)",
+                        "ok": g is not None and lo <= g <= hi})
     lo, hi = PAPER_CAPACITY_GAIN_RANGE
     rows = result["capacity"]
-    for key, c in rows.items():
-        label = c["row"]["label"]
-        g = c.get("paper_gain_vs_default")
-        out.append({"figure": f"paper's: (b) {label}, published algorithm over vLLM "
-                              f"default capacity gain", "ours": g,
-                    "target": f"{lo:+.1%}..{hi:+.1%} (Table II's rows)",
-                    "ok": g is not None and lo <= g <= hi})
-    for key, c in rows.items():
-        g = c["gain_vs_default"]
+    for name, who in (("published", "published algorithm"),
+                      ("patch", "author's patch + Algorithm 2")):
+        for c in rows.values():
+            d = c["definitions"]["paper"]
+            g = d["gains"].get(name)
+            top = d["contenders"][name]["upper_rps"] is None
+            out.append({"figure": f"paper's: (b) {c['row']['label']}, {who} over vLLM "
+                                  f"default capacity gain (paper's definition: "
+                                  f"{d['slo']})", "ours": g,
+                        "target": f"{lo:+.1%}..{hi:+.1%} (Table II's rows)"
+                        + (" [capacity not bracketed: still met at the search's "
+                           "highest rate]" if top else ""),
+                        "ok": g is not None and not top and lo <= g <= hi})
+    for c in rows.values():
+        d = c["definitions"]["tuned"]
+        g = d["gains"].get("tuned")
         out.append({"figure": f"tuned's: (b) {c['row']['label']}, tuned as shipped over "
-                              f"vLLM default capacity gain",
+                              f"vLLM default capacity gain (tuned's definition: {d['slo']})",
                     "ours": g, "target": f">= {MIN_CAPACITY_GAIN:+.0%}",
                     "ok": g is not None and g >= MIN_CAPACITY_GAIN})
     return out
@@ -432,6 +490,12 @@ def format_table(result: dict) -> str:
                      f"{_num(runs['tuned-memory']['output_tok_s'])} | {tr['dynamic_tok_s']:g}")
         lines.append(f"{tag}: gain over vLLM default | {_pct(part['gain_vs_default'])} | "
                      f"{paper_gain:+.1%} (row), {lo:+.1%}..{hi:+.1%} (all rows)")
+        pm = runs["patch-memory"]
+        lines.append(f"{tag}: author's patch (memory_factor {MEMORY_FACTOR:g}, bounds 1.."
+                     f"{MEMORY_B_MAX}) tok/s | {_num(pm['output_tok_s'])} "
+                     f"({_pct(part['patch_gain_vs_default'])}; {pm['preemptions']} "
+                     f"preemptions, mean running {pm['mean_running']:.0f}, peak KV "
+                     f"{pm['peak_kv_share']:.0%}) | {tr['dynamic_tok_s']:g}")
         for name, ratio in sorted(part["tuned_over_static"].items(),
                                   key=lambda kv: int(kv[0].split("-")[1])):
             r = runs[name]
@@ -452,40 +516,52 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-_NAMES = {"vllm-default": "vLLM default static", "tuned-paper": "published algorithm "
-          "(Algorithms 1+2, the paper's chunk sizing)", "tuned-paper-fixed-budget":
-          "Algorithms 1+2 on vLLM's fixed 2048-token budget", "tuned": "tuned as shipped"}
+_NAMES = {"vllm-default": "vLLM default static",
+          "published": "published algorithm (Algorithms 1+2, vLLM's fixed budget)",
+          "patch": "author's patch of Algorithm 1 + Algorithm 2",
+          "published+chunk": "Algorithms 1+2 + tuned's PD-fusion chunk sizing",
+          "tuned": "tuned as shipped"}
+_DEF_NAMES = {"paper": "paper's capacity", "tuned": "tuned's capacity"}
+
+
+def _cap_text(v: dict) -> str:
+    top = "" if v["upper_rps"] is not None else " (still met at the highest rate tried)"
+    return f"{_num(v['capacity_rps'], 2)}{top}"
 
 
 def _capacity_lines(cap: dict) -> list[str]:
     row = cap["row"]
     tag = f"(b) {row['label']} ({row['prompt_mean']:g} / {row['output_mean']:g} tokens)"
-    c = cap["contenders"]
     paper_gain = row["dynamic_qps"] / row["static_qps"] - 1
-    lines = [f"{tag}: capacity (qps), vLLM default static | "
-             f"{_num(c['vllm-default']['capacity_rps'], 2)} | {row['static_qps']:g}",
-             f"{tag}: capacity (qps), published algorithm (tuned-paper) | "
-             f"{_num(c['tuned-paper']['capacity_rps'], 2)} | {row['dynamic_qps']:g}",
-             f"{tag}: gain, published algorithm (paper's) | "
-             f"{_pct(cap.get('paper_gain_vs_default'))} | {paper_gain:+.1%}",
-             f"{tag}: capacity (qps), tuned as shipped | "
-             f"{_num(c['tuned']['capacity_rps'], 2)} | —",
-             f"{tag}: gain, tuned as shipped (tuned's) | {_pct(cap['gain_vs_default'])} | —"]
-    if [k for k in c if k.startswith("static-")]:
-        lines.append(f"{tag}: tuned over best static in hindsight ({cap['best_static']}) | "
-                     f"{_pct(cap['gain_vs_best_static'])} | —")
-    for name, v in c.items():
-        a = v["at_capacity"]
-        lines.append(f"{tag}: {name}: capacity {v['capacity_rps']:.2f} qps, at it attainment "
-                     f"{_num(a.get('attainment'), 3)}, TPOT p90 "
-                     f"{_num((a.get('tpot_p90_s') or 0) * 1e3, 1)} ms, TTFT p90 "
-                     f"{_num(a.get('ttft_p90_s'), 2)} s | —")
+    lines = []
+    for dname, d in cap["definitions"].items():
+        c = d["contenders"]
+        dtag = f"{tag}, {_DEF_NAMES[dname]} ({d['slo']})"
+        lines.append(f"{dtag}: vLLM default static (qps) | {_cap_text(c['vllm-default'])} | "
+                     + (f"{row['static_qps']:g}" if dname == "paper" else "—"))
+        for name in (n for n in _NAMES if n != "vllm-default" and n in c):
+            paper = (f"{row['dynamic_qps']:g} ({paper_gain:+.1%})"
+                     if dname == "paper" and name in ("published", "patch") else "—")
+            lines.append(f"{dtag}: {_NAMES[name]} (qps, gain) | {_cap_text(c[name])}, "
+                         f"{_pct(d['gains'][name])} | {paper}")
+        others = [k for k in c if k not in _NAMES]
+        for name in others:
+            lines.append(f"{dtag}: {name} (qps, gain) | {_cap_text(c[name])}, "
+                         f"{_pct(d['gains'][name])} | —")
+        if others:
+            lines.append(f"{dtag}: best static in hindsight | {d['best_static']} | —")
+        for name, v in c.items():
+            a = v["at_capacity"]
+            lines.append(f"{dtag}: {name} at capacity: attainment "
+                         f"{_num(a.get('attainment'), 3)}, TPOT p90 "
+                         f"{_num((a.get('tpot_p90_s') or 0) * 1e3, 1)} ms, TTFT p90 "
+                         f"{_num(a.get('ttft_p90_s'), 2)} s | —")
     rate = cap.get("stall_rate_rps")
     for name, st in (cap.get("stalls") or {}).items():
-        lines.append(f"{tag}: stalls at {rate:g} qps (default +{MIN_CAPACITY_GAIN:.0%}), "
-                     f"{name} | {_stall_text(st)} | —")
-    lines.append(f"{tag}: SLO {cap['slo']} at {cap['target']:.0%} attainment, "
-                 f"{cap['workload']['n']} Poisson requests | — | —")
+        lines.append(f"{tag}: stalls at {rate:g} qps (default +{MIN_CAPACITY_GAIN:.0%} on "
+                     f"tuned's capacity), {name} | {_stall_text(st)} | —")
+    lines.append(f"{tag}: {cap['target']:.0%} attainment, {cap['workload']['n']} Poisson "
+                 f"requests | — | —")
     return lines
 
 
@@ -535,17 +611,33 @@ def _notes(result: dict) -> list[str]:
 
 
 def _capacity_notes(cap: dict) -> list[str]:
-    """A row whose published or shipped gain falls short: the stalls each contender's
-    own steps show at the rate the tolerance asks (measured, not modelled)."""
-    lo = PAPER_CAPACITY_GAIN_RANGE[0]
+    """A row where a checked gain falls outside its tolerance: what the runs show (the
+    search's ceiling on the paper's definition; on tuned's, the stalls each contender's
+    own steps show at the rate the tolerance asks, measured, not modelled)."""
+    lo, hi = PAPER_CAPACITY_GAIN_RANGE
     label = cap["row"]["label"]
-    short = [(who, g) for who, g in (("the published algorithm", cap.get("paper_gain_vs_default")),
-                                     ("tuned as shipped", cap.get("gain_vs_default")))
-             if g is not None and g < lo]
+    notes = []
+    d = cap["definitions"]["paper"]
+    for name in ("published", "patch"):
+        v = d["contenders"].get(name)
+        g = d["gains"].get(name)
+        if v is None or g is None:
+            continue
+        if v["upper_rps"] is None:
+            notes.append(f"note: {label}, paper's capacity: the {_NAMES[name]} still meets "
+                         f"{d['slo']} at {v['capacity_rps']:g} qps, the highest rate tried "
+                         f"(TTFT p90 there {_num(v['at_capacity'].get('ttft_p90_s'), 1)} s): "
+                         f"with a TBT bound alone, a controller that holds the step at the "
+                         f"SLA lets the queue absorb any rate, so the paper's definition "
+                         f"gives no finite capacity for it here.")
+        elif not lo <= g <= hi:
+            notes.append(f"note: {label}, paper's capacity: the {_NAMES[name]} gains "
+                         f"{g:+.1%}, outside Table II's {lo:+.0%}..{hi:+.1%}.")
+    g = cap["definitions"]["tuned"]["gains"].get("tuned")
     st = cap.get("stalls") or {}
-    if not short or not st:
-        return []
-    c = cap["contenders"]
+    if g is None or g >= MIN_CAPACITY_GAIN or not st:
+        return notes
+    c = cap["definitions"]["tuned"]["contenders"]
     parts = "; ".join(f"{name} ({_num(c[name]['capacity_rps'], 2)} qps capacity): "
                       f"{_stall_text(s)}" for name, s in st.items() if name in c)
     why = []
@@ -568,10 +660,11 @@ def _capacity_notes(cap: dict) -> list[str]:
                        f"{_num(s['prefill_tokens_per_step'], 0)} prompt tokens, and "
                        f"{_num((s['decode_tokens_over_sla_share'] or 0) * 100, 1)}% of the "
                        f"decode tokens come out of a step over {TBT_SLA_S * 1e3:.0f} ms")
-    return [f"note: {label}: " + ", ".join(f"{who} gains {g:+.1%}" for who, g in short)
-            + f", below Table II's lowest ({lo:+.0%}). Measured at "
-            f"{cap['stall_rate_rps']:g} qps, the rate that gain asks for, each run's own "
-            f"step records: {parts}." + (" So: " + "; ".join(why) + "." if why else "")]
+    notes.append(f"note: {label}, tuned's capacity: tuned as shipped gains {g:+.1%}, below "
+                 f"{MIN_CAPACITY_GAIN:+.0%}. Measured at {cap['stall_rate_rps']:g} qps, the "
+                 f"rate that gain asks for, each run's own step records: {parts}."
+                 + (" So: " + "; ".join(why) + "." if why else ""))
+    return notes
 
 
 if __name__ == "__main__":   # pragma: no cover

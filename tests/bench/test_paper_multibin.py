@@ -110,7 +110,7 @@ def test_latency_checks_fail_outside_three_standard_errors():
 
 @pytest.mark.slow  # about 25 s of simulation
 def test_multibin_quick_is_within_its_tolerances():
-    res = mb.run(0, quick=True)
+    res = mb.run(0, quick=True, section6_bins=())
     assert [r["k"] for r in res["rows"]] == [1, 2, 4, 8]
     for row in res["rows"]:
         assert row["steady_ratio"] == pytest.approx(1.0, abs=0.02), row["k"]
@@ -131,3 +131,37 @@ def test_multibin_quick_is_within_its_tolerances():
     lat = [r["infinite_servers"] for r in res["latency"]]
     assert lat == sorted(lat)
     assert all(c["ok"] for c in res["checks"]), [c for c in res["checks"] if not c["ok"]]
+
+
+def _section6(gain_32: float) -> dict:
+    rows = [{"k": 1, "steady_rps": 1.0, "theory_rps": 1.0, "finished": 80, "requests": 80,
+             "mixed_bin_batches": 0},
+            {"k": 32, "steady_rps": 1.0 + gain_32, "theory_rps": 5 / 3, "finished": 2560,
+             "requests": 2560, "mixed_bin_batches": 0}]
+    return {"batch": 8, "rows": rows, "from_k": 1, "to_k": 32, "gain": gain_32,
+            "theory_gain": 2 / 3, "paper_gain": mb.SECTION6_PAPER_GAIN,
+            "paper_tolerance": mb.SECTION6_TOLERANCE}
+
+
+def test_section6_checks_hold_the_gain_to_the_papers_70_percent_and_the_theorem():
+    assert mb.multibin_throughput(32, 8, 1, 20) / mb.multibin_throughput(1, 8, 1, 20) \
+        == pytest.approx(1.6670, abs=1e-4)
+    checks = mb.section6_checks(_section6(0.66))
+    assert [(c["figure"], c["ok"]) for c in checks] == [
+        ("Section 6.2 throughput gain k=1->32, B = 8", True),
+        ("Section 6.2 (1 + gain) / Theorem 4.2's, k=1->32, B = 8", True),
+        ("Section 6.2 finished requests, batches mixing bins", True)]
+    assert checks[0]["target"] == "0.7 ± 0.1 (paper: about 70%, Fig. 7)"
+    # +55%: 15 points short of the paper, 7% short of the theorem
+    assert [c["ok"] for c in mb.section6_checks(_section6(0.55))] == [False, False, True]
+    # +82%: above the paper's tolerance, 9% above the theorem
+    assert [c["ok"] for c in mb.section6_checks(_section6(0.82))] == [False, False, True]
+
+
+@pytest.mark.slow  # about 10 s of simulation
+def test_section6_quick_gain_from_1_to_32_bins_matches_the_theorem_and_the_paper():
+    s6 = mb.run_section6(0, mb.QUICK_SECTION6_BINS, quick=True)
+    assert [(r["k"], r["requests"]) for r in s6["rows"]] == [(1, 640), (32, 2560)]
+    assert s6["theory_gain"] == pytest.approx(0.6670, abs=1e-4)
+    assert s6["gain"] == pytest.approx(0.656, abs=0.005)
+    assert all(c["ok"] for c in mb.section6_checks(s6))

@@ -44,7 +44,7 @@ def test_run_paper_writes_json_and_markdown_and_returns_0(tmp_path):
     out = io.StringIO()
     rc = run_paper("multibin", tmp_path, quick=True, seed=3, stdout=out,
                    runner=lambda seed, quick: mb.run(seed, quick=quick, bins=(1, 2),
-                                                     latency_bins=()))
+                                                     latency_bins=(), section6_bins=()))
     assert rc == 0
     data = json.loads((tmp_path / "paper-multibin.json").read_text())
     assert data["passed"] is True and data["seed"] == 3 and data["quick"] is True
@@ -61,7 +61,7 @@ def test_run_paper_writes_json_and_markdown_and_returns_0(tmp_path):
 
 def test_run_paper_returns_1_and_names_the_figure_out_of_tolerance(tmp_path):
     def strict(seed, quick):
-        res = mb.run(seed, quick=quick, bins=(2,), latency_bins=())
+        res = mb.run(seed, quick=quick, bins=(2,), latency_bins=(), section6_bins=())
         res["tolerance"] = 1e-9      # no simulation is that exact
         res["checks"] = mb.checks(res)
         return res

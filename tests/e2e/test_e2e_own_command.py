@@ -11,7 +11,7 @@ engines), not through `tuned serve`:
   running count stays at the config's ``b_max`` while more wait), and ``POST /reload``
   re-reads the file;
 - with ``TUNED_CONFIG=FILE`` and a config that contradicts the engine's
-  ``--max-num-seqs``, the engine stops at start with tuned's one-line error;
+  ``--max-num-seqs``, the server stops at start with tuned's one-line error;
 - the line ``tuned serve --print-command`` prints, run as printed, serves.
 
 Run under ``flock /tmp/engine.lock``: it starts three engines, one after the other.
@@ -136,8 +136,8 @@ def test_contradicting_config_stops_the_engine_at_start(tmp_path, tiny_model):
     log = log_path.read_text(errors="replace")
     assert rc != 0, log[-3000:]
     line = (f"tuned: config refused: {cfg_path.resolve()}: max_num_seqs: the config says 32, "
-            f"the engine runs --max-num-seqs {CEILING}; pass --max-num-seqs 32 to vLLM or "
-            f"set max_num_seqs = {CEILING} in the config")
+            f"vLLM was given --max-num-seqs {CEILING}; remove it from the config or give both "
+            "the same value")
     assert line in log.splitlines(), log[-3000:]
 
 

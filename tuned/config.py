@@ -1105,5 +1105,10 @@ def explain() -> str:
         lines.append(f"{name} ({f.type}, default {meta['default']!r}{', ' + rng if rng else ''})"
                      f"{flag}: {meta['doc']}")
     lines += ["", "Policies (batch_policy, queue_policy) and their options (batch_options, "
-              "queue_options):", catalog.explain()]
+              "queue_options):", catalog.explain(),
+              "", f"Dropped into your own vLLM command line (--scheduler-cls "
+              f"tuned.engines.vllm.TunedScheduler), {', '.join(ENGINE_KEYS)} are read from "
+              f"vLLM's arguments (set here, they must agree with them) and every key may "
+              f"also be given as {ENV_PREFIX}<KEY> or in --additional-config "
+              f"'{{\"tuned\": {{...}}}}'."]
     return "\n".join(lines)

@@ -273,3 +273,12 @@ def test_plugin_names_tuneds_scheduler_only():
                                      "vllm.v1.core.sched.scheduler.Scheduler",
                                      "mytuned.engines.vllm.TunedScheduler", None, int)] == [
         True, True, False, False, False, False]
+
+
+def test_explain_says_engine_keys_come_from_vllm():
+    assert config_mod.explain().splitlines()[-1] == (
+        "Dropped into your own vLLM command line (--scheduler-cls "
+        "tuned.engines.vllm.TunedScheduler), model, max_num_seqs, max_num_batched_tokens, "
+        "max_model_len, num_gpu_blocks are read from vLLM's arguments (set here, they must "
+        "agree with them) and every key may also be given as TUNED_<KEY> or in "
+        "--additional-config '{\"tuned\": {...}}'.")

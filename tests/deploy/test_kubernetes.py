@@ -435,7 +435,13 @@ def test_config_passes_and_agrees_with_the_engine(docs, tmp_path):
     engine = {"model": argv[2], "max_num_seqs": int(_flag(argv, "--max-num-seqs")),
               "max_num_batched_tokens": int(_flag(argv, "--max-num-batched-tokens")),
               "max_model_len": 4096, "num_gpu_blocks": None}
-    assert engine_problems(cfg, engine) == []
+    # the file holds tuned's own keys only: the engine's settings come from vLLM's
+    # arguments, as the scheduler reads them with the file TUNED_CONFIG names
+    assert not set(config_mod.read_toml(path)) & set(engine)
+    setup = config_mod.engine_setup(None, {CONFIG_ENV: str(path)}, engine=engine)
+    assert (setup.cfg.model, setup.cfg.max_num_seqs, setup.cfg.max_num_batched_tokens) == \
+        (argv[2], 256, 8192)
+    assert engine_problems(setup.cfg, engine) == []
 
 
 def test_init_container_refuses_a_bad_config(docs, tmp_path):
@@ -453,10 +459,11 @@ def test_init_container_refuses_a_bad_config(docs, tmp_path):
     r = run(good)
     assert r.returncode == 0, r.stdout + r.stderr
     bad = tmp_path / "bad.toml"
-    bad.write_text(good.read_text().replace("max_num_seqs = 256", "max_num_seqs = 0"))
+    bad.write_text(good.read_text().replace("tbt_sla_s = 0.05", "tbt_sla_s = -1"))
+    assert bad.read_text() != good.read_text()
     r = run(bad)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "max_num_seqs" in r.stdout + r.stderr
+    assert "tbt_sla_s" in r.stdout + r.stderr
 
 
 @pytest.mark.slow  # imports vLLM's CLI (tens of seconds); starts no engine
@@ -476,10 +483,11 @@ def test_vllm_serve_parses_the_container_arguments(docs, tmp_path):
     assert (args.max_num_seqs, args.max_num_batched_tokens) == (256, 8192)
     assert not args.additional_config
     path = _configmap_config(docs, tmp_path)
-    setup = config_mod.engine_setup(args.additional_config or None, {CONFIG_ENV: str(path)})
+    engine = {"model": args.model_tag, "max_num_seqs": args.max_num_seqs,
+              "max_num_batched_tokens": args.max_num_batched_tokens,
+              "max_model_len": 4096, "num_gpu_blocks": None}
+    setup = config_mod.engine_setup(args.additional_config or None, {CONFIG_ENV: str(path)},
+                                    engine=engine)
     assert setup.cfg.max_num_seqs == args.max_num_seqs
     assert setup.reload_token_sha256 == ""
-    assert engine_problems(setup.cfg, {"model": args.model_tag,
-                                       "max_num_seqs": args.max_num_seqs,
-                                       "max_num_batched_tokens": args.max_num_batched_tokens,
-                                       "max_model_len": 4096, "num_gpu_blocks": None}) == []
+    assert engine_problems(setup.cfg, engine) == []

@@ -3,10 +3,11 @@
 vLLM loads it in the EngineCore process (``--scheduler-cls
 tuned.engines.vllm.TunedScheduler``, or ``LLM(scheduler_cls=...)``) and calls it
 from its busy loop. Its config comes from ``tuned serve`` (embedded in
-``--additional-config``) or, on your own vLLM command line, from the file named by
-``--additional-config '{"tuned": {"config_path": FILE}}'`` or ``TUNED_CONFIG=FILE``
-(:func:`tuned.config.engine_setup`); a bad config, or engine arguments that
-contradict it (:func:`tuned.config.engine_problems`), stop the engine at start.
+``--additional-config``) or, on your own vLLM command line, from the engine's own
+settings plus tuned's keys in ``--additional-config '{"tuned": {...}}'``, ``TUNED_*``
+variables or a file (:func:`tuned.config.engine_setup`); a bad config, or one that
+contradicts the engine's arguments, stops the engine at start (and, through
+:mod:`tuned.engines.vllm_plugin`, vLLM's server before it loads the model).
 It overrides as little as it can:
 
 * ``schedule()``: first applies the controller's latest decision to the two live
@@ -172,7 +173,8 @@ class _TunedMixin:
                  block_size=self.block_size, scheduler=type(self).__mro__[2].__name__,
                  metrics=(f"http://{cfg.metrics_host}:{self.endpoint.port}/metrics"
                           if self.endpoint else None),
-                 config=cfg.source_path or "embedded default", sla_s=cfg.tbt_sla_s)
+                 config=cfg.source_path or ("vLLM's settings, no file" if cfg.sources is not None
+                                            else "embedded default"), sla_s=cfg.tbt_sla_s)
         self.controller.start()
 
     # -------------------------------------------------------------- the view

@@ -41,7 +41,8 @@ def test_testbed_speed_curve_is_flatter_at_the_same_single_request_speed():
 
 
 def test_testbed_section_is_reported_apart_from_the_papers_checks():
-    res = saber.run(0, quick=True, mixes=("W2",), rates=(10.0,), extras=False)
+    res = saber.run(0, quick=True, mixes=("W2",), rates=(10.0,), extras=False,
+                    authors=False)
     tb = res["testbed"]
     assert tb["name"] == saber.TESTBED
     assert set(tb["sla_sets"]) == {"table1", "rederived"}
@@ -72,7 +73,7 @@ def test_testbed_section_is_reported_apart_from_the_papers_checks():
 def quick_run():
     """The quick plan on the paper's hardware and both testbeds, without the paper
     hardware's extras (about a minute of CPU), once."""
-    return saber.run(0, quick=True, extras=False)
+    return saber.run(0, quick=True, extras=False, authors=False)
 
 
 @pytest.mark.slow

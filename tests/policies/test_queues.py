@@ -30,7 +30,8 @@ def test_unknown_policy_and_option_errors():
         make_policy("sjf")
     with pytest.raises(ValueError, match=r"saber: unknown option\(s\) size \(known: window, "
                                          r"default_deadline_s, use_predicted, running_check, "
-                                         r"demoted\)"):
+                                         r"demoted, pace_s, refused, speed_limit_tok_s, "
+                                         r"expiry_check_s, load, speed_curve\)"):
         make_policy("saber", {"size": 3})
     with pytest.raises(ValueError, match="saber: window must be an integer >= 1, got 0"):
         make_policy("saber", {"window": 0})

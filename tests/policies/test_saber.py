@@ -273,3 +273,102 @@ def test_demoted_in_order_keeps_the_arrival_place():
         assert [r.request_id for r in ordered] == first and p.is_low("late")
         sel = p.select(ordered, [], [], ctx(0.0))
         assert sel.chosen.request_id == first[0]
+
+
+# ------------------------------------------------------------ the authors' code's options
+AUTHORS_OPTS = dict(window=20, running_check="recorded", pace_s=0.1, refused="tail",
+                    speed_limit_tok_s=100.0, expiry_check_s=1.0, load="doubled",
+                    speed_curve="authors_code")
+
+
+def test_authors_code_coefficients_cap_high_priority_running_at_17():
+    # 102.55 / (1 + 0.003 L - 0.001 L^2) is negative past L = 33.2; at 2 H + 1 that
+    # admits while H <= 16 running requests came from the high-priority queue
+    p = SaberPolicy(**AUTHORS_OPTS)
+    running = [R(f"h{i}", 51, 100.0) for i in range(17)]
+    for r in running:
+        p.on_admitted(r, 0.0)
+    c = R("c", 51, 1.0)
+    ok = p.admit(c, running[:16], [], ctx(0.0, fn=None))
+    assert ok.admit and "v(33) = 10255.0 tok/s" in ok.reason
+    v = p.admit(c, running, [], ctx(0.0, fn=None))
+    assert not v.admit and v.reason.startswith("saber: v(35) = -854.6 tok/s < required 51.0")
+    # demoted requests do not count towards H
+    p2 = SaberPolicy(**AUTHORS_OPTS)
+    for r in running[:16]:
+        p2.on_admitted(r, 0.0)
+    low = R("low", 51, 0.1)
+    p2._low["low"] = 1
+    p2.on_admitted(low, 0.0)
+    assert p2.admit(c, [*running[:16], low], [], ctx(0.0, fn=None)).admit
+
+
+def test_authors_fit_coefficients_fall_with_load():
+    p = SaberPolicy(speed_curve="authors_fit", window=1)
+    v = p.admit(R("c", 600, 10.0), [R(f"r{i}", 1, None) for i in range(39)], [], ctx(0.0))
+    # v(40) = 102.55 / (1 + 1.2 - 0.16) = 50.27 < 60
+    assert not v.admit and "v(40) = 50.3 tok/s < required 60.0" in v.reason
+
+
+def test_speed_limit_demotes_the_tried_candidate_and_a_refusal_goes_to_the_tail():
+    p = SaberPolicy(**AUTHORS_OPTS, rng=random.Random(1))
+    busy = [R(f"h{i}", 51, 100.0) for i in range(17)]
+    for r in busy:
+        p.on_admitted(r, 0.0)
+    a = R("a", 617, 12.0, t=0.0)        # at t=6.5: 617 / 5.5 = 112 tok/s > 100
+    b = R("b", 51, 10.0, t=0.1)         # refused by the cap
+    c = R("c", 51, 10.0, t=0.2)
+    ordered = p.order([a], 6.5, ctx(6.5, fn=None))
+    sel = p.select(ordered, busy, [], ctx(6.5, fn=None))
+    assert sel.chosen is None and sel.refused == (a,)
+    p.on_deferred(a, sel.verdict)
+    assert p.is_low("a") and p.refusals["demoted"] == 1 and p.stats.demoted == 1
+    assert p.refresh([a], ctx(6.6, fn=None))              # reorder after a demotion
+    ordered = p.order([b, c], 6.6, ctx(6.6, fn=None))
+    assert [r.request_id for r in ordered] == ["b", "c"]
+    sel = p.select([b], busy, [], ctx(6.7, fn=None))
+    p.on_deferred(b, sel.verdict)
+    assert p.refusals["negative"] == 1 and p.refresh([b, c], ctx(6.8, fn=None))
+    assert [r.request_id for r in p.order([b, c], 6.8, ctx(6.8, fn=None))] == ["c", "b"]
+
+
+def test_pacing_allows_one_attempt_per_cycle_but_never_holds_an_idle_engine():
+    p = SaberPolicy(pace_s=0.1, window=20, speed_curve="authors_code")
+    reqs = [R(f"w{i}", 51, 10.0, t=0.0) for i in range(3)]
+    run = [R("run", 1, None)]
+    ordered = p.order(reqs, 0.0, ctx(0.0, fn=None))
+    assert p.select(ordered, run, [], ctx(0.0, fn=None)).chosen is not None
+    held = p.select(ordered, run, [], ctx(0.05, fn=None))
+    assert held.chosen is None and held.verdict.reason == ("saber: waiting for the next "
+                                                          "dispatch cycle")
+    assert p.select(ordered, [], [], ctx(0.06, fn=None)).chosen is not None   # idle
+    assert p.select(ordered, run, [], ctx(0.17, fn=None)).chosen is not None
+
+
+def test_expired_deadlines_are_demoted_only_at_the_check_period():
+    p = SaberPolicy(expiry_check_s=1.0, speed_limit_tok_s=100.0, speed_curve="authors_code")
+    r = R("a", 51, 1.0, t=0.0)
+    p.observe_arrival(r)
+    assert p.refresh([r], ctx(0.0, fn=None))                 # the speed curve is new
+    p.order([r], 0.0, ctx(0.0, fn=None))
+    assert not p.refresh([r], ctx(0.5, fn=None))             # a check: nothing expired
+    assert not p.refresh([r], ctx(1.2, fn=None))             # expired, no check due
+    p.order([r], 1.2, ctx(1.2, fn=None))
+    assert not p.is_low("a")
+    assert p.refresh([r], ctx(1.5, fn=None))                 # the next check, 1 s on
+    p.order([r], 1.5, ctx(1.5, fn=None))
+    assert p.is_low("a")
+
+
+def test_authors_options_are_checked():
+    bad = [({"pace_s": -1}, "saber: pace_s must be a number >= 0, got -1"),
+           ({"refused": "drop"}, "saber: refused must be one of stay, tail, got 'drop'"),
+           ({"load": "triple"}, "saber: load must be one of next, doubled, got 'triple'"),
+           ({"speed_curve": "mine"}, "saber: speed_curve must be one of profile, "
+                                      "authors_code, authors_fit, got 'mine'")]
+    for opts, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            SaberPolicy.from_options(opts)
+    p = SaberPolicy()
+    assert (p.pace_s, p.refused, p.speed_limit_tok_s, p.expiry_check_s, p.load,
+            p.speed_curve) == (0.0, "stay", 0.0, 0.0, "next", "profile")

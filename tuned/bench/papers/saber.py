@@ -394,14 +394,18 @@ def _one(cfg, hw, specs: Sequence[RequestSpec], hints: dict[str, dict] | None = 
 def run(seed: int = 0, *, quick: bool = False, rates: Sequence[float] | None = None,
         seeds: int | None = None, mixes: Sequence[str] = MIXES,
         cpu_clock: Callable[[], float] = time.process_time,
-        data_dir: Path | None = None, testbed: bool = True, extras: bool = True) -> dict:
+        data_dir: Path | None = None, testbed: bool = True, extras: bool = True,
+        authors: bool = True) -> dict:
     """The offline profile, then every (mix, RPS, contender) with ``seeds`` workload
     seeds (seed·1000 + i); see the module docstring. ``data_dir``: the operator tables
     (by default the packaged ones). ``testbed``: also measure the same on
     :func:`testbed_hardware` (under ``"testbed"``) and on :data:`MEASURED_TESTBED`
     (under ``"testbed_measured"``, from the packaged measurements whatever
     ``data_dir``), both outside the paper's checks. ``extras``: also the window sweep,
-    the per-task average run and the CV investigation on the paper's hardware."""
+    the per-task average run and the CV investigation on the paper's hardware.
+    ``authors``: also SABER as its authors' code runs it, on their measured speed
+    curve, against their raw results (:mod:`tuned.bench.papers.saber_authors`, under
+    ``"authors"``; its marks join the checks)."""
     plan = QUICK if quick else FULL
     rates = tuple(rates or plan["rates"])
     seeds = int(seeds or plan["seeds"])
@@ -418,6 +422,12 @@ def run(seed: int = 0, *, quick: bool = False, rates: Sequence[float] | None = N
     out["calibrated_slas_s"] = calibrated_slas(hw, seed)
     out["table1_slas_s"] = {t: SABER_TASKS[t].sla_s for t in sorted(SABER_TASKS)}
     out["cpu_s_profile"] = t_prof
+    if authors:
+        from tuned.bench.papers import saber_authors
+
+        t0 = cpu_clock()
+        out["authors"] = saber_authors.measure(seed, rates=rates, seeds=seeds, mixes=mixes)
+        out["authors"]["cpu_s"] = cpu_clock() - t0
     out["checks"] = checks(out)
     if testbed:
         testbeds = (testbed_hardware(hw), gpu_hardware(MEASURED_TESTBED))
@@ -634,6 +644,10 @@ def checks(result: dict) -> list[dict]:
         out.append({"figure": f"paper's, {READINGS[DEFAULT]}: {mix} goodput gain over best "
                               f"static, mean over RPS (points)",
                     "ours": f"{g:+.1f}", "target": target, "ok": ok})
+    if result.get("authors"):
+        from tuned.bench.papers import saber_authors
+
+        out.extend(saber_authors.checks(result["authors"]))
     return out
 
 
@@ -744,6 +758,10 @@ def format_table(result: dict) -> str:
         lines.append("SLA re-derived here the paper's way (mean completion at 10 RPS, vLLM "
                      "default) | " + ", ".join(f"{t} {cal[t]:.2f} s" for t in cal) + " | "
                      + ", ".join(f"{t} {tab[t]:g} s" for t in tab) + " (Table I)")
+    if result.get("authors"):
+        from tuned.bench.papers import saber_authors
+
+        lines.extend(saber_authors.format_lines(result["authors"]))
     lines.append(format_checks(result["checks"]))
     lines.extend(_notes(result))
     for key in TESTBED_KEYS:
@@ -751,7 +769,8 @@ def format_table(result: dict) -> str:
             lines.extend(_testbed_lines(result, key))
     lines.append(f"CPU {result['cpu_s']:.1f} s (profile {result['cpu_s_profile']:.1f} s"
                  + "".join(f", {key} {result[key]['cpu_s']:.1f} s"
-                           for key in TESTBED_KEYS if result.get(key)) + ")")
+                           for key in (*TESTBED_KEYS, "authors") if result.get(key))
+                 + ")")
     return "\n".join(lines)
 
 

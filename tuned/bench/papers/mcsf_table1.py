@@ -10,9 +10,9 @@ MC-Benchmark 46.472 s (σ 0.310), the α-protection baselines 50.4..53.4 s
 figure compared is each algorithm's latency relative to MC-SF's.
 
 Here: ``a100x2-llama2-70b``, the paper's two A100s (the simulator's Vidur tables,
-tensor-parallel degree 2; its cache at ``gpu_memory_utilization`` 0.9 holds 37,731
-tokens) with its KV cache cut to the paper's M (:data:`PAPER_KV_TOKENS`, in vLLM's 16-token
-blocks), workload ``lmsys:rate=50,n=1000`` (prompt mean 40.6 / median 11, output
+tensor-parallel degree 2) with its KV cache cut to the paper's M
+(:data:`PAPER_KV_TOKENS`, in vLLM's 16-token blocks), workload
+``lmsys:rate=50,n=1000`` (prompt mean 40.6 / median 11, output
 mean 85.3 / median 45; ``max_tokens`` = the output length, so the predictor's
 output estimate is exact, as the paper assumes), a static batch large enough never
 to bind (``max_num_seqs`` 1024) and vLLM's default token budget. Contenders:
@@ -45,10 +45,10 @@ MC-Benchmark [1.385, 1.496], for each α row its own range (e.g. greedy α = 0.3
 because smaller ones looped for ever). Single draws spread far wider (MC-Benchmark
 / MC-SF per draw, 184 draws: σ 0.096, 1.265..1.738), so the per-draw distribution is
 reported beside each ratio, and the check is on the 50-draw figure only; with that
-σ its standard error is about 0.014, and the MC-Benchmark bounds lie 3 and 5
-standard errors from our mean (seed 0: 1.453). ``--quick`` does not run Table 1:
-resampling 184 measured draws, ten draws leave the MC-Benchmark range about one
-time in ten by chance alone, fifty 0.2% of the time.
+σ its standard error is about 0.014 (measured on four A100s, where the
+MC-Benchmark bounds lay 3 and 5 standard errors from the mean, seed 0: 1.453).
+``--quick`` does not run Table 1: resampling 184 measured draws, ten draws leave
+the MC-Benchmark range about one time in ten by chance alone, fifty 0.2% of the time.
 """
 
 from __future__ import annotations

@@ -39,6 +39,18 @@ from tuned.sim.hardware import VLLM_DEFAULTS, resolve_hardware  # noqa: E402
 PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "demo-small-cpu.json"
 
 
+def demo_contenders(cfg) -> list[Contender]:
+    """tuned with ``cfg`` and vLLM's default static cap and budget on a CPU host, as the
+    demo runs them."""
+    seqs, toks = VLLM_DEFAULTS["cpu"]
+    static = dataclasses.replace(
+        cfg, max_num_seqs=seqs, max_num_batched_tokens=toks, b_max=0,
+        fallback_cap=min(cfg.fallback_cap, seqs), batch_policy="static",
+        token_budget_policy="max", queue_policy="fcfs", queue_options={}, ttft_sla_s=0.0,
+        admission_guard="off", on_max_wait="off")
+    return [Contender("tuned", "tuned", cfg), Contender("vllm-default", "static", static, seqs)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=str(PROFILE))
@@ -63,13 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_mod.validate(raw)
     if cfg.tbt_sla_s or not cfg.tbt_sla_auto:
         raise SystemExit("the demo derives its SLA: keep tbt_sla_s = 0 and tbt_sla_auto > 1")
-    seqs, toks = VLLM_DEFAULTS["cpu"]
-    static = dataclasses.replace(
-        cfg, max_num_seqs=seqs, max_num_batched_tokens=toks, b_max=0,
-        fallback_cap=min(cfg.fallback_cap, seqs), batch_policy="static",
-        token_budget_policy="max", queue_policy="fcfs", queue_options={}, ttft_sla_s=0.0,
-        admission_guard="off", on_max_wait="off")
-    field = [Contender("tuned", "tuned", cfg), Contender("vllm-default", "static", static, seqs)]
+    field = demo_contenders(cfg)
     rows: dict[str, list[tuple]] = {c.name: [] for c in field}
     for slow in slows:
         sla = round(cfg.tbt_sla_auto * fit0.predict_step_s(1, 0.0, 0.0) * slow, 4)

@@ -134,7 +134,7 @@ class Config:
                             "demand, from finished requests)", choices=MEMORY_DEMANDS)
     # short, so that the estimate follows a change of the request mix (a phase of long
     # prompts, then chat) within a few seconds of load instead of lagging it by the
-    # whole window; docs/results.md has the figures
+    # whole window
     demand_window: int = _f(16, "finished requests used for the mean/variance of KV demand "
                             "(at most the finished requests the engine keeps)",
                             lo=2, hi=FINISHED_RING)

@@ -756,8 +756,7 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
 
     Why not the controller's own figure: it is the online fit's prediction at batch 1
     from the first few dozen steps of a server just started, and read the step 0.7x to
-    2x what the pace probe read around the runs a minute later (docs/results.md,
-    "A tenth and an eleventh sitting"); an SLA set on a slow reading made the demo's
+    2x what the pace probe read around the runs a minute later; an SLA set on a slow reading made the demo's
     load so light that vLLM's default met it too, one on a fast reading so tight that
     no chunk held it."""
     import requests
@@ -803,13 +802,13 @@ def probed_step(derived: dict, steps: Sequence[float | None]) -> dict:
 #: the chat phases do not pay). Outputs of 16-112 tokens end one by one, so the decode
 #: batch steps down through every size to 1; outputs all of one length end together,
 #: and where the engine admitted the burst at once no three batches had decode-only
-#: steps to fit (docs/results.md, "The demo sized from a burst's measured steps").
+#: steps to fit.
 #: Then four long prompts answered with two tokens each, one every 5 s (the first
 #: after the burst has decoded, so that its chunks leave the small batches'
 #: decode-only steps to the line): their chunks prefill beside few decodes or none,
 #: so a step's time over the line is mostly prefill, and the cost a prompt token is
 #: read there. The burst's own prefilling steps carry up to 24 decodes, where the
-#: line's error is as large as the prefill (docs/results.md, "A fifth sitting").
+#: line's error is as large as the prefill.
 PROBE_WORKLOAD = ("phases:poisson:rate=200,prompt=U(32,128),output=U(16,112),n=24;"
                   "gamma:rate=0.2,cv=0.1,prompt=U(500,700),output=2,n=4")
 

@@ -21,8 +21,7 @@ paper reasons about a batch of b requests each holding l_in + l_out tokens for i
 whole life; vLLM admits and retires requests every step, so a running request holds
 only l_in + (tokens so far), and the b running at once are at different points of
 their lives. The full l_in + l_out per request is conservative by about l_out/2 per
-request, more so with a CPU engine's 128-token blocks (docs/results.md, issue 29
-item 3), so by default the demand the CLT bound sums is
+request, more so with a CPU engine's 128-token blocks, so by default the demand the CLT bound sums is
 the blocks a request holds at a random decode step (``memory_demand =
 "occupancy"``, :func:`tuned.core.window.occupancy_moments`); ``"lifetime"`` keeps
 the paper's rule (the paper runs use it).
@@ -451,7 +450,7 @@ class EvidenceSlaBound(SlaBound):
         simulator's h100-llama2-70b Azure row it took the cap from the memory bound's
         290 to 21). Without this the search comes back from every lift to the
         interval it had before it, the queue is late again within a second and the
-        cap cycles between the two (docs/results.md, "A sixteenth sitting")."""
+        cap cycles between the two."""
         t, bbar = self.measured(obs), obs.decode_batch_mean
         if t is None or bbar is None or not math.isfinite(bbar):
             return
@@ -625,8 +624,9 @@ def lift_target(obs: Observation, model: StepModel | None, sla_s: float, b_mem: 
     lifting past this batch to drain the queue faster makes every request decoding
     meanwhile miss its TPOT as well. Up to it the queue drains as fast as the running
     requests' TPOT allows, so slower than at the memory bound (``lift``): the TTFT
-    tail and the throughput may pay (docs/results.md, "A lift that stops at the TPOT
-    SLO", and the twentieth sitting for why it became the default). Without a model
+    tail and the throughput may pay. It is the default because on the real engine's
+    three-phase load its margin over the best static cap stood above the host's
+    noise, and the simulator's rows do not move with it. Without a model
     or a measured window the lift is to the memory bound, as with ``lift``."""
     if (model is None or obs.tbt_mean_s is None
             or obs.decode_batch_mean is None or not math.isfinite(obs.tbt_mean_s)

@@ -215,8 +215,7 @@ class TokenBudget:
             # prompt admitted alone came a few dozen tokens a step while the decodes
             # beside it had room. (Where a GPU's step jumps past a GEMM tile, chunks
             # grown for every prompt under way cross the stair the linear fit cannot
-            # see, on almost every step of a loaded engine: docs/results.md, "An eighth
-            # sitting".) The chunks are sized to the TPOT SLO itself, without the
+            # see, on almost every step of a loaded engine.) The chunks are sized to the TPOT SLO itself, without the
             # margin and the closed-loop bias: holding the mean step below
             # D_SLA - 2 eps_D here makes the waiting requests miss their TTFT to keep a
             # TPOT margin the running ones do not need (docs/results.md, "A step time

@@ -116,8 +116,7 @@ def _token_budget(policy: Any, b: Build) -> TokenBudget:
     # CPU host). On a line a prompt's tokens cost the running requests the same time
     # in one step or in many, so a request's TPOT, the mean of the steps it decodes
     # in, is the same either way, while each extra chunk delays the prompt's first
-    # token by a step; the cap holds TPOT there (docs/results.md, "A fifteenth
-    # sitting").
+    # token by a step; the cap holds TPOT there.
     line = cfg.token_budget_policy == "auto" and not paper and not cfg.token_budget_granule
     return TokenBudget(policy, max_num_batched_tokens=b.max_num_batched_tokens,
                        min_chunk_tokens=cfg.min_chunk_tokens, sla_s=sla_s, control=not line,

@@ -374,8 +374,9 @@ def format_lines(result: dict) -> list[str]:
                      f"{_pct(s['best_static_cv'])} → {_pct(c['cv'])} | {s['paper_cv']:g}")
     names = [n for n in next(iter(result["mixes"].values()))["contenders"] if n != "authors"]
     if names:
-        lines.append("ablation: the authors' reading with one mechanism changed | gain "
-                     "W1 / W2 / W3 (points); CV (%) | the authors' reading's")
+        lines.append(f"ablation: the authors' reading with one mechanism changed | gain "
+                     f"{' / '.join(result['mixes'])} (points); CV (%) | the authors' "
+                     f"reading's")
         ref = " / ".join(f"{s['contenders']['authors']['gain_points']:+.1f}"
                          for s in result["mixes"].values())
         for n in names:

@@ -133,7 +133,7 @@ def test_check_config_explain_lists_every_key():
     keys = [line.split(" ", 1)[0] for line in fields.splitlines()]
     assert keys == list(config_mod.FIELDS)
     # then every declared policy with its options (tuned.policies.catalog)
-    assert "queue_policy = saber: deadline-aware two-tier admission (seed 002)" in policies
+    assert "queue_policy = saber: deadline-aware two-tier admission (SABER)" in policies
     assert ("  queue_options.window (int, default 16, an integer >= 1): waiting requests "
             "one admission attempt may try") in policies
     assert "max_num_seqs (int, default 32" in out
@@ -267,7 +267,8 @@ def test_status_summary_lines():
                         "max_num_batched_tokens 2048")
     assert lines[1] == ("decision:    #57 (0.4 s ago): target 12 seqs in [8, 16] -> cap 12, "
                         "token budget 544 (b_mem 24, b_sla 12)")
-    assert lines[2] == "reason:      sla_over: TBT above SLA + eps_d_s: the SLA search moves down"
+    assert lines[2] == ("reason:      sla_over: TBT above the SLA plus its tolerance "
+                        "eps_d_s: the SLA search moves down")
     assert lines[3] == "applied:     cap 12 seqs, token budget 544 tokens, fallback no"
     assert lines[4] == ("TBT:         mean 52.3 ms vs SLA 50.0 ms: over by 5%; "
                         "decode batch mean 11.8")

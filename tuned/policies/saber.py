@@ -1,4 +1,4 @@
-"""SABER admission control (seed 002, Chang et al., Algorithm 1 and Section IV-C).
+"""SABER admission control (Chang et al., Algorithm 1 and Section IV-C).
 
 Two-tier queue. Every request enters the high-priority queue (HPQ) with a deadline
 and a number of tokens to generate; its required speed is
@@ -15,7 +15,7 @@ head and try them in random order; a candidate is admitted if the profile's
 per-request speed with one more running request, v(L + 1), is at least its own
 required speed and at least every running request's recorded required speed (the
 speed it needed when it was admitted). Otherwise it stays in the HPQ. ``v`` is the
-profile's ``speed_tok_s`` (a USL fit, seed 002's offline phase).
+profile's ``speed_tok_s`` (a USL fit, SABER's offline phase).
 
 Mapping onto vLLM:
 
@@ -446,7 +446,7 @@ class SaberPolicy(QueuePolicy):
 #: what tuned knows of this policy without importing it (tuned.policies.catalog)
 POLICY = {
     "name": "saber", "kind": "queue", "build": "SaberPolicy", "order": 50,
-    "summary": "deadline-aware two-tier admission (seed 002)",
+    "summary": "deadline-aware two-tier admission (SABER)",
     "options": {
         "window": {"type": "int", "default": 16, "lo": 1,
                    "doc": "waiting requests one admission attempt may try"},

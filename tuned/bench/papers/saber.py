@@ -1,4 +1,4 @@
-"""Paper scenario ``saber``: Sections V–VI of seed 002 (Chang et al., *SABER —
+"""Paper scenario ``saber``: Sections V–VI of SABER (Chang et al., *SABER —
 Adaptive Request Scheduling for CodeLLM Serving with SLA Guarantees*,
 ``shared/seeds/002_56b8c98eae4faee6.txt``) on the simulator.
 
@@ -690,7 +690,7 @@ def format_table(result: dict) -> str:
     names = " / ".join(mixes)
     rates = ", ".join(f"{r:g}" for r in result["rates"])
     paper_gain = " / ".join(f"{p['avg_gain_points'][m]:+.1f}" for m in mixes)
-    lines = [f"saber (seed 002, Sections V-VI) on {result['hardware']}: "
+    lines = [f"saber (SABER, Sections V-VI) on {result['hardware']}: "
              f"{result['requests_per_run']} Poisson requests per run, RPS {rates}, "
              f"{result['seeds']} seed(s) each, static caps "
              f"{result['static_caps'][0]}..{result['static_caps'][-1]}, SABER ceiling "

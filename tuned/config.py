@@ -122,7 +122,7 @@ class Config:
                                    "(a CPU host, whose step time grows smoothly)",
                                    lo=0, hi=1 << 20)
 
-    # --- memory bound: seed 000, Algorithm 1 ---
+    # --- memory bound: Pang et al.'s Algorithm 1 ---
     eps_m: float = _f(0.05, "allowed probability that KV demand overflows the cache (eps_M)",
                       lo=1e-6, hi=0.5)
     memory_demand: str = _f("occupancy", "a request's KV demand in the memory bound: the "
@@ -130,8 +130,8 @@ class Config:
                             "continuous batch's requests are at different points of their "
                             "lives; the prompts of the requests running and waiting now "
                             "with the finished ones' outputs) or its whole prompt plus "
-                            "output (lifetime: seed 000 as published, a static batch's "
-                            "demand, from finished requests)", choices=MEMORY_DEMANDS)
+                            "output (lifetime: Pang et al.'s rule as published, a static "
+                            "batch's demand, from finished requests)", choices=MEMORY_DEMANDS)
     # short, so that the estimate follows a change of the request mix (a phase of long
     # prompts, then chat) within a few seconds of load instead of lagging it by the
     # whole window
@@ -141,7 +141,7 @@ class Config:
     min_demand_samples: int = _f(8, "finished requests needed before the memory bound acts",
                                  lo=1, hi=100000)
 
-    # --- SLA bound: seed 000, Algorithm 2 ---
+    # --- SLA bound: Pang et al.'s Algorithm 2 ---
     tbt_sla_s: float = _f(0.0, "time-between-tokens SLA D_SLA in seconds, below 1 (50 ms "
                           "is 0.05; a second or more between tokens is refused as "
                           "probably milliseconds); 0 = no SLA (memory alone decides)",
@@ -149,7 +149,9 @@ class Config:
     tbt_sla_auto: float = _f(0.0, "derive the TBT SLA at start as this multiple of the "
                              "decode step time this host measures at batch 1 (when "
                              "tbt_sla_s = 0; 0 = off)", lo=0.0, hi=100.0)
-    eps_d_s: float = _f(0.002, "SLA tolerance eps_D in seconds", lo=0.0, hi=10.0)
+    eps_d_s: float = _f(0.002, "SLA tolerance eps_D in seconds: a TBT within tbt_sla_s "
+                        "plus or minus this counts as at the SLA, and the SLA search "
+                        "narrows around the batch instead of moving", lo=0.0, hi=10.0)
     ttft_sla_s: float = _f(0.0, "time-to-first-token target in seconds: with the fcfs "
                            "queue, requests that waited longer (late already) are served "
                            "after those that can still make it (0 = off)",
@@ -167,20 +169,24 @@ class Config:
                             "admitted before the queue policy's choice, oldest first "
                             "(0 = 2 x ttft_sla_s, at most half of the bound; without a "
                             "TTFT target, half of the bound)", lo=0.0, hi=86400.0)
-    alpha: int = _f(2, "minimum search-interval width (alpha)", lo=1, hi=4096)
-    delta: int = _f(1, "noise correction step (delta)", lo=0, hi=4096)
+    alpha: int = _f(2, "narrowest interval of batch sizes the SLA search keeps, in "
+                    "sequences (alpha)", lo=1, hi=4096)
+    delta: int = _f(1, "how far the SLA search's other end moves back at each step, in "
+                    "sequences, so that a step taken on a noisy measurement can be "
+                    "undone (delta)", lo=0, hi=4096)
     tbt_window_s: float = _f(2.0, "window of recent steps for mean TBT and decode batch",
                              lo=0.05, hi=600.0)
-    sla_mode: str = _f("evidence", "how Algorithm 2 moves its interval: evidence (rise or "
-                       "narrow only from ticks where the cap was binding, fall on measured "
-                       "violations; see docs) or paper (seed 000 as published)",
+    sla_mode: str = _f("evidence", "how the SLA search (Pang et al.'s Algorithm 2) moves "
+                       "its interval: evidence (rise or narrow only from ticks where the "
+                       "cap was binding, fall on measured violations; see docs) or paper "
+                       "(Pang et al.'s rule as published)",
                        choices=SLA_MODES)
     sla_statistic: str = _f("auto", "what is held to tbt_sla_s: auto (p90 while the token "
                             "budget sizes prefill chunks for the SLA, decode_p90 while it "
                             "does not, as with token_budget_policy auto on a CPU host), "
                             "the 90th percentile of the "
                             "decode step times over tbt_window_s (p90) or their mean (mean, "
-                            "seed 000's), the "
+                            "Pang et al.'s), the "
                             "mean held to a margin below tbt_sla_s learnt from finished "
                             "requests' TPOT so that sla_attainment_target of them meet it "
                             "(attainment; the tuned and sla batch policies, sla_mode "
@@ -197,7 +203,7 @@ class Config:
                          "batch every request decoding meanwhile misses its TPOT; the SLA "
                          "search resumes one TBT window later), lift (the same, to the "
                          "memory bound: the queue drains faster, the decoding requests "
-                         "pay in TPOT) or hold (seed 000's: the SLA bound holds whatever "
+                         "pay in TPOT) or hold (Pang et al.'s: the SLA bound holds whatever "
                          "waits); needs ttft_sla_s > 0 and sla_mode evidence",
                          choices=("lift", "lift_tpot", "hold"))
     lift_after_s: float = _f(0.0, "with late_queue lift or lift_tpot: how long the "
@@ -645,8 +651,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 # host measures at batch 1 (tbt_sla_auto), chosen to fall between the step at batch 1
 # and at the cap's ceiling on any such host. With a TTFT target, requests that
 # already missed it wait behind those that can still make it. The KV cache is sized
-# to hold fewer demo requests than the cap's ceiling, so both bounds of seed 000 have
-# something to do.
+# to hold fewer demo requests than the cap's ceiling, so both of Pang et al.'s bounds
+# have something to do.
 EMBEDDED_DEFAULT = {"model": "demo:small", "max_num_seqs": 32, "max_num_batched_tokens": 2048,
                     "max_model_len": 1024, "num_gpu_blocks": 48, "tbt_sla_auto": 2.5,
                     "eps_d_s": 0.002, "ttft_sla_s": 3.0, "token_budget_granule": 0}

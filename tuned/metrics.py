@@ -85,23 +85,29 @@ class Metrics:
         self.upper = g("tuned_decision_upper_seqs", "Upper bound of the decision")
         self.batch = g("tuned_decision_batch_seqs", "Batch size b_t of the decision: the "
                        "gate, or the running count while it drains to the gate")
-        self.b_mem = g("tuned_decision_memory_bound_seqs", "Memory bound b_mem (seed 000 Alg. 1)")
-        self.b_sla = g("tuned_decision_sla_bound_seqs", "SLA bound b_SLA (seed 000 Alg. 2)")
+        self.b_mem = g("tuned_decision_memory_bound_seqs", "Memory bound b_mem: the largest "
+                       "batch whose KV demand overflows the cache with probability at "
+                       "most eps_m (Pang et al.'s Algorithm 1)")
+        self.b_sla = g("tuned_decision_sla_bound_seqs", "SLA bound b_SLA: the batch size "
+                       "whose time between tokens the SLA search holds to tbt_sla_s "
+                       "(Pang et al.'s Algorithm 2)")
         self.applied_cap = g("tuned_applied_cap_seqs",
                              "Cap on running sequences applied in the scheduler")
         self.ceiling = g("tuned_ceiling_seqs", "vLLM's max_num_seqs: the highest cap tuned may use")
         self.token_budget = g("tuned_token_budget_tokens", "Per-step token budget applied")
         self.tbt = Histogram("tuned_tbt_seconds", "Time between tokens: wall time of "
                              "engine steps that ran decodes", buckets=TBT_BUCKETS_S, registry=r)
-        self.tbt_sla = g("tuned_tbt_sla_seconds", "TBT SLA D_SLA in force (0 = none; "
-                         "derived on this host when tbt_sla_auto is set)")
+        self.tbt_sla = g("tuned_tbt_sla_seconds", "Time-between-tokens SLA D_SLA in force, "
+                         "in seconds (tbt_sla_s; 0 = none; derived on this host when "
+                         "tbt_sla_auto is set)")
         self.sla_setpoint = g("tuned_sla_setpoint_seconds", "What the SLA search holds its "
                               "statistic (sla_statistic) to: tbt_sla_s, or tbt_sla_s x the "
                               "margin learnt for attainment")
         self.sla_margin = g("tuned_sla_margin_ratio", "The setpoint over tbt_sla_s: the "
                             "margin learnt with sla_statistic = attainment, else 1")
         self.sla_feasible = g("tuned_sla_feasible", "1 while the TBT SLA is reachable, 0 "
-                              "when even b_min decodes miss it (the SLA bound steps aside)")
+                              "when even b_min decodes (the lowest batch tuned may choose) "
+                              "miss it (the SLA bound steps aside)")
         self.kv_usage = g("tuned_kv_usage_ratio", "Fraction of usable KV-cache blocks in "
                           "use, read live at the tick: the controller's input (vLLM's "
                           "vllm:kv_cache_usage_perc is the engine's figure)")

@@ -79,7 +79,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="folder for result.json")
     p.add_argument("--events", help=events_help)
     p.add_argument("--static-batching", action="store_true",
-                   help="seed 001's model: a batch runs until its longest member ends")
+                   help="static batching, the Multi-bin batching paper's model: a "
+                        "batch runs until its longest member ends")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning",
                                                               "error"),
                    help="controller log lines on stderr (default %(default)s)")

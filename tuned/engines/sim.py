@@ -40,12 +40,12 @@ default), ``long_prefill_token_threshold`` (0 by default), async scheduling's
 one-step overlap, detokenisation and the API server's own latency. An idle engine
 jumps to the next arrival.
 
-``static_batching=True`` gives seed 001's model instead: a batch is formed only
-when nothing runs (up to the cap, from the queue's order, ignoring the token
-budget) and runs until its last member ends.
+``static_batching=True`` gives Multi-bin batching's model instead: a batch is
+formed only when nothing runs (up to the cap, from the queue's order, ignoring the
+token budget) and runs until its last member ends.
 
 ``padded=True`` (with ``static_batching``) is a static batcher without a paged
-cache, the baseline of seed 004 (UELLM-like): every member of a batch is padded to
+cache, BucketServe's baseline (UELLM-like): every member of a batch is padded to
 the batch's longest prompt and computed until the batch's longest output ends (a
 member that finished early still occupies its row), and each member's KV memory is
 reserved at the padded length (longest prompt + largest ``max_tokens`` of the
@@ -55,7 +55,7 @@ ends. Tokens still stream as they are generated (the reading most favourable to
 the baseline's latency).
 
 ``prefilled=True`` makes the engine the decode instance of a prefill/decode split
-(DistServe's disaggregation, seed 004's other baseline): each request arrives with
+(DistServe's disaggregation, BucketServe's other baseline): each request arrives with
 its prompt computed elsewhere and its first token sampled (at its arrival, the
 hand-off), so it is admitted needing its prompt's KV blocks and decodes from its
 second token; the KV transfer itself takes no time. A preempted one recomputes its

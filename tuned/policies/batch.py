@@ -1,8 +1,8 @@
-"""Batch-size decisions from seed 000 (Pang, Li, Wang: *Optimizing LLM Inference
+"""Batch-size decisions from Pang et al. (Pang, Li, Wang: *Optimizing LLM Inference
 Throughput via Memory-aware and SLA-constrained Dynamic Batching*).
 
-One module, past the usual size, because it is one published algorithm (seed 000's
-Algorithms 1 and 2 and their combination), as the style asks.
+One module, past the usual size, because it is one published algorithm (Pang et
+al.'s Algorithms 1 and 2 and their combination), as the style asks.
 
 Pure functions and small state holders: no vLLM, NVML or threads. The controller
 feeds them an :class:`Observation` and gets back a :class:`Decision` carrying the
@@ -51,7 +51,7 @@ from tuned.policies.catalog import SLA_STATISTICS
 
 
 def clt_theta(eps_m: float) -> float:
-    """theta = Phi^-1(1 - eps_M), the one-sided normal quantile (seed 000, eq. 12)."""
+    """theta = Phi^-1(1 - eps_M), the one-sided normal quantile (Pang et al., eq. 12)."""
     if not 0.0 < eps_m < 1.0:
         raise ValueError(f"eps_m must be in (0, 1), got {eps_m}")
     return NormalDist().inv_cdf(1.0 - eps_m)
@@ -60,7 +60,7 @@ def clt_theta(eps_m: float) -> float:
 def memory_batch_limit(n_tokens: float, mean: float, std: float, theta: float) -> tuple[int, float]:
     """Largest b with b*mu + theta*sqrt(b)*sigma <= n, and the safety buffer L0.
 
-    Seed 000 eqs. (8)-(14): S = sum of b i.i.d. demands, mu_S = b*mu,
+    Pang et al. eqs. (8)-(14): S = sum of b i.i.d. demands, mu_S = b*mu,
     sigma_S = sqrt(b)*sigma; P(S > n) <= eps_M under the CLT gives
         sqrt(b) = (-theta*sigma + sqrt(theta^2 sigma^2 + 4 mu n)) / (2 mu)   (12)
     and the buffer L0 = theta*sigma_S at that b, so that Algorithm 1 line 5 reads
@@ -107,7 +107,7 @@ def _usable_demand(obs: Observation) -> bool:
 
 
 class MemoryBound:
-    """Seed 000, Algorithm 1: memory-constrained dynamic batching.
+    """Pang et al., Algorithm 1: memory-constrained dynamic batching.
 
     State: the previous batch size b_{t-1} (starts at B_max, what static batching
     would run). Each tick, only when requests are both waiting (N^p > 0) and running
@@ -155,7 +155,7 @@ class MemoryBound:
 
 
 class SlaBound:
-    """Seed 000, Algorithm 2: SLA-constrained dynamic batching (TBT binary search).
+    """Pang et al., Algorithm 2: SLA-constrained dynamic batching (TBT binary search).
 
     Keeps a search interval [b_low, b_high] within [B_min, B_max]. Each tick, with
     T the recent mean decode latency and b-bar the recent mean decode batch:
@@ -779,7 +779,7 @@ def settle_ticks(cfg: Any) -> int:
 
 def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
            profile: Any) -> tuple[BatchPolicy, str | None]:
-    """Seed 000's policy for ``batch_policy`` ``name`` (tuned: both bounds, memory:
+    """Pang et al.'s policy for ``batch_policy`` ``name`` (tuned: both bounds, memory:
     Algorithm 1 alone, sla: Algorithm 2 alone) and the reason of its first decision
     when the profile warm-starts it."""
     b_max = min(cfg.effective_b_max, ceiling)
@@ -795,7 +795,7 @@ def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
                                    settle_ticks=settle_ticks(cfg),
                                    attainment_target=cfg.sla_attainment_target)
         if profile is not None:
-            # seed 000's use of Fig. 3: read the batch for the SLA off the curve.
+            # Pang et al.'s use of Fig. 3: read the batch for the SLA off the curve.
             sla.warm_start(profile.largest_batch_within(cfg.tbt_sla_s, b_max))
             first_reason = "profile_initial"
     memory = (MemoryBound(cfg.eps_m, b_max, cfg.min_demand_samples)
@@ -833,14 +833,17 @@ def build_sla(cfg: Any, *, ceiling: int, max_num_batched_tokens: int, profile: A
                   max_num_batched_tokens=max_num_batched_tokens, profile=profile)
 
 
-#: the reasons every seed-000 policy emits (tuned.policies.catalog reads this)
-SEED000_REASONS = {
+#: the reasons every policy of Pang et al.'s emits (tuned.policies.catalog reads this)
+PANG_REASONS = {
     "initial": "no decode step in the TBT window yet (start-up or idle): SLA search kept",
     "profile_initial": "first decision, read off the profile's TBT curve at the SLA",
-    "memory": "the KV-cache memory bound (seed 000 Alg. 1) is the tighter limit",
+    "memory": "the KV-cache memory bound (Pang et al.'s Algorithm 1) is the "
+              "tighter limit",
     "memory_no_data": "fewer than min_demand_samples finished requests: memory bound held",
-    "sla_over": "TBT above SLA + eps_d_s: the SLA search moves down",
-    "sla_under": "TBT below SLA - eps_d_s: the SLA search moves up",
+    "sla_over": "TBT above the SLA plus its tolerance eps_d_s: the SLA search moves "
+                "down",
+    "sla_under": "TBT below the SLA less its tolerance eps_d_s: the SLA search "
+                 "moves up",
     "sla_hold": "TBT within the SLA tolerance: the search narrows around the batch",
     "hold_no_queue": "nothing waiting or nothing running: memory bound held",
     "no_memory_bound": "batch_policy = sla: the SLA bound alone decides",
@@ -861,10 +864,12 @@ SEED000_REASONS = {
                  "tbt_sla_s sets it)",
     "ttft_late_settling": "the SLA search held for one TBT window after the cap was lifted "
                           "for late requests: its steps ran at a batch it did not choose; "
-                          "it keeps only what they prove upward (a b-bar within the SLA "
-                          "raises the low end to it, one at it the interval around it)",
-    "sla_infeasible": "the TBT SLA cannot be met even at b_min: SLA bound set aside, "
-                      "memory bound and full token budget maximise throughput",
+                          "it keeps only what they prove upward (a mean decode batch "
+                          "b-bar whose steps met the SLA raises the low end to it; one "
+                          "whose steps were within eps_d_s of it, the interval around it)",
+    "sla_infeasible": "the TBT SLA cannot be met even at b_min (the lowest batch "
+                      "tuned may choose): SLA bound set aside, memory bound and full "
+                      "token budget maximise throughput",
 }
 
 #: what tuned knows of these policies without importing this module
@@ -872,12 +877,14 @@ SEED000_REASONS = {
 POLICIES = [
     {"name": "tuned", "kind": "batch", "build": "build_tuned", "order": 10,
      "summary": "min of the memory and SLA bounds", "step_fit": True,
-     "reasons": SEED000_REASONS},
+     "reasons": PANG_REASONS},
     {"name": "memory", "kind": "batch", "build": "build_memory", "order": 20,
-     "summary": "Algorithm 1 alone", "budget_sla": False, "reasons": SEED000_REASONS,
+     "summary": "the memory bound alone (Pang et al.'s Algorithm 1)",
+     "budget_sla": False, "reasons": PANG_REASONS,
      "bench": [{"name": "tuned-memory", "kind": "tuned",
                 "config": {"batch_policy": "memory"}}]},
     {"name": "sla", "kind": "batch", "build": "build_sla", "order": 30,
-     "summary": "Algorithm 2 alone", "step_fit": True, "reasons": SEED000_REASONS,
+     "summary": "the SLA bound alone (Pang et al.'s Algorithm 2)",
+     "step_fit": True, "reasons": PANG_REASONS,
      "bench": [{"name": "tuned-sla", "kind": "tuned", "config": {"batch_policy": "sla"}}]},
 ]

@@ -1,4 +1,4 @@
-"""BucketServe (seed 004, Zheng et al.): adaptive length buckets and a safe batch size.
+"""BucketServe (Zheng et al.): adaptive length buckets and a safe batch size.
 
 Memory (Section IV):
 
@@ -236,7 +236,7 @@ class BucketPolicy(QueuePolicy):
 #: what tuned knows of this policy without importing it (tuned.policies.catalog)
 POLICY = {
     "name": "bucket", "kind": "queue", "build": "BucketPolicy", "order": 40,
-    "summary": "adaptive length buckets and a safe batch size (seed 004)",
+    "summary": "adaptive length buckets and a safe batch size (BucketServe)",
     "options": {
         "mode": {"type": "str", "default": "online", "choices": MODES,
                  "doc": "online, or offline shortest / longest bucket first"},

@@ -58,7 +58,7 @@ from tuned.inputs import clip, clip_text
 #: the entry-point group third-party policies register under
 ENTRY_POINT_GROUP = "tuned.policies"
 KINDS = ("batch", "queue")
-#: what seed 000's SLA search may hold to the TPOT SLO (config ``sla_statistic``):
+#: what Pang et al.'s SLA search may hold to the TPOT SLO (config ``sla_statistic``):
 #: the mean decode step, its 90th percentile, the mean at a margin learnt for
 #: attainment (:class:`tuned.policies.batch.AttainmentMargin`), or the decode-only
 #: steps' 90th percentile plus the prefill's share of the mean step; ``auto`` is

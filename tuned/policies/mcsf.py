@@ -1,4 +1,4 @@
-"""MC-SF: Memory-Constrained Shortest First (seed 003, Jaillet et al., Algorithm 1).
+"""MC-SF: Memory-Constrained Shortest First (Jaillet et al., Algorithm 1).
 
 Waiting requests are tried in ascending predicted output length õ; a candidate i
 joins the batch only if inequality (5) holds for S = running requests and
@@ -183,7 +183,7 @@ class MCSFPolicy(QueuePolicy):
 #: what tuned knows of this policy without importing it (tuned.policies.catalog)
 POLICY = {
     "name": "mcsf", "kind": "queue", "build": "MCSFPolicy", "order": 20,
-    "summary": "memory-constrained shortest first (seed 003)",
+    "summary": "memory-constrained shortest first (MC-SF, Jaillet et al.)",
     "options": {
         "reserve_fraction": {"type": "float", "default": "auto", "lo": 0.0, "hi": 1.0,
                              "hi_open": True, "also": ["auto"],

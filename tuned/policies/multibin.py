@@ -1,4 +1,4 @@
-"""Multi-bin batching (seed 001): group requests into k length bins, serve bin by bin.
+"""Multi-bin batching: group requests into k length bins, serve bin by bin.
 
 Algorithm 1 of the paper: estimate each request's service time l (here the
 predicted output length õ, in decode steps), put it in bin i with
@@ -239,7 +239,7 @@ class MultiBinPolicy(QueuePolicy):
 #: what tuned knows of this policy without importing it (tuned.policies.catalog)
 POLICY = {
     "name": "multibin", "kind": "queue", "build": "MultiBinPolicy", "order": 30,
-    "summary": "length bins served bin by bin (seed 001)",
+    "summary": "length bins served bin by bin (Multi-bin batching)",
     "options": {
         "k": {"type": "int", "default": 4, "lo": 0, "hi": 4096, "at_most": "k_max",
               "doc": "number of bins (0 = the smallest k reaching target_fraction)"},

@@ -4,7 +4,7 @@
 fills, NVML memory where a GPU exists, and the queue lengths (observe); exports what it
 read (:class:`tuned.control.export.MetricsExport`) and publishes the queue's inputs
 into the queue channel (:mod:`tuned.core.queue_channel`); runs the batch-size policy
-of seed 000 inside the GPU-memory guard (decide; :mod:`tuned.policies.gpu_memory`);
+of Pang et al. inside the GPU-memory guard (decide; :mod:`tuned.policies.gpu_memory`);
 and puts the decision in the knob slot the scheduler applies at the top of its next
 ``schedule()`` (act). Each tick is timed into ``tuned_controller_tick_seconds``, each
 phase into ``tuned_controller_tick_phase_seconds{phase}`` (the export and the

@@ -35,7 +35,7 @@ distribution, see :func:`parse_dist`):
     b, i.e. C = 1/√b.
 
 ``saber:mix=W1|W2|W3,rate=R,n=N[,arrival=poisson|gamma,cv=C,length_scale=Y]``
-    SABER's code-assistant tasks (seed 002, Table I), each request tagged with its
+    SABER's code-assistant tasks (Table I), each request tagged with its
     ``sla_class`` and ``deadline_s`` (the class SLA, relative to arrival)::
 
         Task type (sla_class)      Avg input tokens  Avg output tokens  SLA (s)
@@ -55,7 +55,7 @@ distribution, see :func:`parse_dist`):
     Arrivals are Poisson (the paper's) unless ``arrival=gamma,cv=C``.
 
 ``lmsys:rate=R,n=N[,arrival=poisson|gamma,cv=C,length_scale=Y]``
-    LMSYS-Chat-like lengths from seed 003 (Section 6): prompt lognormal with mean
+    LMSYS-Chat-like lengths from Jaillet et al. (Section 6): prompt lognormal with mean
     40.6 and median 11, output lognormal with mean 85.3 and median 45 (rounded,
     at least 1).
 
@@ -290,7 +290,7 @@ def parse_dist(text: str, what: str, *, context: str = "workload") -> Dist:
 
 @dataclass(frozen=True)
 class SaberTask:
-    """A row of SABER's Table I (seed 002)."""
+    """A row of SABER's Table I."""
 
     prompt_mean: float
     output_mean: float

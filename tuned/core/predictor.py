@@ -11,7 +11,7 @@ Order of trust for one request's output length õ:
 
 A prediction is never above ``max_tokens`` and never below 1.
 
-MC-SF (seed 003) needs an over-estimate õ ≥ o; its "overestimate" mode uses a high
+MC-SF (Jaillet et al.) needs an over-estimate õ ≥ o; its "overestimate" mode uses a high
 quantile (``overestimate_quantile``, default 0.9) instead of the median. Quantiles
 take the upper neighbour (numpy's ``method="higher"``: the sorted sample's value
 at index ⌈q·(n − 1)⌉), so a prediction is an observed length, never below the

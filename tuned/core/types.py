@@ -25,7 +25,7 @@ class Observation:
     kv_capacity_blocks: int          # n: KV blocks the cache holds for requests
     demand_mean: float | None        # mean KV blocks of recent finished requests: held at a
                                      # random decode step, or l_in + l_out (memory_demand)
-    demand_std: float | None         # its standard deviation (seed 000 eq. 9)
+    demand_std: float | None         # its standard deviation (Pang et al. eq. 9)
     demand_samples: int              # how many finished requests the two numbers come from
     tbt_mean_s: float | None         # T: mean step time of recent steps that ran decodes
     decode_batch_mean: float | None  # b-bar: mean decode batch of those steps
@@ -86,7 +86,7 @@ class Decision:
 
 class StepModel(Protocol):
     """The engine's step time T(b, c, kv) = a + beta*b + gamma*c + eta*kv as the control
-    core reads it (seed 000's PD fusion, with a KV term): ``b`` decodes, ``c`` prefill
+    core reads it (Pang et al.'s PD fusion, with a KV term): ``b`` decodes, ``c`` prefill
     tokens and ``kv`` resident KV tokens in one step. The token-budget rule asks for the
     largest prefill chunk that keeps a step within the SLA; the admission guard reads
     the per-decode and per-prefill-token costs. One implementation:

@@ -13,7 +13,7 @@ bounded, the operator's choice in the config (``on_max_wait``):
 * **refusal** (``on_max_wait = "refuse"``): a request still waiting at the bound is
   refused -- taken out of the queue and finished at once, so its client hears back
   within the bound and may retry elsewhere, as an overloaded gateway answers. SABER's
-  admission control (seed 002) is the published form of this: it rejects the
+  admission control is the published form of this: it rejects the
   requests it cannot serve within their SLA rather than letting every one miss it.
 
 Preempted requests are not bounded here: they were admitted once and resume first.

@@ -2,10 +2,10 @@
 computes, as pure functions so the controller, the profile and the tests share them.
 
 * :func:`step_window`: over the engine steps that ended within ``window_s`` of
-  ``now``, the mean step time of steps that ran decodes (seed 000's T, the mean
-  time between tokens), their mean decode batch (b-bar) and the latest KV usage.
+  ``now``, the mean step time of steps that ran decodes (Pang et al.'s T, the
+  mean time between tokens), their mean decode batch (b-bar) and the latest KV usage.
 * :func:`demand_moments`: the mean and standard deviation of per-request KV
-  demand, in units of ``block_size`` tokens (seed 000 eqs. (8)-(9); blocks are
+  demand, in units of ``block_size`` tokens (Pang et al. eqs. (8)-(9); blocks are
   what vLLM's paged allocator hands out, so ``block_size=1`` gives tokens);
   :func:`occupancy_moments`: the same for the blocks a request holds at a random
   decode step (a continuous batch's demand).
@@ -117,7 +117,7 @@ def demand_moments(tokens_per_request: Sequence[int], block_size: int = 1) -> De
     """Mean and population standard deviation of ceil(tokens / block_size).
 
     The window of recent requests is the population the memory bound is about,
-    hence the population variance. Seed 000 eqs. (8)-(9) take Var(l_in) + Var(l_out)
+    hence the population variance. Pang et al. eqs. (8)-(9) take Var(l_in) + Var(l_out)
     (input and output independent); the variance of the per-request sum measures
     the same spread without that assumption.
     """
@@ -133,9 +133,9 @@ def demand_moments(tokens_per_request: Sequence[int], block_size: int = 1) -> De
 
 def occupancy_moments(requests: Sequence[tuple[int, int]], block_size: int = 1) -> DemandMoments:
     """Mean and standard deviation of the KV blocks a running request holds at a random
-    decode step: the demand seed 000's memory bound sums over a continuous batch.
+    decode step: the demand Pang et al.'s memory bound sums over a continuous batch.
 
-    Seed 000 sizes the batch on each request's whole demand, ceil((l_in + l_out) / B),
+    Pang et al. size the batch on each request's whole demand, ceil((l_in + l_out) / B),
     which every request of a static batch holds until the batch ends. In a continuous
     batch a request holds ceil((l_in + t) / B) blocks while it writes its t-th output
     token and frees them all when it finishes, and the b requests running at once are

@@ -293,7 +293,7 @@ def _inside(v: float, lo: float, hi: float) -> float:
 
 def fit_usl(n, throughput) -> FitResult:
     """Fit USL throughput X(N) = lam N / (1 + sigma (N-1) + kappa N (N-1)) to
-    (concurrency, throughput) pairs (seed 002, section IV-B; sigma in [0, 1], kappa >= 0)."""
+    (concurrency, throughput) pairs (SABER, section IV-B; sigma in [0, 1], kappa >= 0)."""
     return fit_curve(USL_THROUGHPUT, n, throughput)
 
 
@@ -357,7 +357,7 @@ def _ols(columns: dict[str, np.ndarray], y: np.ndarray, *,
 
 
 def fit_step_time(b, c, step_s, kv_tokens=None, *, method: str = "ols") -> FitResult:
-    """Fit the engine's step time T(b, c, kv) (seed 000, PD fusion), the one fitter of
+    """Fit the engine's step time T(b, c, kv) (Pang et al., PD fusion), the one fitter of
     tuned's step-time model, by one of two methods that each earn their place:
 
     * ``"ols"`` (profiles): T(b, c) = a + beta b + gamma c by ordinary least squares,
@@ -466,7 +466,7 @@ def _fmt(v: float | None) -> str:
 
 
 class KvDemand(NamedTuple):
-    """Mean and variance of KV tokens per request (l = l_in + l_out, seed 000 Alg. 1)."""
+    """Mean and variance of KV tokens per request (l = l_in + l_out, Pang et al.'s Algorithm 1)."""
 
     mean: float
     var: float
@@ -474,7 +474,7 @@ class KvDemand(NamedTuple):
 
 def kv_demand(tokens_per_request) -> KvDemand:
     """Mean and variance of the per-request KV token demand l_in + l_out, the mu and
-    sigma² of seed 000, Algorithm 1, computed exactly as the controller's memory bound
+    sigma² of Pang et al.'s Algorithm 1, computed exactly as the controller's memory bound
     computes them (:func:`tuned.core.window.demand_moments` in tokens: population
     variance over the window)."""
     from tuned.core.window import demand_moments
@@ -489,6 +489,6 @@ def kv_demand(tokens_per_request) -> KvDemand:
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                        dtype_bytes: int) -> int:
-    """KV-cache bytes per token = 2 · layers · kv_heads · head_dim · bytes (seed 004,
-    BucketServe; the 2 counts keys and values)."""
+    """KV-cache bytes per token = 2 · layers · kv_heads · head_dim · bytes
+    (BucketServe; the 2 counts keys and values)."""
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes

@@ -12,7 +12,7 @@ import numpy as np
 
 
 def usl_throughput(n, lam, sigma, kappa):
-    """Universal Scalability Law throughput (seed 002, SABER section IV-B, ref. [50]).
+    """Universal Scalability Law throughput (SABER, section IV-B, ref. [50]).
 
     X(N) = lam * N / (1 + sigma * (N - 1) + kappa * N * (N - 1))
 
@@ -54,7 +54,7 @@ def logistic_speed(n, vmax, k, n0):
 
 def step_time(b, c, a, beta, gamma):
     """Engine step time T(b, c) = a + beta * b + gamma * c (seconds) for a step with
-    ``b`` decoding sequences and ``c`` prefill tokens (seed 000, PD fusion)."""
+    ``b`` decoding sequences and ``c`` prefill tokens (Pang et al., PD fusion)."""
     return a + beta * np.asarray(b, dtype=float) + gamma * np.asarray(c, dtype=float)
 
 

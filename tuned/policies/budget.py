@@ -2,7 +2,7 @@
 around any batch policy: the inner policy decides the cap, :class:`TokenBudget` sizes
 the prefill chunk beside it.
 
-Seed 000's PD-fusion variant picks the chunk size so that a mixed step still meets
+Pang et al.'s PD-fusion variant picks the chunk size so that a mixed step still meets
 the TBT SLA (:func:`token_budget`). The budget is a knob of its own, orthogonal to the
 cap: ``token_budget_policy = "sla"`` wraps whichever ``batch_policy`` is chosen
 (``tuned``, ``memory``, ``sla``, ``static``, ``trtllm``); ``"max"`` leaves the budget
@@ -13,7 +13,7 @@ budget and is not wrapped.
 
 One piece of protocol joins the two: an inner policy with a ``budget_acts``
 attribute (:class:`tuned.policies.batch.BatchPolicy`) is told, before it decides,
-whether the budget can act this tick, because seed 000's SLA bound answers a
+whether the budget can act this tick, because Pang et al.'s SLA bound answers a
 violation caused by prefill with the budget where the budget can act and with the
 cap where it cannot (:class:`tuned.policies.batch.EvidenceSlaBound`).
 """
@@ -33,7 +33,7 @@ def token_budget(batch: int, max_num_batched_tokens: int, min_chunk_tokens: int,
                  kv_tokens: float = 0.0, granule: int = 0) -> int:
     """Tokens the scheduler may put in one step (vLLM's ``max_num_scheduled_tokens``).
 
-    Seed 000's PD-fusion variant picks the chunk size so a mixed step still meets
+    Pang et al.'s PD-fusion variant picks the chunk size so a mixed step still meets
     the TBT SLA: with a step-time model T(b, c, kv) the chunk is the largest c with
     T(b, c, kv + c) <= D_SLA at the decode batch b and the KV resident, and the
     budget is b decode tokens plus that chunk. Always clamped to

@@ -1,5 +1,5 @@
 """`tuned profile` and `tuned fit`: closed-loop concurrency sweep against an
-OpenAI-compatible engine, then the speed-curve fits of seed 002 (SABER, section IV-B,
+OpenAI-compatible engine, then the speed-curve fits of SABER (section IV-B,
 offline phase).
 
 At each concurrency level N exactly N requests are kept in flight (one thread per

@@ -7,7 +7,7 @@ A step clock is the simulator's only source of time. Three kinds exist:
   model, :class:`tuned.curves.online.LinearStepModel`;
 * the GPU-shaped models of :mod:`tuned.sim.gpu`, built from Vidur's per-operator
   timings of Llama-2 on A100 / H100;
-* :class:`ConstantStepModel`, seed 001's unit-time steps.
+* :class:`ConstantStepModel`, Multi-bin batching's unit-time steps.
 
 Every clock implements :class:`StepClock`; the engine describes each step by a
 :class:`StepShape`.
@@ -86,7 +86,7 @@ class ProfileStepModel:
 
 class ConstantStepModel:
     """Every step that decodes takes ``step_s`` and prefill is free: the time model of
-    seed 001 (a request's service time is its output length in steps)."""
+    Multi-bin batching (a request's service time is its output length in steps)."""
 
     def __init__(self, step_s: float = 1.0) -> None:
         self.name = f"constant:{step_s:g}"

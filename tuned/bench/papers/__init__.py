@@ -1,22 +1,22 @@
-"""Paper scenarios: each reproduces one seed paper's own experiment and prints ours vs the paper's figures.
+"""Paper scenarios: each reproduces one paper's own experiment and prints ours vs the paper's figures.
 
 ``tuned bench --paper NAME --out DIR [--quick] [--seed N]`` calls :func:`run_paper`.
 A scenario is a module of this package with ``run(seed, quick=) -> dict`` and
 ``format_table(result) -> str`` ("figure | ours | paper" rows); its tolerance
 checks are a list of ``{"figure", "ours", "target", "ok"}`` under the result's
-``"checks"`` key (:data:`SCENARIOS` names each module and its seed paper):
+``"checks"`` key (:data:`SCENARIOS` names each module and its paper's file):
 
-* ``multibin`` (seed 001): throughput vs bins against Theorem 4.2, within 2%;
-* ``mcsf`` (seed 003): the shipped MC-SF policy's latency ratio to the hindsight
+* ``multibin`` (Multi-bin batching): throughput vs bins against Theorem 4.2, within 2%;
+* ``mcsf`` (Jaillet et al.): the shipped MC-SF policy's latency ratio to the hindsight
   optimum, Section 5.1, and (full runs) Section 5.2's Table 1 on the simulator;
   :func:`mcsf_checks` holds its tolerance (the average inside the paper's own range
   of per-instance ratios, MC-Benchmark slower, every IP proven optimal, Table 1's
   ratios inside its own spread over 50 runs);
-* ``pang`` (seed 000): Tables I/II, memory-aware throughput and SLA capacity on Table
+* ``pang`` (Pang et al.): Tables I/II, memory-aware throughput and SLA capacity on Table
   II's row 2 and PD-fusion row, the published algorithm (Algorithms 1+2 with the
   paper's chunk sizing: the paper's checks) apart from tuned as shipped (tuned's);
-* ``saber`` (seed 002): goodput and completion-time CV against the best static cap;
-* ``bucketserve`` (seed 004): the shipped bucket policy against the paper's baselines
+* ``saber`` (SABER): goodput and completion-time CV against the best static cap;
+* ``bucketserve`` (BucketServe): the shipped bucket policy against the paper's baselines
   (a padded static batcher, UELLM-like; a prefill/decode split, DistServe-like), offline
   throughput and the load at 80% SLO attainment inside the spread of the paper's
   ratios over each; against vLLM's FCFS on the same engine, tuned's question, over seeds.
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-#: name -> (module, seed paper file)
+#: name -> (module, the paper's file)
 SCENARIOS: dict[str, tuple[str, str]] = {
     "multibin": ("tuned.bench.papers.multibin", "001_2a3c0babda226cd1.txt"),
     "mcsf": ("tuned.bench.papers.mcsf", "003_730bb3baf6ac1209.txt"),

@@ -1,4 +1,4 @@
-"""Paper scenario ``mcsf``: Section 5.1 of seed 003 (Jaillet et al., *Online
+"""Paper scenario ``mcsf``: Section 5.1 of Jaillet et al. (*Online
 Scheduling for LLM Inference with KV Cache Constraints*,
 ``shared/seeds/003_730bb3baf6ac1209.txt``), in the paper's own discrete-time model.
 
@@ -647,7 +647,7 @@ def format_table(result: dict) -> str:
     rows compare with Section 5.2 Table 1, a different (real-data) experiment.
     """
     per = result["instances_per_model"]
-    lines = [f"mcsf (seed 003, Section 5.1): seed {result['seed']}, {per} instances per "
+    lines = [f"mcsf (Jaillet et al., Section 5.1): seed {result['seed']}, {per} instances per "
              f"arrival model" + (" (quick)" if result["quick"] else ""),
              "figure | ours | paper"]
     table1 = result["paper_table1_vs_mcsf"]

@@ -1,4 +1,4 @@
-"""The Section 5.2 baselines of seed 003 (Jaillet et al.), shared by the paper's
+"""The Section 5.2 baselines of Jaillet et al., shared by the paper's
 discrete-time model (:mod:`tuned.bench.papers.mcsf`) and the simulator's Table 1
 (:mod:`tuned.bench.papers.mcsf_table1`), so that each rule has one implementation.
 

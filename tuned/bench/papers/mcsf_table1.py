@@ -1,4 +1,4 @@
-"""Section 5.2, Table 1 of seed 003 (Jaillet et al.) on tuned's simulator: the shipped
+"""Section 5.2, Table 1 of Jaillet et al. on tuned's simulator: the shipped
 MC-SF queue policy against MC-Benchmark and the six α-protection baselines,
 LMSYS-like lengths, 1,000 Poisson requests at λ = 50 per second, average
 end-to-end latency over independent workload draws.

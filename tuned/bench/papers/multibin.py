@@ -1,5 +1,5 @@
-"""Paper scenario ``multibin``: Theorem 4.2 and Lemma 5.1 of seed 001 (*Multi-Bin
-Batching for Increasing LLM Inference Throughput*,
+"""Paper scenario ``multibin``: Theorem 4.2 and Lemma 5.1 of Multi-bin batching
+(*Multi-Bin Batching for Increasing LLM Inference Throughput*,
 ``shared/seeds/001_2a3c0babda226cd1.txt``), simulated by tuned's own engine and queue
 policy.
 
@@ -535,9 +535,10 @@ def format_table(result: dict) -> str:
     figure for its model), then c_max, batch counts and the tolerance checks."""
     from tuned.bench.papers import format_checks
 
-    lines = [f"multibin (seed 001, Theorem 4.2 and Lemma 5.1): static batching, B = "
-             f"{result['batch']}, l ~ U[{result['l_min']:g}, {result['l_max']:g}], all "
-             f"requests at t = 0 (throughput) or Poisson(λ) (latency), "
+    lines = [f"multibin (Multi-bin batching, Theorem 4.2 and Lemma 5.1): static "
+             f"batching, B = {result['batch']}, "
+             f"l ~ U[{result['l_min']:g}, {result['l_max']:g}], all requests at t = 0"
+             f" (throughput) or Poisson(λ) (latency), "
              f"S = {result['steps_per_unit']} steps per time unit, seed {result['seed']}"
              + (" (quick)" if result["quick"] else ""),
              "figure | ours | paper"]

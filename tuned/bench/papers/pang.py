@@ -1,4 +1,4 @@
-"""Paper scenario ``pang``: Tables I and II of seed 000 (Pang, Li, Wang, *Optimizing
+"""Paper scenario ``pang``: Tables I and II of Pang et al. (Pang, Li, Wang, *Optimizing
 LLM Inference Throughput via Memory-aware and SLA-constrained Dynamic Batching*,
 ``shared/seeds/000_9c922f4ecf264ae4.txt``), on the simulator's A100 Llama-2-70B
 (TP 4) model.
@@ -484,7 +484,7 @@ def format_table(result: dict) -> str:
 
     p = result["paper"]
     tr = p["throughput_row"]
-    lines = [f"pang (seed 000, Tables I/II) on {result['hardware']}, lognormal lengths "
+    lines = [f"pang (Pang et al., Tables I/II) on {result['hardware']}, lognormal lengths "
              f"(CV {result['length_cv']:g}), seed {result['seed']}"
              + (" (quick)" if result["quick"] else ""),
              "figure | ours | paper"]

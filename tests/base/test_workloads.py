@@ -106,7 +106,7 @@ def test_parse_dist_forms_and_means():
     assert statistics.median(ln.sample(rng) for _ in range(20000)) == pytest.approx(120, rel=0.05)
 
 
-def test_lmsys_lengths_match_seed_003():
+def test_lmsys_lengths_match_jaillet_et_al():
     w = parse_workload("lmsys:rate=10,n=20000", seed=0)
     p = [r.prompt_tokens for r in w.requests]
     o = [r.output_tokens for r in w.requests]

@@ -1,4 +1,5 @@
-"""The `mcsf` paper scenario (seed 003, Section 5.1): IP, MC-SF and baselines, worked by hand."""
+"""The `mcsf` paper scenario (Jaillet et al., Section 5.1): IP, MC-SF and baselines,
+worked by hand."""
 
 import itertools
 

@@ -1,5 +1,5 @@
-"""The `multibin` paper scenario (seed 001): Theorem 4.2's throughput and Lemma 5.1's
-latency on the simulator's static batching, and the pieces worked by hand."""
+"""The `multibin` paper scenario (Multi-bin batching): Theorem 4.2's throughput and
+Lemma 5.1's latency on the simulator's static batching, and the pieces worked by hand."""
 
 import random
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""`tuned bench --paper pang`: seed 000's Tables I and II, the published algorithm
+"""`tuned bench --paper pang`: Pang et al.'s Tables I and II, the published algorithm
 (Algorithms 1+2 with the paper's PD-fusion chunk sizing) and tuned as shipped."""
 
 import pytest

@@ -169,8 +169,8 @@ def test_invalid_reload_is_refused_and_old_config_kept(tmp_path):
     res = ctrl.reload()
     assert res["problems"] == ["b_min: must be <= b_max (32), got 40"]
     assert ctrl.cfg.tbt_sla_s == 0.05 and ctrl.cfg.b_min == 1
-    # the GPU-memory guard around the damper around the token budget around seed 000's
-    # policy
+    # the GPU-memory guard around the damper around the token budget around Pang et
+    # al.'s policy
     sla = ctrl.policy.inner.inner.inner.sla
     assert sla is not None and sla.sla_s == 0.05
     assert ctrl.metrics.reloads.labels("refused")._value.get() == 2
@@ -200,7 +200,7 @@ def test_reload_with_missing_file_keeps_running(tmp_path):
 
 # ------------------------------------------------------------- observe
 def test_demand_is_counted_in_whole_blocks():
-    """memory_demand = "lifetime" (seed 000 as published): each request's whole demand."""
+    """memory_demand = "lifetime" (Pang et al. as published): each request's whole demand."""
     eng = FakeEngine()
     eng.block_size = 16
     eng.kv_capacity_tokens = 64 * 16

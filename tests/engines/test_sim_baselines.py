@@ -1,4 +1,4 @@
-"""Seed 004's baselines in the simulator, on hand-worked timelines: the padded static
+"""BucketServe's baselines in the simulator, on hand-worked timelines: the padded static
 batcher (``padded=True``, UELLM-like) and the decode instance of a prefill/decode
 split (``prefilled=True``, DistServe-like)."""
 

@@ -335,7 +335,7 @@ def test_static_batch_policy_holds_the_ceiling():
 
 
 # ------------------------------------------------------------------ hand-worked timelines
-# ConstantStepModel (seed 001's model) charges step_s for a step with at least one
+# ConstantStepModel (Multi-bin batching's model) charges step_s for a step with at least one
 # decode and 0 for a prefill-only step: a request's first token comes at the end of
 # the step that computes its last prompt token, at no cost when nothing decodes.
 

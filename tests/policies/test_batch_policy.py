@@ -1,4 +1,4 @@
-"""Seed 000's Algorithms 1 and 2 against values worked out by hand."""
+"""Pang et al.'s Algorithms 1 and 2 against values worked out by hand."""
 
 from __future__ import annotations
 

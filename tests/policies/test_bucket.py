@@ -1,4 +1,4 @@
-"""BucketServe (seed 004): Eqs. 1, 5, 6 and Algorithm 1 split/merge on crafted sets."""
+"""BucketServe: Eqs. 1, 5, 6 and Algorithm 1 split/merge on crafted sets."""
 
 import pytest
 

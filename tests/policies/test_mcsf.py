@@ -1,4 +1,4 @@
-"""MC-SF (seed 003, Algorithm 1, inequality 5) on hand-built request sets."""
+"""MC-SF (Jaillet et al., Algorithm 1, inequality 5) on hand-built request sets."""
 
 import random
 

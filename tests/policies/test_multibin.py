@@ -1,4 +1,4 @@
-"""Multi-bin batching (seed 001): Lemma 4.1 boundaries, Theorems 4.2/4.3, serving order."""
+"""Multi-bin batching: Lemma 4.1 boundaries, Theorems 4.2/4.3, serving order."""
 
 import pytest
 

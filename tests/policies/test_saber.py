@@ -1,4 +1,4 @@
-"""SABER (seed 002, Algorithm 1): required speed, two-tier queue, admission, demotion."""
+"""SABER (Algorithm 1): required speed, two-tier queue, admission, demotion."""
 
 import random
 

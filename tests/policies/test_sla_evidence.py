@@ -277,7 +277,7 @@ def test_decode_p90_statistic_reads_the_decode_steps_spread_and_the_prefill_mean
 
 # ---------------------------------------------------------------- infeasible SLA
 def policy(paper: bool = False) -> TokenBudget:
-    """Seed 000's two bounds with the token budget wrapped around them, as
+    """Pang et al.'s two bounds with the token budget wrapped around them, as
     ``batch_policy = "tuned"`` builds it."""
     sla = (SlaBound if paper else EvidenceSlaBound)(SLA, EPS, 2, 1, 1, 32)
     inner = BatchPolicy(ceiling=32, b_min=1, b_max=32, memory=MemoryBound(0.05, 32, 8),

@@ -47,6 +47,8 @@ REASONS = {
     "floor_running": "bound below the running count, batch raised to it (running "
                      "requests are never preempted)",
 }
+#: the decision's two bounds, named in words beside their keys
+BOUND_WORDS = {"b_mem": "memory bound", "b_sla": "SLA bound"}
 FALLBACK_CAUSES = {
     "stale": "the last decision is older than stale_after_s (controller stalled)",
     "controller_error": "a controller tick raised (see tuned_controller_errors_total)",
@@ -537,7 +539,8 @@ def format_status(data: dict[str, Any], base: str, now: float,
 
     if cur:
         ago = _ago(cur.get("t"), now)
-        bounds = ", ".join(f"{k} {cur[k]}" for k in ("b_mem", "b_sla") if cur.get(k) is not None)
+        bounds = ", ".join(f"{label} {k} {cur[k]}" for k, label in BOUND_WORDS.items()
+                           if cur.get(k) is not None)
         reason = cur.get("reason", "?")
         lines.append(f"decision:    #{cur.get('seq', '?')}{' (' + ago + ')' if ago else ''}: "
                      f"target {cur['target']} seqs in [{cur['lower']}, {cur['upper']}] -> cap "

@@ -266,7 +266,7 @@ def test_status_summary_lines():
     assert lines[0] == (f"tuned at {srv.url} (dp rank 0): engine ceiling 32 seqs, "
                         "max_num_batched_tokens 2048")
     assert lines[1] == ("decision:    #57 (0.4 s ago): target 12 seqs in [8, 16] -> cap 12, "
-                        "token budget 544 (b_mem 24, b_sla 12)")
+                        "token budget 544 (memory bound b_mem 24, SLA bound b_sla 12)")
     assert lines[2] == ("reason:      sla_over: TBT above the SLA plus its tolerance "
                         "eps_d_s: the SLA search moves down")
     assert lines[3] == "applied:     cap 12 seqs, token budget 544 tokens, fallback no"

@@ -676,8 +676,10 @@ class SimEngine:
                              self.give_up is not None and self.bad > self.give_up[1]))
 
 
-def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) -> SimResult:
-    """One run on ``hardware`` (a :class:`tuned.sim.hardware.SimHardware`); the config's
+def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], *,
+             engine_cls: type[SimEngine] | None = None, **kw: Any) -> SimResult:
+    """One run on ``hardware`` (a :class:`tuned.sim.hardware.SimHardware`) of
+    ``engine_cls`` (:class:`SimEngine` or a subclass; ``kw``: its options); the config's
     ``num_gpu_blocks`` overrides the hardware's cache size when set. ``nvml=``
     (:meth:`tuned.sim.hardware.SimHardware.nvml` for some memory-pressure events)
     gives the run a simulated NVML; without it the run has none, as a CPU host.
@@ -685,8 +687,8 @@ def simulate(cfg: Config, hardware, requests: Iterable[RequestSpec], **kw: Any) 
     factor at the step's start."""
     blocks = cfg.num_gpu_blocks or hardware.num_gpu_blocks
     kw.setdefault("kv_bytes_per_token", hardware.kv_bytes_per_token or None)
-    eng = SimEngine(cfg, hardware.step_model, block_size=hardware.block_size,
-                    num_gpu_blocks=blocks, **kw)
+    eng = (engine_cls or SimEngine)(cfg, hardware.step_model, block_size=hardware.block_size,
+                                    num_gpu_blocks=blocks, **kw)
     res = eng.run(requests)
     res.hardware = hardware.describe()
     res.config = cfg.to_dict()

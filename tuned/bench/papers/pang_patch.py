@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from tuned.engines.sim import SimEngine
+from tuned.engines.sim import SimEngine, simulate
 
 #: the README's example constant ("can be calculated dynamically or just be a constant
 #: (e.g., 0.95)")
@@ -79,11 +79,4 @@ class PatchEngine(SimEngine):
 def simulate_patch(cfg, hardware, requests, **kw):
     """:func:`tuned.engines.sim.simulate` on a :class:`PatchEngine` (``kw``: the
     engine's options, e.g. ``with_controller``, ``record_steps``)."""
-    blocks = cfg.num_gpu_blocks or hardware.num_gpu_blocks
-    kw.setdefault("kv_bytes_per_token", hardware.kv_bytes_per_token or None)
-    eng = PatchEngine(cfg, hardware.step_model, block_size=hardware.block_size,
-                      num_gpu_blocks=blocks, **kw)
-    res = eng.run(requests)
-    res.hardware = hardware.describe()
-    res.config = cfg.to_dict()
-    return res
+    return simulate(cfg, hardware, requests, engine_cls=PatchEngine, **kw)

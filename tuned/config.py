@@ -449,6 +449,11 @@ def _check_secret(name: str, value: Any) -> tuple[Any, str | None]:
     return checked, err
 
 
+def _unknown_key(key: str) -> str:
+    return (f"{clip_text(key)}: unknown key{did_you_mean(key, FIELDS)} "
+            "(known keys: see `tuned check-config --explain`)")
+
+
 def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
     """Build a :class:`Config` from a parsed mapping, or raise :class:`ConfigError`
     listing every problem (unknown keys, types, ranges, cross-field rules)."""
@@ -456,8 +461,7 @@ def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in FIELDS:
-            problems.append(f"{clip_text(key)}: unknown key{did_you_mean(key, FIELDS)} "
-                            "(known keys: see `tuned check-config --explain`)")
+            problems.append(_unknown_key(key))
             continue
         check = _check_secret if FIELDS[key].metadata.get("secret") else _check_field
         checked, err = check(key, value)
@@ -853,8 +857,7 @@ def _layered(src: Sources) -> tuple[Config, tuple[str, ...]]:
         p = Path(src.path)
         where = str(p.resolve())
         raw = read_toml(p)
-        found = [f"{clip_text(k)}: unknown key{did_you_mean(k, FIELDS)} (known keys: see "
-                 "`tuned check-config --explain`)" for k in raw if k not in FIELDS]
+        found = [_unknown_key(k) for k in raw if k not in FIELDS]
         toml, bad = _checked_layer({k: v for k, v in raw.items() if k in FIELDS},
                                    lambda k: k)
         _refuse([(where, line) for line in found + bad])
@@ -1081,12 +1084,9 @@ def engine_problems(cfg: Config, engine: Mapping[str, Any]) -> list[str]:
             problems.append(f"{key}: the config says {value}, the engine runs {flag} {got}; "
                             f"pass {flag} {value} to vLLM or set {key} = {got} in the config")
     model = engine.get("model")
-    if model is not None and not cfg.model.startswith("demo:"):
-        same = (Path(cfg.model).expanduser().resolve() == Path(str(model)).expanduser().resolve()
-                if Path(cfg.model).expanduser().is_dir() else cfg.model == model)
-        if not same:
-            problems.append(f"model: the config says {clip_text(cfg.model)}, the engine runs "
-                            f"--model {clip_path(model)}; give both the same model")
+    if not _agrees("model", cfg.model, engine):
+        problems.append(f"model: the config says {clip_text(cfg.model)}, the engine runs "
+                        f"--model {clip_path(model)}; give both the same model")
     return problems
 
 

@@ -157,11 +157,15 @@ class Config:
                            "after those that can still make it (0 = off)",
                            lo=0.0, hi=3600.0)
     max_wait_s: float = _f(0.0, "bound on a request's wait for its first token, in seconds "
-                           "(0 = 10 x ttft_sla_s when a TTFT target is set, else no bound); "
-                           "see on_max_wait", lo=0.0, hi=86400.0)
-    on_max_wait: str = _f("refuse", "what the wait bound does: refuse (a request still "
-                          "waiting at max_wait_s is refused at once, so its client can "
-                          "retry elsewhere), serve (served late, never refused) or off (no "
+                           "(0 = with a TTFT target, the target itself when on_max_wait is "
+                           "refuse and 10 x it when serve; else no bound); see on_max_wait",
+                           lo=0.0, hi=86400.0)
+    on_max_wait: str = _f("refuse", "what the wait bound does: refuse (a waiting request "
+                          "is refused as soon as its first token is predicted past "
+                          "max_wait_s from its arrival, from the work ahead of it at the "
+                          "engine's measured pace under the cap, so its client can "
+                          "retry elsewhere at once; a new request is turned away at the "
+                          "API server by the same prediction), serve (served late, never refused) or off (no "
                           "bound: late requests wait for a lull). With refuse or serve, a "
                           "request that has waited age_after_s is admitted before the "
                           "queue policy's choice (aging)", choices=WAIT_BOUND_MODES)
@@ -266,9 +270,9 @@ class Config:
 
     def wait_bound_spec(self) -> tuple[float, bool, float] | None:
         """(bound, refuse at it, aging point), in seconds, of the wait bound, or None
-        without one: the bound is ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT
-        target is set; the aging point ``age_after_s``, else 2 x ``ttft_sla_s``, at
-        most half the bound (:func:`tuned.core.refusal.bound_spec`)."""
+        without one: the bound is ``max_wait_s``, else ``ttft_sla_s`` (refuse) or 10 x
+        it (serve) when a TTFT target is set; the aging point ``age_after_s``, else 2 x
+        ``ttft_sla_s``, at most half the bound (:func:`tuned.core.refusal.bound_spec`)."""
         return refusal.bound_spec(self.on_max_wait, self.max_wait_s, self.ttft_sla_s,
                                   self.age_after_s)
 

@@ -122,7 +122,7 @@ class Controller:
         self._fin_seq = 0
         self._binding = BindingHistory()    # tick by tick: did the cap bind?
         self._fit_t = -math.inf
-        self.refusals = RefusalWatch()       # whether the queue is refusing (/admission)
+        self.refusals = RefusalWatch()       # what the door decides by (/admission)
         self._failing: tuple | None = None  # ((cause, error), logged at, repeats since)
         self._step_fit = None
         self._scheduler = None
@@ -310,7 +310,7 @@ class Controller:
         running, waiting = eng.counts()
         switch = self.queue_channel.take_switch()
         snap = eng.queue_snapshot()
-        self.refusals.note(snap, now, running, waiting, self.slot.applied.cap)
+        self.refusals.note(snap, now, idle=(running, waiting) == (0, 0))
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
         gpu_free = free_fraction(self.gpu)

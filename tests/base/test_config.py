@@ -81,7 +81,7 @@ def test_what_zero_stands_for():
 
 def test_the_wait_bound_and_its_aging_point():
     assert validate({}).wait_bound_spec() is None                           # no TTFT, no bound
-    assert validate({"ttft_sla_s": 3.0}).wait_bound_spec() == (30.0, True, 6.0)
+    assert validate({"ttft_sla_s": 3.0}).wait_bound_spec() == (3.0, True, 1.5)   # at the target
     assert validate({"max_wait_s": 100.0}).wait_bound_spec() == (100.0, True, 50.0)
     assert validate({"ttft_sla_s": 3.0, "on_max_wait": "serve"}).wait_bound_spec() == \
         (30.0, False, 6.0)

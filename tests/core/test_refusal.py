@@ -28,8 +28,8 @@ def ctx(now_s: float) -> AdmitContext:
 
 
 @pytest.mark.parametrize("mode, max_wait, ttft, age, spec", [
-    ("refuse", 0.0, 2.0, 0.0, (20.0, True, 4.0)),      # 10x and 2x the TTFT target
-    ("serve", 0.0, 2.0, 0.0, (20.0, False, 4.0)),
+    ("refuse", 0.0, 2.0, 0.0, (2.0, True, 1.0)),       # refused at the TTFT target
+    ("serve", 0.0, 2.0, 0.0, (20.0, False, 4.0)),      # served: 10x and 2x the target
     ("refuse", 7.5, 0.0, 0.0, (7.5, True, 3.75)),      # no target: aging at half
     ("refuse", 6.0, 5.0, 0.0, (6.0, True, 3.0)),       # aging at most half the bound
     ("refuse", 6.0, 0.0, 9.0, (6.0, True, 6.0)),       # an explicit aging point, capped
@@ -54,7 +54,9 @@ def test_a_refused_request_is_an_event_with_its_reason_and_wait():
     [(req, event)] = q.refusals.take()
     assert req.request_id == "a" and len(q) == 0
     assert event == Refusal(REASON_MAX_WAIT, 6.25, "a", 5.25)
-    assert event.message == "refused (max_wait): still waiting at max_wait_s"
+    assert event.message == ("refused (max_wait) after waiting 5.2 s: its first token "
+                             "could not come within the wait bound (max_wait_s, by "
+                             "default the TTFT target)")
     assert q.refusals.take() == []                # handed over once
     assert q.snapshot()["refused"] == 1
 
@@ -94,53 +96,38 @@ def test_serve_mode_never_refuses_and_the_counts_survive_a_new_bound():
     q.begin_step(ctx(50.1), [])
     assert [r.request_id for r, _ in q.refusals.take()] == ["a"]
     q.set_wait_bound((2.0, True, 0.5))             # another bound: the count stays
-    assert q.refusals.counts() == {"aged": 0, "refused": 1}
+    assert q.refusals.counts() == {"aged": 0, "refused": 1, "door_wait_s": None}
 
 
 def test_no_bound_no_refusal_and_zero_counts():
     r: QueueRefusals = QueueRefusals()
     assert r.due(ctx(1e9), {}) == [] and r.aged_head(1e9) is None
-    assert r.counts() == {"aged": 0, "refused": 0}
+    assert r.counts() == {"aged": 0, "refused": 0, "door_wait_s": None}
 
 
-def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
+def test_the_door_refuses_a_new_request_only_while_its_own_first_token_is_late():
+    """The door reads the queue's prediction for a new request, not its past
+    refusals: refusing while that prediction is past the bound, by how much, and open
+    the moment it is not, however many the queue refused just before."""
     w = RefusalWatch()
-    spec = (10.0, True, 2.5)
-    assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
-                                    "retry_after_s": 3, "refused": 0, "room": False,
-                                    "refusing_for_s": 0.0, "window_s": 0.0}
-    w.note({"refused": 2}, 100.0)
-    assert [w.state(spec, 102.5)[k] for k in ("refusing", "refusing_for_s")] == [True, 7.5]
-    assert w.state(spec, 109.9)["refusing"] is True
-    assert [w.state(spec, 110.0)[k] for k in ("refusing", "refusing_for_s")] == [False, 0.0]
-    w.note({"refused": 2}, 120.0)                  # no new refusal: the time stays
-    assert w.last_t == 100.0 and w.seen == 2
-    assert w.state((10.0, False, 2.5), 100.5)["refusing"] is False
-    assert w.state(None, 100.5) == {"refusing": False, "max_wait_s": None,
+    spec = (3.0, True, 1.5)
+    assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 3.0,
+                                    "retry_after_s": 1, "refused": 0,
+                                    "first_token_s": None, "refusing_for_s": 0.0}
+    w.note({"refused": 40, "door_wait_s": 7.25}, 100.0)
+    assert w.state(spec, 100.0) == {"refusing": True, "max_wait_s": 3.0,
+                                    "retry_after_s": 5, "refused": 40,
+                                    "first_token_s": 7.25, "refusing_for_s": 4.25}
+    w.note({"refused": 55, "door_wait_s": 2.9}, 100.5)    # the queue refused 15 more
+    assert [w.state(spec, 100.5)[k] for k in ("refusing", "refusing_for_s")] == [False, 0.0]
+    w.note({"refused": 55, "door_wait_s": 9.0}, 101.0, idle=True)  # idle: no guess
+    assert w.state(spec, 101.0)["refusing"] is False
+    w.note({"refused": 55}, 101.5)                        # no step model: no prediction
+    assert w.state(spec, 101.5)["refusing"] is False
+    w.note({"refused": 55, "door_wait_s": 9.0}, 102.0)
+    assert w.state((3.0, False, 1.5), 102.0)["refusing"] is False   # serve mode
+    assert w.state(None, 102.0) == {"refusing": False, "max_wait_s": None,
                                     "retry_after_s": None, "refusing_for_s": 0.0}
-    assert RefusalWatch().last_t == -math.inf
-
-
-def test_the_door_opens_while_the_engine_has_room_for_a_new_request():
-    # a refusal shut the door for the whole bound: on the real engine the queue
-    # drained and the engine ran out of work while the door turned requests away
-    w = RefusalWatch()
-    spec = (6.0, True, 6.0)
-    w.note({"refused": 4}, 20.0, running=16, waiting=18, cap=16)
-    assert [w.state(spec, 21.0)[k] for k in ("refusing", "room")] == [True, False]
-    w.note({"refused": 4}, 22.0, running=16, waiting=0, cap=16)   # drained, full
-    assert [w.state(spec, 22.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 4.0]
-    w.note({"refused": 4}, 22.5, running=15, waiting=0, cap=16)   # a slot is free
-    assert w.state(spec, 22.5) == {"refusing": False, "max_wait_s": 6.0,
-                                   "retry_after_s": 6, "refused": 4, "room": True,
-                                   "refusing_for_s": 0.0, "window_s": 3.5}
-    w.note({"refused": 4}, 23.0, running=15, waiting=2, cap=16)   # requests wait again
-    assert [w.state(spec, 23.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 3.0]
-    w.note({"refused": 4}, 23.5, running=3, waiting=0, cap=2)     # the cap came down
-    assert w.state(spec, 23.5)["refusing"] is True
-    w.note({"refused": 4}, 24.0, running=0, waiting=0)            # no cap: no guess
-    assert w.state(spec, 24.0)["refusing"] is True
-    assert w.state(spec, 26.0)["refusing"] is False               # the bound has passed
 
 
 def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():
@@ -148,8 +135,8 @@ def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():
     assert at_the_door({"refusing": False}, 1.0) is None
     ref = at_the_door({"refusing": True, "max_wait_s": 10.0, "retry_after_s": 2}, 1.0)
     assert ref == Refusal(REASON_OVERLOADED, 1.0, bound_s=10.0, retry_after_s=2)
-    assert ref.message == ("overloaded: requests are waiting past max_wait_s (10.0 s); "
-                           "retry in 2 s")
+    assert ref.message == ("overloaded: a new request's first token would come past "
+                           "the wait bound (10.0 s)")
     assert at_the_door({"refusing": True, "retry_after_s": 0}, 1.0).retry_after_s == 1
     # an answer read at 5.0 that said refusing for 2 s more: refused until 7.0
     said = {"refusing": True, "retry_after_s": 2, "refusing_for_s": 2.0}
@@ -174,7 +161,7 @@ def test_what_a_client_reads_as_a_refusal(status, kw, text):
 #: the words of a refusal's decision and answer: they appear in tuned/core/refusal.py
 #: and nowhere else under tuned/ (the engines answer through the protocol)
 ONE_ROOM = (r'"max_wait"', r"refused: HTTP", r"aborted before any token",
-            r"overloaded: requests are waiting", r"\(429, 503\)", r"on_max_wait == ",
+            r"overloaded: a new request", r"\(429, 503\)", r"on_max_wait == ",
             r"10\.0 \* (self\.)?ttft_sla_s")
 
 

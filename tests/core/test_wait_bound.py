@@ -19,7 +19,7 @@ from tuned.policies.registry import make_policy
 
 STEP_S = 0.1            # one engine step, one admission per step
 TTFT_S = 1.0            # the TTFT target: late_after_s
-BOUND_S = 10 * TTFT_S   # the default bound: 10 x the target
+BOUND_S = 10 * TTFT_S   # the bound these tests set: 10 x the target (serve's default)
 AGE_S = 2 * TTFT_S      # the default aging point: 2 x the target
 # 1 ms per prompt token: a 980-token prompt turns late 20 ms after it arrives
 MODEL = LinearStepModel(a=0.0, beta=0.0, gamma=0.001)
@@ -69,20 +69,25 @@ def starving_load() -> list[Req]:
 
 
 def bounded(on_max_wait: str) -> QueueCore:
-    cfg = config_mod.validate({"ttft_sla_s": TTFT_S, "on_max_wait": on_max_wait})
+    """fcfs with the TTFT target and a wait bound of 10x it (refusing by default at
+    the target itself: these tests read the bound's arithmetic on a longer one)."""
+    cfg = config_mod.validate({"ttft_sla_s": TTFT_S, "on_max_wait": on_max_wait,
+                               "max_wait_s": BOUND_S})
     q = QueueCore(make_policy("fcfs", cfg.queue_spec()[1]))
     q.set_wait_bound(cfg.wait_bound_spec())
     return q
 
 
-def test_the_default_bound_is_ten_times_the_ttft_target():
+def test_the_default_bound_is_the_ttft_target_when_refusing():
     cfg = config_mod.validate({"ttft_sla_s": 2.0})
-    assert cfg.wait_bound_spec() == (20.0, True, 4.0)
+    assert cfg.wait_bound_spec() == (2.0, True, 1.0)
+    assert config_mod.validate({"ttft_sla_s": 2.0, "on_max_wait": "serve"}
+                               ).wait_bound_spec() == (20.0, False, 4.0)
     assert config_mod.validate({"ttft_sla_s": 2.0, "max_wait_s": 7.5,
                                 "on_max_wait": "serve"}).wait_bound_spec() == (7.5, False, 3.75)
     assert config_mod.validate({"max_wait_s": 30.0}).wait_bound_spec() == (30.0, True, 15.0)
     assert config_mod.validate({"ttft_sla_s": 2.0, "age_after_s": 9.0}).wait_bound_spec() == (
-        20.0, True, 9.0)
+        2.0, True, 2.0)
     assert config_mod.validate({"ttft_sla_s": 2.0, "on_max_wait": "off"}).wait_bound_spec() is None
     assert config_mod.validate({}).wait_bound_spec() is None          # no TTFT target
     assert not config_mod.validate({"max_wait_s": 30.0}).native_queue
@@ -111,14 +116,14 @@ def test_aging_serves_it_within_the_bound():
 def test_under_sustained_overload_every_wait_ends_by_the_bound():
     """(b) two arrivals a step, one admission: no order serves everyone within the
     bound, so the requests still waiting at it are refused, each within one step of
-    the bound less its lead (one step T(0, 1024) = 1.024 s and twice its 10-token
-    prefill, 0.02 s), and no admitted request waited longer."""
+    the bound less its lead (one step T(0, 1024) = 1.024 s and its 10-token prefill,
+    0.01 s), and no admitted request waited longer."""
     q = bounded("refuse")
     arrivals = stream(200, per_step=2)
     admitted, refused = run(q, arrivals, until_s=40.0)
     assert len(admitted) + len(refused) + len(q) == len(arrivals)
     assert refused, "an overload this size must refuse"
-    due = BOUND_S - (1.024 + 0.02)
+    due = BOUND_S - (1.024 + 0.01)
     assert all(due - 1e-9 <= w < due + STEP_S for w in refused.values())
     assert max(admitted.values()) < due + STEP_S
     assert q.snapshot()["refused"] == len(refused)
@@ -168,28 +173,28 @@ def refusal_times(arrivals: list[Req], n_steps: int) -> dict[str, float]:
 
 def test_a_long_prompt_is_refused_its_prefill_early():
     """With the step model, a request is refused once its wait plus its lead reaches
-    the bound: its prefill at the engine's pace (1 ms per prompt token here) counted
-    twice, plus one step (T(0, 1024) = 1.024 s): a 3000-token prompt at 10 - 7.024 =
-    2.976 s, the first step at or after it 3.0 s, so its first token would not come
-    past the bound."""
+    the bound: its prefill at the engine's pace (1 ms per prompt token here), plus one
+    step (T(0, 1024) = 1.024 s): a 3000-token prompt at 10 - 4.024 = 5.976 s, the
+    first step at or after it 6.0 s, so its first token would not come past the
+    bound."""
     refused = refusal_times([Req("long", 0.0, 3000)] + stream(200, per_step=2), 120)
-    assert refused["long"] == pytest.approx(3.0)
+    assert refused["long"] == pytest.approx(6.0)
 
 
 def test_a_younger_longer_prompt_is_refused_before_the_oldest():
     """Every request within reach of the bound is checked, not only the oldest: a
-    10-token prompt from t = 0 is refused after waiting 10 - (1.024 + 0.02) s (the
-    step at 9.0 s), a 3000-token prompt from t = 1 s after 2.976 s (the step at 4.0 s),
-    first."""
+    10-token prompt from t = 0 is refused after waiting 10 - (1.024 + 0.01) s (the
+    step at 9.0 s), a 3000-token prompt from t = 1 s, behind it, after 10 - (1.024 +
+    0.01 + 3.0) = 5.966 s (the step at 7.0 s), first."""
     refused = refusal_times([Req("old", 0.0, 10), Req("long", 1.0, 3000)], 100)
-    assert refused == {"long": pytest.approx(3.0), "old": pytest.approx(9.0)}
+    assert refused == {"long": pytest.approx(6.0), "old": pytest.approx(9.0)}
 
 
 def test_the_prefill_ahead_counts_in_the_lead():
     """The prompt tokens the running requests still owe are prefilled first: with 2000
     of them (one running request, none of its prompt computed; T(1, 1023) = 1.023 s),
-    a 10-token prompt's lead is 1.023 + 2 x 2.010 s, refused at the step at or after
-    10 - 5.043 = 4.957 s."""
+    a 10-token prompt's lead is 1.023 + 2.010 s, refused at the step at or after
+    10 - 3.033 = 6.967 s."""
     q = bounded("refuse")
     q.add_request(Req("r", 0.0, 10))
     running = [Req("running", 0.0, 2000)]      # none of its prompt computed yet
@@ -200,4 +205,4 @@ def test_the_prefill_ahead_counts_in_the_lead():
         out = q.refusals.take()
         if out and refused is None:
             refused = now
-    assert refused == pytest.approx(5.0)
+    assert refused == pytest.approx(7.0)

@@ -147,54 +147,39 @@ def test_admission_url_from_the_command_line_or_the_environment(tmp_path):
     assert gateway.admission_url([], {}) == "http://127.0.0.1:9464/admission"
 
 
-def test_controller_says_refusing_for_one_bound_after_a_refusal():
-    from fakes import FakeEngine
-    from tuned.controller import Controller
-    from tuned.metrics import Metrics
-
-    t = [100.0]
-    cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1})
-    ctrl = Controller(cfg, FakeEngine(), Metrics(), clock=lambda: t[0])
-    assert ctrl.admission_json() == {"refusing": False, "max_wait_s": 10.0,
-                                     "retry_after_s": 2, "refused": 0, "room": False,
-                                     "refusing_for_s": 0.0, "window_s": 0.0}
-    ctrl.refusals.note({"refused": 3}, t[0])
-    t[0] += 9.9
-    assert ctrl.admission_json()["refusing"] is True
-    assert ctrl.admission_json()["refusing_for_s"] == pytest.approx(0.1)
-    t[0] += 0.2
-    assert ctrl.admission_json()["refusing"] is False
-    off = Controller(config_mod.validate({"ttft_sla_s": 1.0, "on_max_wait": "serve"}),
-                     FakeEngine(), Metrics(), clock=lambda: t[0])
-    off.refusals.note({"refused": 3}, t[0])
-    assert off.admission_json()["refusing"] is False
-
-
-def test_the_controller_opens_the_door_once_the_engine_has_room():
-    """Each tick hands the watch the engine's counts and the applied cap: the door
-    stays shut while requests wait or the cap is full, and opens once a new request
-    would start at once, within the bound after a refusal."""
+def test_the_controller_answers_the_queues_prediction_for_a_new_request():
+    """Each tick hands the watch the queue's snapshot: /admission says refusing while
+    the queue predicts a new request's first token past the bound (the TTFT target),
+    and stops the tick the prediction comes back under it, refusals or not; an idle
+    engine never refuses; serve mode never does."""
     from fakes import FakeEngine
     from tuned.controller import Controller
     from tuned.metrics import Metrics
 
     t = [100.0]
     eng = FakeEngine(running=4, waiting=3)
-    eng.queue_snapshot = lambda: {"refused": 2, "waiting": eng.waiting}
-    cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1, "b_min": 4,
-                               "b_max": 4, "fallback_cap": 4, "batch_policy": "static"})
+    snap = {"refused": 2, "door_wait_s": 2.6}
+    eng.queue_snapshot = lambda: dict(snap)
+    cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1})
     ctrl = Controller(cfg, eng, Metrics(), clock=lambda: t[0])
     ctrl.run_once()
-    assert ctrl.slot.applied.cap == 4
-    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [True, False]
-    t[0] += 1.0
-    eng.waiting = 0                      # drained, every slot still taken
+    assert ctrl.admission_json() == {"refusing": True, "max_wait_s": 1.0,
+                                     "retry_after_s": 2, "refused": 2,
+                                     "first_token_s": 2.6, "refusing_for_s": 1.6}
+    t[0] += 0.1
+    snap.update(refused=9, door_wait_s=0.4)          # 7 refused, and room again
     ctrl.run_once()
-    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [True, False]
-    t[0] += 1.0
-    eng.running = 3                      # a slot free, none waiting
+    assert [ctrl.admission_json()[k] for k in ("refusing", "refused")] == [False, 9]
+    t[0] += 0.1
+    snap.update(door_wait_s=5.0)
+    eng.running, eng.waiting = 0, 0                  # idle: the prediction is stale
     ctrl.run_once()
-    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [False, True]
+    assert ctrl.admission_json()["refusing"] is False
+    off = Controller(config_mod.validate({"ttft_sla_s": 1.0, "on_max_wait": "serve"}),
+                     FakeEngine(running=4, waiting=3), Metrics(), clock=lambda: t[0])
+    off.engine.queue_snapshot = lambda: {"refused": 0, "door_wait_s": 50.0}
+    off.run_once()
+    assert off.admission_json()["refusing"] is False
 
 
 #: vLLM's POST routes that make no engine request (the gateway lets them through)

@@ -220,7 +220,11 @@ class QueueCore(Generic[R]):
         self._deferred_ids.clear()
         self._head_valid = False
         self._step += 1
-        for rid in self.refusals.due(ctx, self._unpinned):
+        infos = self._infos
+        left = [max((i.predicted_output if (i := infos.get(r.request_id)) is not None
+                     else 1) - r.num_output_tokens, 1) for r in running_requests] \
+            if self.refusals.bound is not None and ctx.step_model is not None else ()
+        for rid in self.refusals.due(ctx, self._unpinned, left):
             req = self._waiting.get(rid)
             if req is not None:
                 info = self._unpinned.get(rid)

@@ -32,6 +32,7 @@ client reads) and the one engine adapter concerned.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
@@ -49,8 +50,10 @@ REASON_MAX_WAIT = "max_wait"
 #: the queue is refusing: a new request is turned away at the API server
 REASON_OVERLOADED = "overloaded"
 #: every reason, with what it means to an operator (metrics' help text)
-REASONS = {REASON_MAX_WAIT: "still waiting at max_wait_s",
-           REASON_OVERLOADED: "turned away with HTTP 429 while the queue refuses"}
+REASONS = {REASON_MAX_WAIT: "its first token could not come within the wait bound "
+                            "(max_wait_s, by default the TTFT target)",
+           REASON_OVERLOADED: "turned away with HTTP 429: its first token would come "
+                              "past the wait bound"}
 #: the reasons the queue refuses for (``tuned_requests_refused_total{reason}``)
 QUEUE_REASONS = (REASON_MAX_WAIT,)
 #: HTTP statuses a client reads as "refused, retry elsewhere": too many requests,
@@ -63,12 +66,13 @@ R = TypeVar("R")
 def bound_spec(on_max_wait: str, max_wait_s: float, ttft_sla_s: float,
                age_after_s: float) -> tuple[float, bool, float] | None:
     """(bound, refuse at it, aging point), in seconds, of the wait bound, or None
-    without one: the bound is ``max_wait_s``, else 10 x ``ttft_sla_s`` when a TTFT
-    target is set; the aging point ``age_after_s``, else 2 x ``ttft_sla_s``, at
-    most half the bound."""
+    without one: the bound is ``max_wait_s``, else with a TTFT target the target
+    itself when refusing (a request that cannot meet it is refused as soon as that is
+    predicted) and 10 x it when serving late; the aging point ``age_after_s``, else
+    2 x ``ttft_sla_s``, at most half the bound."""
     if on_max_wait == "off":
         return None
-    bound = max_wait_s or 10.0 * ttft_sla_s
+    bound = max_wait_s or (ttft_sla_s if on_max_wait == "refuse" else 10.0 * ttft_sla_s)
     if bound <= 0:
         return None
     age = age_after_s or min(2.0 * ttft_sla_s or bound / 2, bound / 2)
@@ -98,9 +102,11 @@ class Refusal:
     def message(self) -> str:
         """What the refused client reads."""
         if self.reason == REASON_OVERLOADED:
-            return (f"overloaded: requests are waiting past max_wait_s ({self.bound_s} s); "
-                    f"retry in {self.retry_after_s} s")
-        return f"refused ({self.reason}): {REASONS.get(self.reason, self.reason)}"
+            return (f"overloaded: a new request's first token would come past the wait "
+                    f"bound ({self.bound_s} s)")
+        waited = f" after waiting {self.waited_s:.1f} s" if self.waited_s is not None else ""
+        return (f"refused ({self.reason}){waited}: "
+                f"{REASONS.get(self.reason, self.reason)}")
 
 
 class RefusalAnswer(Protocol[R]):
@@ -121,8 +127,10 @@ class QueueRefusals(Generic[R]):
 
     def __init__(self, bound: WaitBound | None = None) -> None:
         self.bound = bound
-        self._max_prompt = 0               # the largest prompt seen (bounds the leads)
         self._out: list[tuple[R, Refusal]] = []
+        #: predicted time to the first token of a request arriving now (None: no
+        #: prediction), what the door decides a new request by
+        self.door_wait_s: float | None = None
 
     def set_bound(self, spec: tuple | None, waiting: Iterable[ReqInfo]) -> None:
         """``spec``: ``(bound_s, refuse[, age_after_s])`` (:func:`bound_spec`) or None;
@@ -142,34 +150,28 @@ class QueueRefusals(Generic[R]):
     def join(self, info: ReqInfo) -> None:
         if self.bound is not None:
             self.bound.add(info.request_id, info.arrival_s)
-            self._max_prompt = max(self._max_prompt, info.prompt_tokens)
 
     def leave(self, request_id: str) -> None:
         if self.bound is not None:
             self.bound.discard(request_id)
 
-    def due(self, ctx: AdmitContext, infos: dict[str, ReqInfo]) -> list[str]:
+    def due(self, ctx: AdmitContext, infos: dict[str, ReqInfo],
+            running_left: Sequence[int] = ()) -> list[str]:
         """The waiting requests to refuse now, oldest first (``infos``: the requests
-        the policy orders, by id): those whose first token cannot come within the
-        bound -- waited the bound less the prefill ahead of them and their own at the
-        engine's pace (the prompt tokens the running requests still owe, then its own,
-        at T(b, c, kv) / c per prompt token, with the step model the controller
-        publishes; no lead without one), counted twice, because after the check the
-        budget may shrink and other requests may be admitted ahead of it, and one step
-        more, the time to the next check. The largest prompt seen bounds the leads."""
+        the policy orders, by id, oldest first; ``running_left``: the decode steps each
+        running request is predicted still to run): those whose first token cannot
+        come within the bound from their arrival, as :func:`first_token_leads`
+        predicts it (the work ahead of each, at the engine's pace, under the cap),
+        refused as soon as that is known rather than at the bound. Also keeps
+        :attr:`door_wait_s`, the same prediction for a request arriving now."""
         if self.bound is None:
             return []
-        lead, lead_max = None, 0.0
-        b = max(int(ctx.num_running), 0)
-        if ctx.step_model is not None and ctx.token_budget > b:
-            c = ctx.token_budget - b
-            step_s = ctx.step_model.predict_step_s(b, c, ctx.kv_resident_tokens)
-            per_token = step_s / c
-            ahead = max(int(ctx.prefill_backlog_tokens), 0)
-            lead = lambda rid: step_s + 2.0 * per_token * (  # noqa: E731
-                ahead + max(infos[rid].prompt_tokens, 0))
-            lead_max = step_s + 2.0 * per_token * (ahead + self._max_prompt)
-        return self.bound.due(ctx.now_s, lead, lead_max)
+        leads, self.door_wait_s = first_token_leads(
+            ctx, infos.values(), running_left, ctx.now_s, self.bound.bound_s)
+        if leads is None:
+            return self.bound.due(ctx.now_s)
+        lead_max = max(leads.values(), default=0.0)
+        return self.bound.due(ctx.now_s, lambda rid: leads.get(rid, 0.0), lead_max)
 
     def refused(self, request: R, request_id: str, now_s: float,
                 arrival_s: float | None, reason: str = REASON_MAX_WAIT) -> Refusal:
@@ -193,11 +195,61 @@ class QueueRefusals(Generic[R]):
         before the policy's choice), else None (see :meth:`WaitBound.aged_head`)."""
         return self.bound.aged_head(now_s, eligible) if self.bound is not None else None
 
-    def counts(self) -> dict[str, int]:
-        """``aged`` and ``refused``: the queue snapshot's counts."""
+    def counts(self) -> dict[str, Any]:
+        """``aged`` and ``refused``: the queue snapshot's counts; ``door_wait_s``: the
+        prediction for a new request (None without one)."""
         b = self.bound
         return {"aged": b.aged if b is not None else 0,
-                "refused": b.refused if b is not None else 0}
+                "refused": b.refused if b is not None else 0,
+                "door_wait_s": self.door_wait_s if b is not None else None}
+
+
+def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
+                      running_left: Sequence[int], now_s: float, bound_s: float
+                      ) -> tuple[dict[str, float] | None, float | None]:
+    """Predicted seconds from now to each waiting request's first token if the queue
+    is served oldest first, and the same for a request arriving now; (None, None)
+    without the step model the controller publishes or a token budget.
+
+    The engine is a set of batch slots (the cap) and a prefill pace. A slot frees when
+    a running request ends (its predicted decode steps left at the decode step time of
+    the batch the queue keeps full, T(b, 0, kv)) and again when the request that took
+    it ends; the prompt tokens the running requests still owe and those of each
+    waiting request ahead clear at T(b, c, kv) / c per token, as a backlog drains. A
+    request's first token comes once it has a slot and its prompt and those ahead are
+    through, one step later. A request whose first token would come past the bound
+    from its arrival takes neither a slot nor prefill from those behind it: it is
+    refused. This is list scheduling with predicted lengths, not a queueing formula,
+    so a burst's first seconds are seen at once, before any request has finished."""
+    model = ctx.step_model
+    b_now = max(int(ctx.num_running), 0)
+    if model is None or ctx.token_budget <= b_now:
+        return None, None
+    waiting = list(waiting)
+    cap = max(int(ctx.cap), 1)
+    kv = ctx.kv_resident_tokens
+    b = max(min(cap, b_now + len(waiting)), 1)
+    decode_s = model.predict_step_s(b, 0.0, kv)
+    c = ctx.token_budget - b_now
+    step_s = model.predict_step_s(b_now, c, kv)
+    per_token = step_s / c
+    slots = [0.0] * max(cap - len(running_left), 0) + sorted(
+        max(int(n), 0) * decode_s for n in running_left)
+    heapq.heapify(slots)
+    prefill = per_token * max(int(ctx.prefill_backlog_tokens), 0)
+    leads: dict[str, float] = {}
+    for r in waiting:
+        slot = slots[0] if slots else 0.0
+        own = per_token * max(r.prompt_tokens, 0)
+        first = max(slot, prefill) + own + step_s
+        leads[r.request_id] = first
+        if now_s - r.arrival_s + first >= bound_s:
+            continue                      # refused: leaves the slot and the pace
+        prefill = max(slot, prefill) + own
+        if slots:
+            heapq.heapreplace(slots, first + max(r.predicted_output - 1, 0) * decode_s)
+    door = max(slots[0] if slots else 0.0, prefill) + step_s
+    return leads, door
 
 
 def answer(refusals: QueueRefusals[R], engine: RefusalAnswer[R]) -> int:
@@ -209,49 +261,47 @@ def answer(refusals: QueueRefusals[R], engine: RefusalAnswer[R]) -> int:
 
 
 class RefusalWatch:
-    """Whether the queue is refusing, for the door (what ``GET /admission`` answers,
-    :mod:`tuned.engines.gateway` reads): refusing while the queue refused a request
-    at its wait bound within the last bound (a sustained overload: a new request
-    would wait past it too), unless the engine has room (no request waits and fewer
-    run than the cap: a new request would start at once), and when to retry (the
-    aging point: by then the oldest waiting have turned over). A door shut for the
-    whole bound after a refusal turned requests away while the engine ran out of
-    work (docs/results.md, "A burst past capacity on the real engine")."""
+    """What the door decides a new request by (what ``GET /admission`` answers,
+    :mod:`tuned.engines.gateway` reads): the queue's prediction of a new request's
+    first token (:attr:`QueueRefusals.door_wait_s`, in its snapshot), the same rule
+    the queue refuses its waiting requests by. A new request is turned away while that
+    prediction is past the bound (it would be refused in the queue anyway), and let in
+    as soon as it is not, whatever the queue refused before: a request the engine can
+    serve in time is never refused for the ones that came before it."""
 
     def __init__(self) -> None:
-        self.seen = 0                      # the queue's refusals at the wait bound
-        self.last_t = -math.inf
-        self.room = False                  # a new request would start at once
+        self.seen = 0                      # the queue's refusals (its counter)
+        self.door_wait_s: float | None = None
+        self.at = -math.inf                # when the prediction was read
 
-    def note(self, snap: dict | None, now: float, running: int | None = None,
-             waiting: int | None = None, cap: int | None = None) -> None:
-        """The queue's snapshot at ``now``: a refusal since the last one? ``running``,
-        ``waiting`` (the engine's counts) and the applied ``cap``: room for a new
-        request? Without all three, no room is assumed (the door stays shut for the
-        bound, never opened on a guess)."""
-        refused = (snap or {}).get("refused", 0)
-        if refused > self.seen:
-            self.last_t = now
-        self.seen = refused
-        self.room = (None not in (running, waiting, cap)
-                     and waiting <= 0 and running < cap)
+    def note(self, snap: dict | None, now: float, idle: bool = False) -> None:
+        """The queue's snapshot at ``now``: its refusals and its prediction for a new
+        request (none without a step model: then the door lets every request in).
+        ``idle``: the engine runs and holds no request, so a new one starts at once
+        whatever the last step predicted (an idle engine takes no step to update it)."""
+        snap = snap or {}
+        self.seen = snap.get("refused", 0)
+        wait = snap.get("door_wait_s")
+        self.door_wait_s = float(wait) if isinstance(wait, (int, float)) and not idle \
+            else None
+        self.at = now
 
     def state(self, spec: tuple | None, now: float) -> dict:
-        """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`);
-        ``refusing_for_s``: how long it stays refusing without a new refusal (0 when
-        not refusing), which holds the door's answer through a failed read; ``room``:
-        whether a new request would start at once (then the door is open); ``window_s``:
-        how long until the last refusal is a bound old, room or not."""
+        """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`):
+        ``refusing`` while a new request's predicted first token (``first_token_s``)
+        is past the bound; ``refusing_for_s``: by how much, which is how long the
+        answer holds through a failed read (no request arrives to lengthen it) and
+        when to retry (``retry_after_s``)."""
         if spec is None:
             return {"refusing": False, "max_wait_s": None, "retry_after_s": None,
                     "refusing_for_s": 0.0}
-        bound, refuse, age = spec
-        window = max(bound - (now - self.last_t), 0.0) if refuse else 0.0
-        left = 0.0 if self.room else window
-        return {"refusing": left > 0, "max_wait_s": bound,
-                "retry_after_s": max(1, math.ceil(age)), "refused": self.seen,
-                "room": self.room, "refusing_for_s": round(left, 3),
-                "window_s": round(window, 3)}
+        bound, refuse = spec[0], spec[1]
+        wait = self.door_wait_s
+        over = max(wait - bound, 0.0) if refuse and wait is not None else 0.0
+        return {"refusing": over > 0, "max_wait_s": bound,
+                "retry_after_s": max(1, math.ceil(over)), "refused": self.seen,
+                "first_token_s": None if wait is None else round(wait, 3),
+                "refusing_for_s": round(over, 3)}
 
 
 def at_the_door(state: dict | None, now_s: float,

@@ -310,7 +310,7 @@ class Controller:
         running, waiting = eng.counts()
         switch = self.queue_channel.take_switch()
         snap = eng.queue_snapshot()
-        self.refusals.note(snap, now, idle=(running, waiting) == (0, 0))
+        self.refusals.note(snap, now, running, waiting, self.slot.applied.cap)
         if self.nvml is not None:
             self.gpu = self.nvml.sample()
         gpu_free = free_fraction(self.gpu)

@@ -112,22 +112,65 @@ def test_the_door_refuses_a_new_request_only_while_its_own_first_token_is_late()
     w = RefusalWatch()
     spec = (3.0, True, 1.5)
     assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 3.0,
-                                    "retry_after_s": 1, "refused": 0,
-                                    "first_token_s": None, "refusing_for_s": 0.0}
+                                    "retry_after_s": 2, "refused": 0,
+                                    "first_token_s": None, "room": False,
+                                    "refusing_for_s": 0.0, "window_s": 0.0}
     w.note({"refused": 40, "door_wait_s": 7.25}, 100.0)
     assert w.state(spec, 100.0) == {"refusing": True, "max_wait_s": 3.0,
                                     "retry_after_s": 5, "refused": 40,
                                     "first_token_s": 7.25, "refusing_for_s": 4.25}
     w.note({"refused": 55, "door_wait_s": 2.9}, 100.5)    # the queue refused 15 more
     assert [w.state(spec, 100.5)[k] for k in ("refusing", "refusing_for_s")] == [False, 0.0]
-    w.note({"refused": 55, "door_wait_s": 9.0}, 101.0, idle=True)  # idle: no guess
+    w.note({"refused": 55, "door_wait_s": 9.0}, 101.0, 0, 0, 4)   # idle: stale
     assert w.state(spec, 101.0)["refusing"] is False
-    w.note({"refused": 55}, 101.5)                        # no step model: no prediction
+    w.note({"refused": 55}, 101.5, 0, 0, 4)               # no step model: room decides
     assert w.state(spec, 101.5)["refusing"] is False
     w.note({"refused": 55, "door_wait_s": 9.0}, 102.0)
     assert w.state((3.0, False, 1.5), 102.0)["refusing"] is False   # serve mode
     assert w.state(None, 102.0) == {"refusing": False, "max_wait_s": None,
                                     "retry_after_s": None, "refusing_for_s": 0.0}
+
+
+def test_the_watch_says_refusing_for_one_bound_after_a_refusal():
+    w = RefusalWatch()
+    spec = (10.0, True, 2.5)
+    assert w.state(spec, 100.0) == {"refusing": False, "max_wait_s": 10.0,
+                                    "retry_after_s": 3, "refused": 0, "first_token_s": None,
+                                    "room": False,
+                                    "refusing_for_s": 0.0, "window_s": 0.0}
+    w.note({"refused": 2}, 100.0)
+    assert [w.state(spec, 102.5)[k] for k in ("refusing", "refusing_for_s")] == [True, 7.5]
+    assert w.state(spec, 109.9)["refusing"] is True
+    assert [w.state(spec, 110.0)[k] for k in ("refusing", "refusing_for_s")] == [False, 0.0]
+    w.note({"refused": 2}, 120.0)                  # no new refusal: the time stays
+    assert w.last_t == 100.0 and w.seen == 2
+    assert w.state((10.0, False, 2.5), 100.5)["refusing"] is False
+    assert w.state(None, 100.5) == {"refusing": False, "max_wait_s": None,
+                                    "retry_after_s": None, "refusing_for_s": 0.0}
+    assert RefusalWatch().last_t == -math.inf
+
+
+def test_the_door_opens_while_the_engine_has_room_for_a_new_request():
+    # a refusal shut the door for the whole bound: on the real engine the queue
+    # drained and the engine ran out of work while the door turned requests away
+    w = RefusalWatch()
+    spec = (6.0, True, 6.0)
+    w.note({"refused": 4}, 20.0, running=16, waiting=18, cap=16)
+    assert [w.state(spec, 21.0)[k] for k in ("refusing", "room")] == [True, False]
+    w.note({"refused": 4}, 22.0, running=16, waiting=0, cap=16)   # drained, full
+    assert [w.state(spec, 22.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 4.0]
+    w.note({"refused": 4}, 22.5, running=15, waiting=0, cap=16)   # a slot is free
+    assert w.state(spec, 22.5) == {"refusing": False, "max_wait_s": 6.0,
+                                   "retry_after_s": 6, "refused": 4, "first_token_s": None,
+                                   "room": True,
+                                   "refusing_for_s": 0.0, "window_s": 3.5}
+    w.note({"refused": 4}, 23.0, running=15, waiting=2, cap=16)   # requests wait again
+    assert [w.state(spec, 23.0)[k] for k in ("refusing", "refusing_for_s")] == [True, 3.0]
+    w.note({"refused": 4}, 23.5, running=3, waiting=0, cap=2)     # the cap came down
+    assert w.state(spec, 23.5)["refusing"] is True
+    w.note({"refused": 4}, 24.0, running=0, waiting=0)            # no cap: no guess
+    assert w.state(spec, 24.0)["refusing"] is True
+    assert w.state(spec, 26.0)["refusing"] is False               # the bound has passed
 
 
 def test_at_the_door_refuses_only_on_an_answer_that_says_refusing():

@@ -182,6 +182,57 @@ def test_the_controller_answers_the_queues_prediction_for_a_new_request():
     assert off.admission_json()["refusing"] is False
 
 
+def test_controller_says_refusing_for_one_bound_after_a_refusal():
+    from fakes import FakeEngine
+    from tuned.controller import Controller
+    from tuned.metrics import Metrics
+
+    t = [100.0]
+    cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1, "max_wait_s": 10.0})
+    ctrl = Controller(cfg, FakeEngine(), Metrics(), clock=lambda: t[0])
+    assert ctrl.admission_json() == {"refusing": False, "max_wait_s": 10.0,
+                                     "retry_after_s": 2, "refused": 0, "first_token_s": None,
+                                     "room": False, "refusing_for_s": 0.0, "window_s": 0.0}
+    ctrl.refusals.note({"refused": 3}, t[0])
+    t[0] += 9.9
+    assert ctrl.admission_json()["refusing"] is True
+    assert ctrl.admission_json()["refusing_for_s"] == pytest.approx(0.1)
+    t[0] += 0.2
+    assert ctrl.admission_json()["refusing"] is False
+    off = Controller(config_mod.validate({"ttft_sla_s": 1.0, "on_max_wait": "serve"}),
+                     FakeEngine(), Metrics(), clock=lambda: t[0])
+    off.refusals.note({"refused": 3}, t[0])
+    assert off.admission_json()["refusing"] is False
+
+
+def test_the_controller_opens_the_door_once_the_engine_has_room():
+    """Each tick hands the watch the engine's counts and the applied cap: the door
+    stays shut while requests wait or the cap is full, and opens once a new request
+    would start at once, within the bound after a refusal."""
+    from fakes import FakeEngine
+    from tuned.controller import Controller
+    from tuned.metrics import Metrics
+
+    t = [100.0]
+    eng = FakeEngine(running=4, waiting=3)
+    eng.queue_snapshot = lambda: {"refused": 2, "waiting": eng.waiting}
+    cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1, "max_wait_s": 10.0,
+                               "b_min": 4,
+                               "b_max": 4, "fallback_cap": 4, "batch_policy": "static"})
+    ctrl = Controller(cfg, eng, Metrics(), clock=lambda: t[0])
+    ctrl.run_once()
+    assert ctrl.slot.applied.cap == 4
+    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [True, False]
+    t[0] += 1.0
+    eng.waiting = 0                      # drained, every slot still taken
+    ctrl.run_once()
+    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [True, False]
+    t[0] += 1.0
+    eng.running = 3                      # a slot free, none waiting
+    ctrl.run_once()
+    assert [ctrl.admission_json()[k] for k in ("refusing", "room")] == [False, True]
+
+
 #: vLLM's POST routes that make no engine request (the gateway lets them through)
 NOT_QUEUED = vllm_surface.UNQUEUED_ROUTES
 

@@ -262,46 +262,66 @@ def answer(refusals: QueueRefusals[R], engine: RefusalAnswer[R]) -> int:
 
 class RefusalWatch:
     """What the door decides a new request by (what ``GET /admission`` answers,
-    :mod:`tuned.engines.gateway` reads): the queue's prediction of a new request's
-    first token (:attr:`QueueRefusals.door_wait_s`, in its snapshot), the same rule
-    the queue refuses its waiting requests by. A new request is turned away while that
-    prediction is past the bound (it would be refused in the queue anyway), and let in
-    as soon as it is not, whatever the queue refused before: a request the engine can
-    serve in time is never refused for the ones that came before it."""
+    :mod:`tuned.engines.gateway` reads).
+
+    With a prediction (the queue's :attr:`QueueRefusals.door_wait_s`, in its
+    snapshot: a step model is published), a new request is turned away while its
+    predicted first token is past the bound -- the same rule the queue refuses its
+    waiting requests by -- and let in the moment it is not, however many the queue
+    refused before: a request the engine can serve in time is never refused for the
+    ones that came before it. Without one (no TPOT SLA, so no step model), the door
+    falls back on the queue's past: refusing while the queue refused a request within
+    the last bound (a sustained overload: a new request would wait past it too),
+    unless the engine has room (no request waits and fewer run than the cap), with
+    the aging point as when to retry."""
 
     def __init__(self) -> None:
         self.seen = 0                      # the queue's refusals (its counter)
+        self.last_t = -math.inf            # when the counter last rose
+        self.room = False                  # a new request would start at once
         self.door_wait_s: float | None = None
-        self.at = -math.inf                # when the prediction was read
 
-    def note(self, snap: dict | None, now: float, idle: bool = False) -> None:
-        """The queue's snapshot at ``now``: its refusals and its prediction for a new
-        request (none without a step model: then the door lets every request in).
-        ``idle``: the engine runs and holds no request, so a new one starts at once
-        whatever the last step predicted (an idle engine takes no step to update it)."""
+    def note(self, snap: dict | None, now: float, running: int | None = None,
+             waiting: int | None = None, cap: int | None = None) -> None:
+        """The queue's snapshot at ``now`` (its refusals, its prediction for a new
+        request), the engine's ``running`` and ``waiting`` counts and the applied
+        ``cap``: room for a new request? Without all three, no room is assumed. An
+        idle engine (none running or waiting) takes no step to update the prediction:
+        it is dropped, a new request starts at once."""
         snap = snap or {}
-        self.seen = snap.get("refused", 0)
+        refused = snap.get("refused", 0)
+        if refused > self.seen:
+            self.last_t = now
+        self.seen = refused
+        self.room = (None not in (running, waiting, cap)
+                     and waiting <= 0 and running < cap)
         wait = snap.get("door_wait_s")
+        idle = (running, waiting) == (0, 0)
         self.door_wait_s = float(wait) if isinstance(wait, (int, float)) and not idle \
             else None
-        self.at = now
 
     def state(self, spec: tuple | None, now: float) -> dict:
-        """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`):
-        ``refusing`` while a new request's predicted first token (``first_token_s``)
-        is past the bound; ``refusing_for_s``: by how much, which is how long the
-        answer holds through a failed read (no request arrives to lengthen it) and
-        when to retry (``retry_after_s``)."""
+        """The ``/admission`` answer under wait bound ``spec`` (:func:`bound_spec`).
+        ``refusing_for_s``: how long the answer holds through a failed read;
+        ``first_token_s``: the prediction for a new request (None without one: then
+        ``room`` and ``window_s``, how long until the last refusal is a bound old,
+        say why)."""
         if spec is None:
             return {"refusing": False, "max_wait_s": None, "retry_after_s": None,
                     "refusing_for_s": 0.0}
-        bound, refuse = spec[0], spec[1]
+        bound, refuse, age = spec
         wait = self.door_wait_s
-        over = max(wait - bound, 0.0) if refuse and wait is not None else 0.0
-        return {"refusing": over > 0, "max_wait_s": bound,
-                "retry_after_s": max(1, math.ceil(over)), "refused": self.seen,
-                "first_token_s": None if wait is None else round(wait, 3),
-                "refusing_for_s": round(over, 3)}
+        if wait is not None:
+            over = max(wait - bound, 0.0) if refuse else 0.0
+            return {"refusing": over > 0, "max_wait_s": bound,
+                    "retry_after_s": max(1, math.ceil(over)), "refused": self.seen,
+                    "first_token_s": round(wait, 3), "refusing_for_s": round(over, 3)}
+        window = max(bound - (now - self.last_t), 0.0) if refuse else 0.0
+        left = 0.0 if self.room else window
+        return {"refusing": left > 0, "max_wait_s": bound,
+                "retry_after_s": max(1, math.ceil(age)), "refused": self.seen,
+                "first_token_s": None, "room": self.room,
+                "refusing_for_s": round(left, 3), "window_s": round(window, 3)}
 
 
 def at_the_door(state: dict | None, now_s: float,

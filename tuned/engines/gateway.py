@@ -1,28 +1,29 @@
-"""Load shedding at vLLM's OpenAI server: HTTP 429 with ``Retry-After`` while tuned's
-queue is refusing at its wait bound.
+"""Load shedding at vLLM's OpenAI server: HTTP 429 with ``Retry-After`` for a new
+request whose first token tuned predicts past its wait bound.
 
-tuned's waiting queue refuses a request still waiting at ``max_wait_s``
-(:mod:`tuned.core.refusal`); vLLM then finishes it as aborted, and its client reads
-finish reason ``abort``. Under a sustained overload that is late: the request has
-waited the whole bound first. This ASGI middleware, loaded into vLLM's API server
-with ``--middleware tuned.engines.gateway.RefuseWhenOverloaded`` (`tuned serve` adds
-it), answers new requests for the engine (completions, chat, responses and the other
-generation and pooling routes: :data:`PATHS`) with 429 and ``Retry-After`` at once
-while the queue has refused one within the last bound and the engine has no room for
-a new one (it would wait), as an overloaded gateway does, so the client or a proxy in
-front can retry elsewhere; the engine never sees them.
+tuned's waiting queue refuses a request once its first token cannot come within the
+wait bound (:mod:`tuned.core.refusal`); vLLM then finishes it as aborted, and its
+client reads finish reason ``abort``. This ASGI middleware, loaded into vLLM's API
+server with ``--middleware tuned.engines.gateway.RefuseWhenOverloaded`` (`tuned serve`
+adds it), turns such a request away before it reaches the engine: it answers a new
+request for the engine (completions, chat, responses and the other generation and
+pooling routes: :data:`PATHS`) with 429 and ``Retry-After`` while tuned's endpoint
+(``GET /admission``) says a new request's first token would come past the bound (the
+queue's own prediction; without a step model, while the queue has refused within the
+last bound and the engine has no room), as an overloaded gateway does, so the client
+or a proxy in front can retry elsewhere.
 The 429 is the whole answer, sent before the app runs: a streaming request is refused
 before any byte of its stream, so a proxy can still pass it to another server
-(docs/kubernetes.md, "Behind a proxy"). It reads the state
-from tuned's endpoint (``GET /admission``), at most every :data:`POLL_S` seconds, and
-lets every request through when the endpoint has not answered (it never refuses on a
-guess). A request never waits for the endpoint: a stale answer is refreshed in the
-background, so the first request after a change still sees the old state. A read that
-fails (an engine process too busy to answer within :data:`READ_TIMEOUT_S`, as under
-the overload the door is for) keeps the last answer, but never past the time it said
-the queue stays refusing (its ``refusing_for_s``). Whether to
-refuse and the text are :mod:`tuned.core.refusal`'s (:func:`~tuned.core.refusal.at_the_door`);
-the 429 itself is this module's answer (:meth:`RefuseWhenOverloaded.answer_refusals`).
+(docs/kubernetes.md, "Behind a proxy"). It reads the state at most every
+:data:`POLL_S` seconds, and lets every request through when the endpoint has not
+answered (it never refuses on a guess). A request never waits for the endpoint: a
+stale answer is refreshed in the background, so the first request after a change
+still sees the old state. A read that fails (an engine process too busy to answer
+within :data:`READ_TIMEOUT_S`, as under the overload the door is for) keeps the last
+answer, but never past the time it said the queue stays refusing (its
+``refusing_for_s``). Whether to refuse and the text are :mod:`tuned.core.refusal`'s
+(:func:`~tuned.core.refusal.at_the_door`); the 429 itself is this module's answer
+(:meth:`RefuseWhenOverloaded.answer_refusals`).
 
 Where the endpoint is: ``TUNED_ADMISSION_URL``, else the config tuned's scheduler
 runs (vLLM's ``--additional-config`` on this process's command line, or
@@ -41,7 +42,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from tuned.core.refusal import REASON_MAX_WAIT, Refusal, at_the_door
+from tuned.core.refusal import Refusal, at_the_door
 from tuned.engines.vllm_surface import QUEUED_ROUTES
 
 #: how long one answer of the endpoint is used
@@ -105,131 +106,6 @@ def admission_url(argv: list[str] | None = None, environ: dict | None = None) ->
     return f"http://{connect_host(cfg.metrics_host)}:{cfg.metrics_port}/admission"
 
 
-#: the routes whose answer is held until its first token (:class:`HeldStart`): vLLM's
-#: completions and chat completions, whose streams and bodies carry the tokens in
-#: ``choices``; on the others (responses, messages, pooling) a queue refusal reaches
-#: the client as vLLM sends it
-HELD_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
-
-
-def _has_token(choices: Any) -> bool:
-    """Whether a completion or chat choice list carries output: text, tokens, a
-    delta's content, reasoning or tool calls."""
-    for c in choices if isinstance(choices, list) else ():
-        if not isinstance(c, dict):
-            continue
-        if c.get("text") or c.get("token_ids") or c.get("logprobs"):
-            return True
-        for part in (c.get("delta"), c.get("message")):
-            if isinstance(part, dict) and any(
-                    part.get(k) for k in ("content", "reasoning_content", "reasoning",
-                                          "tool_calls", "function_call")):
-                return True
-    return False
-
-
-def carries_output(body: bytes) -> bool | None:
-    """Whether an answer's body, as far as it has come, carries output (True), is
-    vLLM's answer to a request refused before its first token (False: a stream that
-    ended without a token, or a body whose choices are all empty with finish reason
-    ``abort``), or cannot say yet (None: keep reading). Anything else it does not
-    recognise (an error, another shape) counts as output: it is passed on as it is."""
-    text = body.decode("utf-8", "replace")
-    if text.lstrip().startswith("{"):          # a whole JSON body (not streamed)
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            return None
-        choices = doc.get("choices") if isinstance(doc, dict) else None
-        if (isinstance(choices, list) and choices and not _has_token(choices)
-                and all(isinstance(c, dict) and c.get("finish_reason") == "abort"
-                        for c in choices)):
-            return False
-        return True
-    ended = False
-    for line in text.split("\n"):
-        line = line.strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            ended = True
-            continue
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            return True                        # not vLLM's events: pass it on
-        if not isinstance(doc, dict) or "choices" not in doc:
-            if isinstance(doc, dict) and doc.get("usage") is not None:
-                continue                       # the usage chunk after the choices
-            return True                        # an error event: vLLM's own answer
-        if _has_token(doc["choices"]):
-            return True
-    return False if ended else None
-
-
-class HeldStart:
-    """An ASGI ``send`` that holds an answer's start until its first token.
-
-    tuned's queue refuses a waiting request once its first token cannot come within
-    the wait bound; vLLM then finishes it without a token, and a streaming client has
-    already had ``200`` and an empty stream (the OpenAI client reads it as an empty
-    answer, ``vllm bench serve`` as "Never received a valid chunk"). Held, the answer
-    of such a request becomes what the door answers: HTTP 429 with ``Retry-After``
-    and vLLM's error body, before any byte, which every client reads as a refusal.
-    A served request loses nothing: its start goes out with its first token (chat's
-    role chunk, sent with the first output, goes with it)."""
-
-    def __init__(self, send: Any, gate: "RefuseWhenOverloaded") -> None:
-        self._send = send
-        self._gate = gate
-        self._start: dict | None = None
-        self._held: list[dict] = []
-        self._body = b""
-        self._passing = False
-        self._t0 = time.monotonic()
-
-    async def __call__(self, message: dict) -> None:
-        if self._passing:
-            await self._send(message)
-            return
-        kind = message.get("type")
-        if kind == "http.response.start":
-            if message.get("status") != 200:
-                self._passing = True
-                await self._send(message)
-                return
-            self._start = message
-            return
-        if kind != "http.response.body" or self._start is None:
-            await self._send(message)
-            return
-        self._held.append(message)
-        self._body += message.get("body", b"")
-        verdict = carries_output(self._body)
-        if verdict is None and not message.get("more_body", False):
-            verdict = True                     # ended in a shape it cannot read
-        if verdict is None:
-            return
-        if verdict is False:
-            await self._refuse()
-            return
-        self._passing = True
-        await self._send(self._start)
-        for m in self._held:
-            await self._send(m)
-        self._held.clear()
-
-    async def _refuse(self) -> None:
-        """The 429 instead of the empty answer (the queue counted the refusal)."""
-        self._passing = True
-        self._held.clear()
-        waited = time.monotonic() - self._t0
-        await send_429(self._send, Refusal(REASON_MAX_WAIT, time.monotonic(),
-                                           waited_s=waited,
-                                           retry_after_s=self._gate.retry_after_s()))
-
-
 async def send_429(send: Any, event: Refusal) -> None:
     """HTTP 429 with ``Retry-After`` and vLLM's error body (``{"error": {message,
     type, param, code}}``) on an ASGI ``send``."""
@@ -288,15 +164,8 @@ class RefuseWhenOverloaded:
             if refused is not None:
                 await self.answer_refusals([(send, refused)])
                 return
-            if scope.get("path") in HELD_PATHS:
-                await self.app(scope, receive, HeldStart(send, self))
-                return
         await self.app(scope, receive, send)
 
-    def retry_after_s(self) -> int:
-        """When to retry a request the queue refused: the door's last answer's, else 1."""
-        state = self._state or {}
-        return max(int(state.get("retry_after_s") or 1), 1)
 
     async def answer_refusals(self, refused: Sequence[tuple[Any, Refusal]]) -> None:
         """The gateway's answer (:class:`tuned.core.refusal.RefusalAnswer`): HTTP 429

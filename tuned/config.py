@@ -198,8 +198,11 @@ class Config:
                             "prefill plus what prefill added to the mean step (decode_p90: "
                             "p90 without its jump once a tenth of the steps prefill)",
                             choices=SLA_STATISTICS)
-    late_queue: str = _f("lift_tpot", "what the SLA bound does once the longest-waiting "
+    late_queue: str = _f("auto", "what the SLA bound does once the longest-waiting "
                          "request has waited past lift_after_s (half of ttft_sla_s): "
+                         "auto (hold while the wait bound refuses: the queue refuses the "
+                         "requests that cannot meet their TTFT, so a larger batch would "
+                         "only cost the running ones their TPOT; lift_tpot otherwise), "
                          "lift_tpot (the cap goes up to the largest batch the step model "
                          "puts within tbt_sla_s, at most the memory bound, until none "
                          "has: holding TPOT while the queue's head is about to be late "
@@ -209,7 +212,7 @@ class Config:
                          "memory bound: the queue drains faster, the decoding requests "
                          "pay in TPOT) or hold (Pang et al.'s: the SLA bound holds whatever "
                          "waits); needs ttft_sla_s > 0 and sla_mode evidence",
-                         choices=("lift", "lift_tpot", "hold"))
+                         choices=("auto", "lift", "lift_tpot", "hold"))
     lift_after_s: float = _f(0.0, "with late_queue lift or lift_tpot: how long the "
                              "longest-waiting request may wait before the cap is lifted "
                              "(0 = half of ttft_sla_s: the lift comes while the queue's "
@@ -282,6 +285,14 @@ class Config:
         name, opts = self.queue_spec()
         return (name == "fcfs" and not opts and not self.guards_admission
                 and self.wait_bound_spec() is None)
+
+    @property
+    def late_queue_mode(self) -> str:
+        """``late_queue`` as it acts: auto is hold while the wait bound refuses, else
+        lift_tpot."""
+        if self.late_queue != "auto":
+            return self.late_queue
+        return "hold" if refusal.refuses(self.wait_bound_spec()) else "lift_tpot"
 
     @property
     def guards_admission(self) -> bool:

@@ -20,7 +20,8 @@ SLA = 0.050
 
 
 def _inner(**raw) -> BatchPolicy:
-    cfg = config_mod.validate({"tbt_sla_s": SLA, "ttft_sla_s": 3.0, **raw})
+    cfg = config_mod.validate({"tbt_sla_s": SLA, "ttft_sla_s": 3.0,
+                               "late_queue": "lift_tpot", **raw})
     pol = registry.build_batch_policy(cfg, ceiling=64, max_num_batched_tokens=2048,
                                       block_size=16)[0]
     while not isinstance(pol, BatchPolicy):
@@ -148,9 +149,16 @@ def test_hold_the_paper_or_no_ttft_slo_keep_the_sla_bound(raw):
 
 def test_late_queue_is_validated_by_name():
     with pytest.raises(config_mod.ConfigError,
-                       match=r"late_queue: must be one of lift, lift_tpot, hold"):
+                       match=r"late_queue: must be one of auto, lift, lift_tpot, hold"):
         config_mod.validate({"late_queue": "drop"})
-    assert config_mod.validate({}).late_queue == "lift_tpot"
+    assert config_mod.validate({}).late_queue == "auto"
+    # auto holds while the wait bound refuses (the queue refuses what cannot meet its
+    # TTFT), and lifts to the TPOT batch otherwise
+    assert config_mod.validate({"ttft_sla_s": 3.0}).late_queue_mode == "hold"
+    assert config_mod.validate({"ttft_sla_s": 3.0, "on_max_wait": "serve"}
+                               ).late_queue_mode == "lift_tpot"
+    assert config_mod.validate({"ttft_sla_s": 3.0, "late_queue": "lift"}
+                               ).late_queue_mode == "lift"
     # the observation carries how long the oldest waiting request has waited
     assert "oldest_wait_s" in {f.name for f in dataclasses.fields(Observation)}
 

@@ -613,7 +613,8 @@ class Feasibility:
 
 
 def lift_target(obs: Observation, model: StepModel | None, sla_s: float, b_mem: int) -> int:
-    """The cap a late queue lifts to with ``late_queue = "lift_tpot"``, the default:
+    """The cap a late queue lifts to with ``late_queue = "lift_tpot"`` (what auto is
+    without a refusing wait bound):
     the largest batch whose mean step the step model puts within the TPOT SLO, at the
     running requests' context and with the window's measured excess over the model's
     decode-only step (the prefill the steps carried, a host slower than the fit) taken
@@ -806,8 +807,8 @@ def _build(name: str, cfg: Any, *, ceiling: int, max_num_batched_tokens: int,
         min_chunk_tokens=cfg.min_chunk_tokens,
         step_model=profile.step_model() if profile is not None else None,
         late_after_s=((cfg.lift_after_s or cfg.ttft_sla_s / 2) if sla is not None and not paper
-                      and cfg.late_queue in ("lift", "lift_tpot") else 0.0),
-        late_to_tpot=cfg.late_queue == "lift_tpot",
+                      and cfg.late_queue_mode in ("lift", "lift_tpot") else 0.0),
+        late_to_tpot=cfg.late_queue_mode == "lift_tpot",
         late_hold_ticks=settle_ticks(cfg) + 1,
         feasibility=(None if paper or sla is None else
                      Feasibility(cfg.tbt_sla_s, cfg.eps_d_s, cfg.b_min, cfg.alpha,

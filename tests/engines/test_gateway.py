@@ -149,8 +149,8 @@ def test_admission_url_from_the_command_line_or_the_environment(tmp_path):
 
 def test_controller_says_refusing_for_one_bound_after_a_refusal():
     from fakes import FakeEngine
-    from tuned.controller import Controller
-    from tuned.metrics import Metrics
+    from tuned.control.controller import Controller
+    from tuned.control.metrics import Metrics
 
     t = [100.0]
     cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1})
@@ -175,8 +175,8 @@ def test_the_controller_opens_the_door_once_the_engine_has_room():
     stays shut while requests wait or the cap is full, and opens once a new request
     would start at once, within the bound after a refusal."""
     from fakes import FakeEngine
-    from tuned.controller import Controller
-    from tuned.metrics import Metrics
+    from tuned.control.controller import Controller
+    from tuned.control.metrics import Metrics
 
     t = [100.0]
     eng = FakeEngine(running=4, waiting=3)

@@ -5,7 +5,7 @@ output-length learning, on request ids and :class:`~tuned.policies.queues.ReqInf
 (``add_request``, ``pop_request``, ``peek_request``, ``prepend_request(s)``,
 ``remove_request(s)``, ``__bool__``, ``__len__``, ``__iter__``) over any request
 object with the attributes of :class:`QueuedRequest`, so the vLLM adapter
-(:mod:`tuned.engines.vllm_queue`) and the simulator (:mod:`tuned.engines.sim`)
+(:mod:`tuned.engines.vllm_queue`) and the simulator (:mod:`tuned.sim.engine`)
 drive the very same code. How an engine's admission loop must use it (vLLM's
 ``Scheduler.schedule``, "Next, schedule the WAITING requests", is the model):
 

@@ -51,7 +51,7 @@ from tuned.curves.fit import (FitError, FitResult, KvDemand, _is_number, fit_spe
                               fit_step_time, fit_usl, kv_demand, r_squared)
 from tuned.curves.models import usl_speed
 from tuned.curves.online import LinearStepModel, SpeedStepModel
-from tuned.inputs import UserError, clip_path, read_text
+from tuned.base.inputs import UserError, clip_path, read_text
 
 SCHEMA_VERSION = 2
 

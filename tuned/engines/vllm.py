@@ -24,7 +24,7 @@ on the step path (these three hooks and every method of tuned's waiting queue,
 :class:`tuned.engines.vllm_queue.PolicyQueue`) is wrapped so that an exception in
 tuned is contained by :class:`tuned.core.steppath.StepPathGuard` (counted, logged
 once per episode, fallback cap and vLLM's FCFS order until tuned recovers), never
-raised into the engine; tuned's log sink never raises either (:mod:`tuned.log`).
+raised into the engine; tuned's log sink never raises either (:mod:`tuned.base.log`).
 ``last_step_done_s`` (the end of the newest engine step) lets the controller tell a
 stalled engine from an idle one (``engine_stall_s``).
 
@@ -45,11 +45,11 @@ from typing import Any
 import structlog
 
 from tuned import config as config_mod
-from tuned import log as log_mod
+from tuned.base import log as log_mod
 from tuned.config import Config
 from tuned.core import refusal
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
-from tuned.runtime import production_runtime
+from tuned.control.runtime import production_runtime
 from tuned.core.steppath import StepPathGuard
 from tuned.core.queue import queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample

@@ -559,7 +559,7 @@ class Feasibility:
     brought down to b_min (x T(b_min) / T(b-bar) on the step model, x b_min / b-bar,
     a lower bound, without one), exceed D_SLA + eps_D on ``patience`` consecutive
     ticks (the controller's: more than one TBT window's worth of ticks,
-    :func:`tuned.controller.feasibility_patience`, so that one slow window read by
+    :func:`tuned.control.controller.feasibility_patience`, so that one slow window read by
     several ticks is not enough). An infeasible SLA is reported, not obeyed into the
     ground: the SLA bound steps aside (the memory bound decides, the token budget is
     the full one), which maximises throughput where no request can meet its TPOT

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuned.inputs import clip, clip_text
+from tuned.base.inputs import clip, clip_text
 
 #: the entry-point group third-party policies register under
 ENTRY_POINT_GROUP = "tuned.policies"

@@ -36,7 +36,7 @@ from tuned.control.liveness import EngineLiveness, Watchdog
 from tuned.control.reload import Reloader
 from tuned.control.sla import SlaSource
 from tuned.control.status import decisions_view
-from tuned.metrics import Metrics
+from tuned.control.metrics import Metrics
 from tuned.core.admission import holds_between
 from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap

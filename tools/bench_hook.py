@@ -128,7 +128,7 @@ def queue_scale(waiting: int, steps: int, incremental: bool, model, seed: int = 
 
     from tuned.core.queue import QueueCore
     from tuned.policies.fcfs import FCFSPolicy
-    from tuned.policies.queues import AdmitContext
+    from tuned.core.queue_policy import AdmitContext
 
     rng = random.Random(seed)
     q = QueueCore(FCFSPolicy(late_after_s=ttft_s), clock=lambda: 0.0)

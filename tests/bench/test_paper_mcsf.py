@@ -250,7 +250,7 @@ def test_quick_scenario_mcsf_close_to_the_paper():
 
 def test_alpha_protection_admission_counts_next_step_memory_in_blocks():
     from tuned.bench.papers.mcsf_baselines import AlphaProtectionPolicy
-    from tuned.policies.queues import AdmitContext, ReqInfo
+    from tuned.core.queue_policy import AdmitContext, ReqInfo
 
     # 160 tokens in 16-token blocks = 10 blocks; α = 0.3 -> at most 7 blocks.
     # running: 20 + 11 generated + 1 = 32 tokens = 2 blocks; admitted: 31 + 1 = 2 blocks;

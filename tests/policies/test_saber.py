@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 from tuned.policies.saber import SaberPolicy
 
 

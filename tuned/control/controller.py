@@ -46,7 +46,7 @@ from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments
                                present_pairs, request_tpot_s, step_window)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
-from tuned.policies.binding import BIND_SHARE, explained
+from tuned.policies.explain import BIND_SHARE, explained
 from tuned.policies.registry import build_batch_policy, wants_step_fit
 from tuned.telemetry.nvml import NvmlSampler, free_bytes, free_fraction
 
@@ -388,7 +388,7 @@ class Controller:
                 self._step_fit = fit
 
     def decide(self, obs: Observation) -> Decision:
-        """The policy's decision, explained (:func:`tuned.policies.binding.explained`);
+        """The policy's decision, explained (:func:`tuned.policies.explain.explained`);
         anything else is a fault: run_once hands the engine the fallback cap."""
         first = self._first_reason if self.current is None else None
         return explained(self.policy.decide(obs), obs, first)

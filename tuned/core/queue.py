@@ -1,5 +1,5 @@
 """The engine-neutral waiting queue: ordering, admission gate, pinning, deferral and
-output-length learning, on request ids and :class:`~tuned.policies.queues.ReqInfo`.
+output-length learning, on request ids and :class:`~tuned.core.queue_policy.ReqInfo`.
 
 :class:`QueueCore` implements the method set of vLLM 0.32's ``RequestQueue``
 (``add_request``, ``pop_request``, ``peek_request``, ``prepend_request(s)``,

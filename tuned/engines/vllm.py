@@ -196,7 +196,7 @@ class _TunedMixin:
 
     def set_queue_policy(self, name: str, cfg: Config) -> None:
         """Ask for a queue policy; the scheduler thread installs it next step."""
-        from tuned.policies.queues import make_policy
+        from tuned.policies.registry import make_policy
 
         make_policy(name, cfg.queue_spec()[1])  # raise here, on the caller's thread
         self._pending_queue = (name, cfg)
@@ -473,15 +473,3 @@ class TunedScheduler:
             return TunedAsyncScheduler(*args, **kwargs)
         return TunedSyncScheduler(*args, **kwargs)
 
-
-def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) -> dict:
-    """Keyword arguments for ``vllm.LLM`` / ``EngineArgs`` that embed tuned."""
-    kw: dict[str, Any] = dict(
-        model=model_path, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_model_len=cfg.effective_max_model_len,
-        scheduler_cls="tuned.engines.vllm.TunedScheduler",
-        additional_config=config_mod.engine_handoff(cfg, serving_url))
-    if cfg.num_gpu_blocks:
-        kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks
-    return kw

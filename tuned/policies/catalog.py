@@ -413,7 +413,3 @@ def explain() -> str:
                          f"{o.allowed()}): {o.doc}")
     return "\n".join(lines)
 
-
-def summary_text(kind: str) -> str:
-    """'a (what a), b (what b)' for a field's doc."""
-    return ", ".join(f"{s.name} ({s.summary})" for s in of_kind(kind))

@@ -114,7 +114,7 @@ from collections.abc import Callable, Sequence
 from tuned import config as config_mod
 from tuned.policies.multibin import (MultiBinPolicy, bin_of, c_max, equal_mass_boundaries,
                                      expected_latency, multibin_throughput)
-from tuned.policies.queues import AdmitContext, ReqInfo, Selection, Verdict
+from tuned.core.queue_policy import AdmitContext, ReqInfo, Selection, Verdict
 from tuned.sim.hardware import SimHardware
 from tuned.sim.stepmodel import ConstantStepModel
 from tuned.base.workloads import RequestSpec

@@ -411,7 +411,7 @@ def test_every_reason_the_policies_emit_is_explained():
     # every reason literal in the batch policies' sources has an explanation
     root = Path(ops.__file__).parents[1]
     src = "".join((root / "policies" / f).read_text()
-                  for f in ("batch.py", "static.py", "trtllm.py"))
+                  for f in ("batch.py", "memory_bound.py", "sla_bound.py", "static.py", "trtllm.py"))
     emitted = set(re.findall(r'reason(?:=|, | = )"([a-z_]+)"', src))
     emitted |= set(re.findall(r'"(sla_[a-z_]+|memory[a-z_]*|hold_[a-z_]+)"', src))
     emitted |= {"profile_initial", "floor_running"}

@@ -498,7 +498,7 @@ def test_the_margin_learns_only_from_requests_that_decoded_at_a_binding_cap():
     cap did not bind (the offered load set its batch) leaves the margin alone; one
     that decoded at a binding cap lowers it, and /metrics shows the setpoint."""
     from tuned.core.ring import FinishedRequest
-    from tuned.policies.batch import ATTAINMENT_STEP
+    from tuned.policies.sla_bound import ATTAINMENT_STEP
 
     now = [0.0]
     eng = FakeEngine(ceiling=32)

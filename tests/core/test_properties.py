@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from tuned import config as config_mod
 from tuned.config import FIELDS, Config, ConfigError
 from tuned.curves.profile import Profile, ProfileError, load_profile
-from tuned.policies.batch import (BatchPolicy, Decision, MemoryBound, Observation, SlaBound,
-                                  clt_theta, memory_batch_limit)
+from tuned.policies.batch import BatchPolicy, Decision, Observation
+from tuned.policies.memory_bound import MemoryBound, clt_theta, memory_batch_limit
+from tuned.policies.sla_bound import SlaBound
 from tuned.policies.budget import TokenBudget, token_budget
 from tuned.core.queue_policy import AdmitContext, ReqInfo, Selection
 from tuned.policies.registry import QUEUE_POLICIES, make_policy, policy_class

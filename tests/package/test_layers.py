@@ -84,6 +84,6 @@ def test_a_planted_importlib_loop_is_caught(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert any(line.startswith("circle inside tuned.policies: ") for line in lines), lines
-    assert ("inside policies: the registry over the policies: "
+    assert ("inside policies: the registry over the policies over their algorithms: "
             "tuned.policies.fcfs -> tuned.policies.registry (importlib, from "
             "tuned.policies.fcfs up to tuned.policies.registry)") in lines

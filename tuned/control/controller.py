@@ -345,7 +345,7 @@ class Controller:
     def _bound_tpots(self, finished: list) -> tuple:
         """The TPOT (as the SLO judges it) of each finished request that decoded
         mostly at a binding cap: what the attainment margin learns from
-        (:class:`tuned.policies.batch.AttainmentMargin`). A request that lived under
+        (:class:`tuned.policies.sla_bound.AttainmentMargin`). A request that lived under
         a cap that did not bind decoded in the offered load's batch, or in the batch
         of a cap the search has since left; its TPOT says nothing of the setpoint."""
         out = []

@@ -60,10 +60,10 @@ ENTRY_POINT_GROUP = "tuned.policies"
 KINDS = ("batch", "queue")
 #: what Pang et al.'s SLA search may hold to the TPOT SLO (config ``sla_statistic``):
 #: the mean decode step, its 90th percentile, the mean at a margin learnt for
-#: attainment (:class:`tuned.policies.batch.AttainmentMargin`), or the decode-only
+#: attainment (:class:`tuned.policies.sla_bound.AttainmentMargin`), or the decode-only
 #: steps' 90th percentile plus the prefill's share of the mean step; ``auto`` is
 #: ``p90`` while the token budget sizes prefill chunks for the SLA, ``decode_p90``
-#: while it does not (:meth:`tuned.policies.batch.EvidenceSlaBound.held`)
+#: while it does not (:meth:`tuned.policies.sla_bound.EvidenceSlaBound.held`)
 SLA_STATISTICS = ("auto", "mean", "p90", "attainment", "decode_p90")
 OPTION_TYPES = ("int", "float", "bool", "str")
 

@@ -22,7 +22,7 @@ def logs():
 
     import structlog
 
-    from tuned import log as log_mod
+    from tuned.base import log as log_mod
 
     buf = io.StringIO()
     log_mod.configure("info", stream=buf)
@@ -32,14 +32,14 @@ def logs():
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from tuned.demo_model import build_demo_model
+    from tuned.base.demo_model import build_demo_model
 
     return build_demo_model(MODEL_CACHE / "tiny", "tiny")
 
 
 @pytest.fixture(scope="session")
 def small_model() -> Path:
-    from tuned.demo_model import build_demo_model
+    from tuned.base.demo_model import build_demo_model
 
     return build_demo_model(MODEL_CACHE / "small", "small")
 

@@ -228,7 +228,7 @@ def run_main(argv: list[str]) -> tuple[int, str, str]:
     import contextlib
     import io
 
-    from tuned import cli
+    from tuned.commands import cli
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -146,13 +146,13 @@ def measure_static_caps(tmp_path, srv, small_model) -> StaticFidelity:
     from tuned.bench.live import LiveServer
     from tuned.bench.metrics import Slo, summarize
     from tuned.bench.runner import Contender, results_from_sim
-    from tuned.cli import main as tuned_main
+    from tuned.commands.cli import main as tuned_main
     from tuned.curves.profile import load_profile
     from tuned.curves.report import profile_summary
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
     from tuned.profiler.steps import StepsClient
     from tuned.sim.hardware import profile_hardware
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     static = static_config(small_model)
     # warm the engine on this workload's shapes first: a cold CPU engine builds a

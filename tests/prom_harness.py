@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tuned.netutil import free_port
+from tuned.base.netutil import free_port
 
 PROMETHEUS_BIN = "/usr/bin/prometheus"
 PROMTOOL_BIN = "/usr/bin/promtool"

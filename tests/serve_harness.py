@@ -14,7 +14,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuned.netutil import free_port
+from tuned.base.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the environment variable that forces the dtype of every engine the slow tests start
@@ -24,10 +24,10 @@ DTYPE_ENV = "TUNED_TEST_DTYPE"
 def engine_dtype() -> str:
     """The dtype the slow tests run the demo models in: ``TUNED_TEST_DTYPE`` when set
     (e.g. ``bfloat16``, the slow one on a CPU without AVX-512 BF16), else what `tuned
-    serve` picks for a demo model on this CPU (:func:`tuned.hostinfo.preferred_cpu_dtype`).
+    serve` picks for a demo model on this CPU (:func:`tuned.base.hostinfo.preferred_cpu_dtype`).
     The tests pass model folders, not ``demo:*`` names, so `tuned serve` would
     otherwise leave vLLM at the folder's own dtype (bfloat16) whatever the CPU."""
-    from tuned.hostinfo import preferred_cpu_dtype
+    from tuned.base.hostinfo import preferred_cpu_dtype
 
     return os.environ.get(DTYPE_ENV, "").strip() or preferred_cpu_dtype()
 

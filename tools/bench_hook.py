@@ -52,7 +52,7 @@ def build(model: str, tuned: bool, n: int, num_blocks: int, max_tokens: int):
     from vllm.v1.structured_output import StructuredOutputManager
 
     from tuned import config
-    from tuned.serve import additional_config
+    from tuned.launch.serve import additional_config
 
     extra = {}
     kw = {}
@@ -128,7 +128,7 @@ def queue_scale(waiting: int, steps: int, incremental: bool, model, seed: int = 
 
     from tuned.core.queue import QueueCore
     from tuned.policies.fcfs import FCFSPolicy
-    from tuned.policies.queues import AdmitContext
+    from tuned.core.queue_policy import AdmitContext
 
     rng = random.Random(seed)
     q = QueueCore(FCFSPolicy(late_after_s=ttft_s), clock=lambda: 0.0)
@@ -214,7 +214,7 @@ def main() -> int:
                      f"{bad or args.queue_steps}")
         return queue_main(args.queue_waiting, args.queue_steps)
     sys.path.insert(0, str(ROOT))
-    from tuned.demo_model import resolve_model
+    from tuned.base.demo_model import resolve_model
 
     model = str(resolve_model(args.model, Path(args.model_cache), log=print))
     n = args.batch

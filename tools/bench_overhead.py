@@ -52,8 +52,8 @@ def main() -> int:
     from vllm import LLM, SamplingParams
 
     from tuned import config
-    from tuned.demo_model import resolve_model
-    from tuned.serve import additional_config
+    from tuned.base.demo_model import resolve_model
+    from tuned.launch.serve import additional_config
 
     model = str(resolve_model(args.model, Path(args.model_cache), log=print))
     n = args.batch

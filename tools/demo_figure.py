@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_sim import PROFILE, demo_contenders  # noqa: E402
 from host_drift import DriftingHost  # noqa: E402
 from tuned import config as config_mod  # noqa: E402
-from tuned import log as log_mod  # noqa: E402
+from tuned.base import log as log_mod  # noqa: E402
 from tuned.bench.metrics import Slo, summarize  # noqa: E402
 from tuned.bench.report import timeline_figure  # noqa: E402
 from tuned.bench.runner import SimBench  # noqa: E402
 from tuned.curves.profile import load_profile  # noqa: E402
-from tuned.demo import demo_workload  # noqa: E402
+from tuned.commands.demo import demo_workload  # noqa: E402
 from tuned.sim.hardware import resolve_hardware  # noqa: E402
 
 

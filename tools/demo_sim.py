@@ -6,7 +6,7 @@ The live demo takes minutes and measures one host once; this runs the same compa
 across host speeds and seeds in seconds, to choose a setting before spending a live run
 on it. Each simulated step takes ``profile x slow x exp(N(0, sigma))``
 (:class:`host_drift.DriftingHost`); the workload is sized as the demo sizes it
-(:func:`tuned.demo.demo_workload`) from the profile's step fit times ``slow``; the TPOT
+(:func:`tuned.commands.demo.demo_workload`) from the profile's step fit times ``slow``; the TPOT
 SLO is ``tbt_sla_auto`` x the batch-1 step, the TTFT SLO the config's ``ttft_sla_s``.
 Prints one line per (slow, seed) and the means: requests within both SLOs, goodput,
 output throughput, TTFT p99 and how often the applied cap moved. Example::
@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from host_drift import DriftingHost, _numbers  # noqa: E402
 from tuned import config as config_mod  # noqa: E402
-from tuned import log as log_mod  # noqa: E402
+from tuned.base import log as log_mod  # noqa: E402
 from tuned.bench.metrics import Slo, summarize  # noqa: E402
 from tuned.bench.runner import Contender, SimBench  # noqa: E402
 from tuned.curves.profile import load_profile  # noqa: E402
-from tuned.demo import demo_workload  # noqa: E402
+from tuned.commands.demo import demo_workload  # noqa: E402
 from tuned.sim.hardware import VLLM_DEFAULTS, resolve_hardware  # noqa: E402
 
 PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "demo-small-cpu.json"

@@ -25,12 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuned import log as log_mod  # noqa: E402
+from tuned.base import log as log_mod  # noqa: E402
 from tuned.bench.command import base_config  # noqa: E402
 from tuned.bench.metrics import Slo, summarize  # noqa: E402
 from tuned.bench.runner import SimBench, contenders  # noqa: E402
 from tuned.sim.hardware import engine_defaults, resolve_hardware  # noqa: E402
-from tuned.workloads import parse_workload  # noqa: E402
+from tuned.base.workloads import parse_workload  # noqa: E402
 
 
 class DriftingHost:

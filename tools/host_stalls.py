@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuned import launch  # noqa: E402
-from tuned.demo_model import resolve_model  # noqa: E402
-from tuned.netutil import free_port  # noqa: E402
-from tuned.serve import DEFAULT_MODEL_CACHE  # noqa: E402
+from tuned.launch import launcher  # noqa: E402
+from tuned.base.demo_model import resolve_model  # noqa: E402
+from tuned.base.netutil import free_port  # noqa: E402
+from tuned.launch.serve import DEFAULT_MODEL_CACHE  # noqa: E402
 
 WATCHER = r"""
 import sys, time
@@ -117,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
                                log=lambda m: print(m, file=sys.stderr))
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="host-stalls-")) / "vllm.log"
-    cmd = launch.vllm_command(model_path, host="127.0.0.1", port=port,
+    cmd = launcher.vllm_command(model_path, host="127.0.0.1", port=port,
                               max_num_seqs=args.streams, max_num_batched_tokens=args.budget,
                               max_model_len=1024,
                               args=["--dtype", args.dtype, "--enforce-eager", *args.vllm_arg])
-    proc = launch.spawn(cmd, log_path=log)
+    proc = launcher.spawn(cmd, log_path=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        launch.wait_ready(base, proc, 900, log)
+        launcher.wait_ready(base, proc, 900, log)
         print(f"vLLM ready (log {log})", file=sys.stderr)
         with urllib.request.urlopen(f"{base}/v1/models", timeout=60) as r:
             served = json.loads(r.read())["data"][0]["id"]
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         out, _ = watcher.communicate(timeout=30)
         rows = [json.loads(line) for line in out.splitlines() if line.strip()]
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
     print(f"watcher over {time.monotonic() - t0:.0f} s: naps of 50 ms late by more than "
           f"{args.stall_s} s:")
     for o in overruns(rows, args.stall_s):

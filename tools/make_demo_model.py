@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 try:
-    from tuned.demo_model import SIZES, build_demo_model, read_manifest
+    from tuned.base.demo_model import SIZES, build_demo_model, read_manifest
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tuned.demo_model import SIZES, build_demo_model, read_manifest
+    from tuned.base.demo_model import SIZES, build_demo_model, read_manifest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,7 +92,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuned import config as config_mod  # noqa: E402
-from tuned.netutil import free_port  # noqa: E402
+from tuned.base.netutil import free_port  # noqa: E402
 
 GOOD, BAD = "good", "bad"
 RSS_GROWTH_MAX = 0.05

@@ -1,3 +1,3 @@
-from tuned.cli import main
+from tuned.commands.cli import main
 
 raise SystemExit(main())

@@ -27,8 +27,8 @@ from typing import Any
 
 from tuned.core import refusal
 from tuned.core.ring import FINISHED_RING
-from tuned.demo_model import DEMO_MAX_MODEL_LEN, model_form
-from tuned.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
+from tuned.base.demo_model import DEMO_MAX_MODEL_LEN, model_form
+from tuned.base.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
 # the policies' names and option schemas, read as data: no policy code is imported
 from tuned.policies import catalog
 
@@ -310,7 +310,7 @@ class Config:
     @property
     def effective_max_model_len(self) -> int | None:
         """The ``--max-model-len`` tuned gives vLLM: the config's, else the demo
-        models' :data:`~tuned.demo_model.DEMO_MAX_MODEL_LEN`, else None (the flag is
+        models' :data:`~tuned.base.demo_model.DEMO_MAX_MODEL_LEN`, else None (the flag is
         left out and vLLM reads the model's own)."""
         if self.max_model_len:
             return self.max_model_len
@@ -572,7 +572,7 @@ def cross_field_problems(cfg: Config) -> list[str]:
 
 
 #: The one map of the config's engine settings to vLLM's flags: the command line tuned
-#: starts vLLM with (:func:`tuned.launch.vllm_command`, in this order), the flags
+#: starts vLLM with (:func:`tuned.launch.launcher.vllm_command`, in this order), the flags
 #: ``vllm_args`` may not repeat (:data:`VLLM_FLAGS_SET`) and the settings
 #: :func:`engine_problems` compares.
 ENGINE_FLAGS = {"model": "--model", "host": "--host", "port": "--port",
@@ -1018,7 +1018,7 @@ def refusal_lines(e: ConfigError) -> list[str]:
 
 
 def model_problems(cfg: Config) -> list[str]:
-    """``model`` as :func:`tuned.demo_model.model_form` reads it (a missing folder, an
+    """``model`` as :func:`tuned.base.demo_model.model_form` reads it (a missing folder, an
     unknown demo size, something that is no Hugging Face id): `tuned serve`,
     `tuned check-config` and tuned's scheduler refuse the same settings."""
     try:

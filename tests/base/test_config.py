@@ -3,7 +3,7 @@ per bad field (range, type, choice, unknown key with its did-you-mean, the secre
 echoed), the cross-field rules, reading a file, and the shipped example configs carried
 through every way a config travels (a TOML file written by bench, the hand-off into the
 engine) unchanged. The CLI's answer to the same mistakes (exit 2, one line) is in
-commands/test_opscli.py and commands/test_cli_mistakes.py."""
+commands/test_ops.py and commands/test_cli_mistakes.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from tuned import config
 from tuned.config import Config, ConfigError, validate
-from tuned.demo_model import DEMO_MAX_MODEL_LEN
+from tuned.base.demo_model import DEMO_MAX_MODEL_LEN
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"

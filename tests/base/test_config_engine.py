@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from tuned import config as config_mod
-from tuned import launch
-from tuned.cli import main
+from tuned.launch import launcher
+from tuned.commands.cli import main
 from tuned.config import CONFIG_ENV, ConfigError, engine_problems, engine_setup, validate
 
 GOOD = 'max_num_seqs = 8\nmax_num_batched_tokens = 256\nmax_model_len = 256\nmetrics_port = 0\n'
@@ -172,9 +172,9 @@ def test_max_model_len_range():
 
 def test_no_max_model_len_flag_for_the_models_own():
     cfg = validate({"model": "meta-llama/Llama-2-7b-hf"})
-    assert "--max-model-len" not in launch.scheduler_command(cfg, cfg.model)
+    assert "--max-model-len" not in launcher.scheduler_command(cfg, cfg.model)
     demo = validate({"model": "demo:tiny"})
-    cmd = launch.scheduler_command(demo, "/cache/tiny")
+    cmd = launcher.scheduler_command(demo, "/cache/tiny")
     assert cmd[cmd.index("--max-model-len") + 1] == "1024"
 
 
@@ -187,7 +187,7 @@ def _printed(capsys, argv) -> tuple[int, str, str]:
 
 
 def test_print_command(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv(launch.KV_CACHE_SPACE_ENV, raising=False)
+    monkeypatch.delenv(launcher.KV_CACHE_SPACE_ENV, raising=False)
     model = tmp_path / "model"
     model.mkdir()
     path = write(tmp_path, f'model = "{model}"\n' + GOOD.replace("metrics_port = 0\n", "")
@@ -211,7 +211,7 @@ def test_print_command(tmp_path, capsys, monkeypatch):
 
 
 def test_print_command_keeps_the_operators_kv_space(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv(launch.KV_CACHE_SPACE_ENV, "8")
+    monkeypatch.setenv(launcher.KV_CACHE_SPACE_ENV, "8")
     path = write(tmp_path, 'model = "meta-llama/Llama-2-7b-hf"\n')
     code, out, _ = _printed(capsys, ["serve", "--print-command", str(path)])
     cmd = shlex.split(out)
@@ -244,7 +244,7 @@ def test_print_command_refusals(tmp_path, capsys):
 # ------------------------------------------------------------------ check-config and serve agree
 
 def test_check_config_reads_the_model_as_serve_does(tmp_path, capsys, monkeypatch):
-    from tuned.opscli import check_config
+    from tuned.commands.ops import check_config
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
     hf = write(tmp_path, 'model = "meta-llama/Llama-2-7b-hf"\n', "hf.toml")

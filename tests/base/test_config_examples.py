@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tuned import config as config_mod
-from tuned.demo_model import model_form
-from tuned.opscli import config_problems
+from tuned.base.demo_model import model_form
+from tuned.commands.ops import config_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "systemd" / "examples").glob("*.toml"))
@@ -39,10 +39,10 @@ def test_llama2_7b_example_values():
 
 def test_llama2_7b_example_command_line():
     # the engine arguments `tuned serve --print-command` shows for it
-    from tuned import launch
+    from tuned.launch import launcher
 
     cfg = config_mod.load(ROOT / "systemd" / "examples" / "llama2-7b-a100.toml")
-    cmd = launch.own_command(cfg, cfg.model, python="python")
+    cmd = launcher.own_command(cfg, cfg.model, python="python")
     assert cmd[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model",
                        "meta-llama/Llama-2-7b-hf"]
     assert "--max-model-len" not in cmd

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tuned import demo_model
-from tuned.demo_model import (MANIFEST, SIZES, WEIGHTS, build_demo_model, param_count,
+from tuned.base import demo_model
+from tuned.base.demo_model import (MANIFEST, SIZES, WEIGHTS, build_demo_model, param_count,
                               model_form, read_manifest, resolve_model)
 
 

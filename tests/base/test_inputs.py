@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from fakes import run_main
 from tuned import config as config_mod
-from tuned.engines.sim import SimEngine, SimulationError
-from tuned.inputs import UserError, clip, clip_path, clip_text, read_text
-from tuned.opscli import check_config
+from tuned.sim.engine import SimEngine, SimulationError
+from tuned.base.inputs import UserError, clip, clip_path, clip_text, read_text
+from tuned.commands.ops import check_config
 from tuned.sim.hardware import gpu_hardware
-from tuned.workloads import RequestSpec, WorkloadError, parse_workload
+from tuned.base.workloads import RequestSpec, WorkloadError, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_PROFILE = ROOT / "profiles" / "demo-small-cpu.json"

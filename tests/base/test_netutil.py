@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import socket
 
-from tuned import netutil
+from tuned.base import netutil
 
 
 def test_free_port_is_below_the_ephemeral_range_and_bindable():

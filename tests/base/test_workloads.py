@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tuned.workloads import (LMSYS_OUTPUT, LMSYS_PROMPT, SABER_TASKS, Dist, WorkloadError,
+from tuned.base.workloads import (LMSYS_OUTPUT, LMSYS_PROMPT, SABER_TASKS, Dist, WorkloadError,
                              load_trace, parse_dist, parse_workload, trace_file)
 
 AZURE = "azure_conv_2023"  # packaged with tuned (tuned/data/traces/)

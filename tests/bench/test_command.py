@@ -100,7 +100,7 @@ def test_the_real_engine_bench_interleaves_three_repeats_and_judges_the_noise(tm
     the report carries each contender's spread and the verdicts."""
     import json
 
-    from tuned import demo_model
+    from tuned.base import demo_model
     from tuned.bench import live
     from tuned.bench.metrics import RequestResult
 

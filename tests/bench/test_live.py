@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 
 from tuned import config as config_mod
-from tuned import launch
+from tuned.launch import launcher
 from tuned.bench import live
 from tuned.bench.live import (Contender, LiveStartError, _Client, config_to_toml,
                               drive_open_loop, run_live)
 from tuned.config import Config, validate
-from tuned.workloads import RequestSpec, parse_workload
+from tuned.base.workloads import RequestSpec, parse_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -364,7 +364,7 @@ def test_a_server_that_dies_at_start_names_the_contender_and_shows_its_log(tmp_p
         return [python, "-c", "import sys; print('no such model: ' + sys.argv[1]); "
                 "raise SystemExit(3)", model_path]
 
-    monkeypatch.setattr(launch, "static_command", dying)
+    monkeypatch.setattr(launcher, "static_command", dying)
     wl = parse_workload("poisson:rate=4,prompt=8,output=4,n=2", seed=0)
     with pytest.raises(LiveStartError) as e:
         run_live(Contender("static-8", "static", Config(), cap=8), wl, model_path="/nope",

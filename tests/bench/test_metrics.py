@@ -246,7 +246,7 @@ def test_sim_bench_writes_each_contenders_requests_csv_agreeing_with_its_report(
     per contender, and each file's good requests are the report's attainment."""
     import csv
 
-    from tuned import cli
+    from tuned.commands import cli
 
     rc = cli.main(["bench", "--engine", "sim", "--hardware", "a100-llama2-7b",
                    "--workload", "poisson:rate=8,prompt=U(16,512),output=U(16,256),n=60",
@@ -275,7 +275,7 @@ def test_host_drift_tool_at_the_profiles_speed_is_the_bench(tmp_path):
     import subprocess
     import sys
 
-    from tuned import cli
+    from tuned.commands import cli
 
     root = Path(__file__).resolve().parents[2]
     tool = [sys.executable, str(root / "tools" / "host_drift.py")]

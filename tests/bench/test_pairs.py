@@ -98,7 +98,7 @@ def test_budget_only_holds_the_cap_at_the_ceiling_and_moves_the_budget():
     cap's decodes), while its token budget goes below the full one (the SLA bites on
     7B decodes)."""
     from tuned.sim.hardware import resolve_hardware
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     hw = resolve_hardware("a100-llama2-7b")
     base = validate({"max_num_seqs": 64, "max_num_batched_tokens": 2048,
@@ -273,7 +273,7 @@ def test_a_cap_that_never_moved_is_said_with_where_the_gain_came_from():
     ("--repeats", "0", "tuned bench: --repeats: must be in [1, 100], got 0"),
 ])
 def test_bad_sweep_options_are_refused_in_one_line(tmp_path, capsys, flag, value, message):
-    from tuned import cli
+    from tuned.commands import cli
 
     rc = cli.main(["bench", "--engine", "sim", "--hardware", "a100-llama2-7b", "--workload",
                    "poisson:rate=4,prompt=64,output=16,n=12", flag, value,
@@ -289,7 +289,7 @@ def test_sim_bench_sweeps_pairs_over_repeats(tmp_path):
     import csv
     import json
 
-    from tuned import cli
+    from tuned.commands import cli
 
     rc = cli.main(["bench", "--engine", "sim", "--hardware", "a100-llama2-7b",
                    "--workload", "poisson:rate=6,prompt=U(16,512),output=U(16,128),n=40",

@@ -9,7 +9,7 @@ import pytest
 
 from fakes import TokenStepModel
 from tuned.bench.papers import bucketserve, run_paper
-from tuned.workloads import RequestSpec
+from tuned.base.workloads import RequestSpec
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 

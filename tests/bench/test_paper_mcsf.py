@@ -250,7 +250,7 @@ def test_quick_scenario_mcsf_close_to_the_paper():
 
 def test_alpha_protection_admission_counts_next_step_memory_in_blocks():
     from tuned.bench.papers.mcsf_baselines import AlphaProtectionPolicy
-    from tuned.policies.queues import AdmitContext, ReqInfo
+    from tuned.core.queue_policy import AdmitContext, ReqInfo
 
     # 160 tokens in 16-token blocks = 10 blocks; α = 0.3 -> at most 7 blocks.
     # running: 20 + 11 generated + 1 = 32 tokens = 2 blocks; admitted: 31 + 1 = 2 blocks;
@@ -302,7 +302,7 @@ def clearing_engine(beta, rng=None, alpha=0.3):
 
 
 def pair_specs():
-    from tuned.workloads import RequestSpec
+    from tuned.base.workloads import RequestSpec
 
     # the discrete model's pair: s = 2, o = 8, both at t = 0
     return [RequestSpec("r0", 0.0, 2, 8, 8), RequestSpec("r1", 0.0, 2, 8, 8)]
@@ -371,7 +371,7 @@ def test_table1_runs_the_shipped_mcsf_check_in_both_orders(monkeypatch):
     from tuned.bench.papers.mcsf_baselines import ArrivalOrderMCSF
     from tuned.policies.mcsf import MCSFPolicy
     from tuned.sim.hardware import gpu_hardware
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     seen = []
     real = MCSFPolicy.admit
@@ -399,7 +399,7 @@ def test_table1_alpha_rows_run_the_alpha_policy_on_the_clearing_engine(monkeypat
     from tuned.bench.papers import mcsf_table1 as t1
     from tuned.bench.papers.mcsf_baselines import AlphaProtectionPolicy
     from tuned.sim.hardware import gpu_hardware
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     seen = set()
     real = AlphaProtectionPolicy.admit

@@ -8,7 +8,7 @@ import pytest
 
 from tuned.bench.papers import multibin as mb
 from tuned.policies.multibin import expected_latency
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 

@@ -158,8 +158,8 @@ def test_the_patch_engine_admits_under_the_patch_cap():
     the patch's cap is floor(60 × 0.95 / 3) = 19, where the static cap (64) lets the
     free blocks admit 22 (and preempt later)."""
     from tuned.bench.papers.pang_patch import PatchEngine
-    from tuned.engines.sim import SimEngine
-    from tuned.workloads import RequestSpec
+    from tuned.sim.engine import SimEngine
+    from tuned.base.workloads import RequestSpec
 
     hw = pang.gpu_hardware(pang.HARDWARE)
     cfg = pang._config(hw, max_num_seqs=64, batch_policy="static", token_budget_policy="max",
@@ -182,7 +182,7 @@ def test_on_the_papers_definition_a_controller_holding_the_sla_has_no_finite_cap
     search's highest rate, where tuned's definition (TTFT <= 2 s added) bounds it; the
     published algorithm and the author's patch (each with Algorithm 2) have the same
     capacity, since at gpu_memory_utilization 0.9 the memory bound never binds."""
-    from tuned import log
+    from tuned.base import log
 
     old = structlog.get_config()
     log.configure("warning")

@@ -14,7 +14,7 @@ from tuned.bench.metrics import RequestResult
 from tuned.bench.papers import mcsf_checks, run_paper
 from tuned.bench.papers import multibin as mb
 from tuned.bench.papers import pang, saber
-from tuned.workloads import RequestSpec
+from tuned.base.workloads import RequestSpec
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
@@ -115,7 +115,7 @@ def test_mcsf_dispatch_serialises_its_dataclasses(tmp_path):
 
 
 def test_cli_dispatches_paper_to_run_paper(tmp_path, monkeypatch):
-    from tuned import cli
+    from tuned.commands import cli
 
     seen = {}
 
@@ -213,7 +213,7 @@ def test_saber_checks_the_shipped_reading_against_the_papers_direction():
 
 
 def test_saber_per_task_average_run_is_not_capped_at_the_exact_length():
-    from tuned.workloads import SABER_TASKS
+    from tuned.base.workloads import SABER_TASKS
 
     specs = [RequestSpec("a", 0.0, 100, 20, 20, "generation", 8.0),
              RequestSpec("b", 0.1, 4000, 200, 200, "qna", 1.0)]
@@ -258,7 +258,7 @@ def test_saber_pooled_cv_is_over_every_request():
 
 @pytest.fixture(scope="module")
 def saber_quick():
-    from tuned import log
+    from tuned.base import log
 
     old = structlog.get_config()
     log.configure("warning")

@@ -90,7 +90,7 @@ def test_provenance_records_command_host_and_date(tmp_path):
     assert p["command"] == "tuned bench --workload phase-shift:rate=2,n=30"
     assert p["date"] == "1970-01-01T00:00:00Z"
     assert p["host"] == {"cpu_model": "Test CPU 9000", "cpu_cores": 16}
-    from tuned.hostinfo import cpu_flags, cpu_model
+    from tuned.base.hostinfo import cpu_flags, cpu_model
 
     assert cpu_flags(cpuinfo) == frozenset({"avx2"})      # one reader for both fields
     assert (cpu_model(tmp_path / "absent"), cpu_flags(tmp_path / "absent")) == ("unknown",
@@ -115,7 +115,7 @@ def test_bench_command_argv_repeats_the_run():
 def test_sim_bench_report_carries_its_command_and_renders(results, tmp_path):
     """A real (small) simulator bench records the command that repeats it, and the page
     quotes that command and the longest wait from the bench's own request logs."""
-    from tuned import cli
+    from tuned.commands import cli
 
     out = tmp_path / "bench"
     argv = ["bench", "--engine", "sim", "--hardware", "a100-llama2-7b",

@@ -98,7 +98,7 @@ def test_cancelling_the_run_continues_the_server(tree):
 
 def test_an_attached_server_is_not_throttled_silently(tmp_path):
     from tuned.bench.live import LiveServer, _Server
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     server = LiveServer.__new__(LiveServer)   # as LiveServer.attach leaves it, no HTTP
     server.contender = None

@@ -50,7 +50,7 @@ def test_controller_course_matches_the_simulator(tmp_path, small_model):
     from tuned import config as config_mod
     from tuned.bench.live import LiveServer
     from tuned.bench.runner import Contender
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     with tuned_serve(tmp_path, toml({**static_config(small_model), "b_max": CEILING})) as srv:
         fid = measure_static_caps(tmp_path, srv, small_model)

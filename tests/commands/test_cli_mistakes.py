@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fakes import run_main
-from tuned import cli
+from tuned.commands import cli
 from tuned import config as config_mod
-from tuned.opscli import check_config
+from tuned.commands.ops import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -197,7 +197,7 @@ def test_an_uncached_hf_id_offline_is_refused(tmp_path):
 # ------------------------------------------------------------------ models that do not exist
 
 def test_profile_with_a_missing_folder_exits_2_before_any_engine(tmp_path, monkeypatch):
-    import tuned.profiler.cli as pcli
+    import tuned.profiler.command as pcli
 
     def no_engine(*a, **kw):
         raise AssertionError("an engine was started")
@@ -224,7 +224,7 @@ def test_bench_with_a_missing_folder_exits_2(tmp_path):
 # ------------------------------------------------------------------ serve without a config
 
 def test_serve_without_config_says_what_it_serves(monkeypatch):
-    import tuned.serve as serve
+    import tuned.launch.serve as serve
 
     started = []
 

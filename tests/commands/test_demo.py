@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tuned.bench.metrics import RequestResult, Slo, mean_summary, summarize
-from tuned.demo import _summary, run_order
+from tuned.commands.demo import _summary, run_order
 
 
 def _rows(good_tuned: int, good_default: int):

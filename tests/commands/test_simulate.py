@@ -14,10 +14,10 @@ import pytest
 import structlog
 
 from tuned import config as config_mod
-from tuned.cli import main
+from tuned.commands.cli import main
 from tuned.sim.hardware import gpu_hardware
 from tuned.core.ring import StepSample
-from tuned.workloads import parse_workload
+from tuned.base.workloads import parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "demo-small-cpu.json"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tuned import config
-from tuned.controller import Controller, Fallback
-from tuned.metrics import Metrics
-from tuned.sdnotify import SdNotifier
+from tuned.control.controller import Controller, Fallback
+from tuned.control.metrics import Metrics
+from tuned.control.sdnotify import SdNotifier
 
 from fakes import FakeEngine
 
@@ -328,7 +328,7 @@ def test_observation_window_and_demand_moments():
 def test_first_step_fit_comes_as_soon_as_there_are_steps_then_every_few_seconds():
     """Without a fit the token budget is the full budget, so the first fit is tried at
     every tick until it succeeds, not at the next 4 s refresh."""
-    from tuned.controller import STEP_FIT_EVERY_S
+    from tuned.control.controller import STEP_FIT_EVERY_S
     from tuned.core.ring import StepSample
 
     clock = [100.0]
@@ -498,7 +498,7 @@ def test_the_margin_learns_only_from_requests_that_decoded_at_a_binding_cap():
     cap did not bind (the offered load set its batch) leaves the margin alone; one
     that decoded at a binding cap lowers it, and /metrics shows the setpoint."""
     from tuned.core.ring import FinishedRequest
-    from tuned.policies.batch import ATTAINMENT_STEP
+    from tuned.policies.sla_bound import ATTAINMENT_STEP
 
     now = [0.0]
     eng = FakeEngine(ceiling=32)

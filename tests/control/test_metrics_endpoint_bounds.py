@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tuned.metrics import CONN_TIMEOUT_S, MAX_HANDLER_THREADS, Endpoint, Metrics
+from tuned.control.metrics import CONN_TIMEOUT_S, MAX_HANDLER_THREADS, Endpoint, Metrics
 
 BIG_BODY_BYTES = 8 << 20     # far beyond what the loopback socket buffers hold
 

@@ -15,11 +15,11 @@ from typing import get_type_hints
 import pytest
 
 from tuned import config
-from tuned import log as log_mod
-from tuned.controller import Controller
-from tuned.metrics import Endpoint, Metrics, is_loopback_peer, reload_refusal, token_sha256
-from tuned.policies.queues import ReqInfo
-from tuned.serve import additional_config, post_reload
+from tuned.base import log as log_mod
+from tuned.control.controller import Controller
+from tuned.control.metrics import Endpoint, Metrics, is_loopback_peer, reload_refusal, token_sha256
+from tuned.core.queue_policy import ReqInfo
+from tuned.launch.serve import additional_config, post_reload
 from tuned.core.ring import FinishedRequest, StepSample
 
 TOKEN = "s3cret-token-value"
@@ -309,9 +309,9 @@ def test_controller_json_has_no_request_text(tmp_path):
     assert dec["current"] is not None and len(steps["samples"]) == 20
     assert text_keys(dec) == [] and text_keys(steps) == []
     strings = {v for doc in (dec, steps) for _, k, v in walk(doc) if isinstance(v, str)}
-    from tuned.opscli import REASONS
+    from tuned.commands.ops import REASONS
 
-    # whether the cap binds, in tuned's own words and counts (tuned.policies.binding)
+    # whether the cap binds, in tuned's own words and counts (tuned.policies.explain)
     note = re.compile(r"the cap (binds|does not bind): \d+ running (at|under) cap \d+"
                       r"(, \d+ waiting|, nothing waiting| while \d+ wait, held by the token "
                       r"budget, the admission guard, the queue policy or the KV cache, not "

@@ -17,10 +17,10 @@ import pytest
 
 from fakes import FakeEngine
 from tuned import config
-from tuned.controller import Controller
+from tuned.control.controller import Controller
 from tuned.core.knobs import KnobSlot
-from tuned.runtime import Runtime
-from tuned.metrics import Endpoint, Metrics
+from tuned.control.runtime import Runtime
+from tuned.control.metrics import Endpoint, Metrics
 from tuned.policies.batch import Decision
 from tuned.core.predictor import parse_request_hints
 from tuned.telemetry.nvml import NvmlSampler

@@ -1,4 +1,4 @@
-"""tuned.sdnotify against a real AF_UNIX datagram socket standing in for systemd."""
+"""tuned.control.sdnotify against a real AF_UNIX datagram socket standing in for systemd."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tuned.sdnotify import SdNotifier, from_environ
+from tuned.control.sdnotify import SdNotifier, from_environ
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_malformed_watchdog_usec_disables_watchdog_only(notify_socket, value):
 
 def test_socket_errors_return_false_and_log_once(tmp_path, caplog):
     n = SdNotifier(str(tmp_path / "nobody-listens.sock"))
-    with caplog.at_level(logging.DEBUG, logger="tuned.sdnotify"):
+    with caplog.at_level(logging.DEBUG, logger="tuned.control.sdnotify"):
         assert n.ready() is False
         assert n.watchdog() is False
         assert n.watchdog() is False
@@ -140,7 +140,7 @@ def test_child_process_can_notify(notify_socket):
     import subprocess
     import sys
     path, sock = notify_socket
-    code = ("import os, sys; from tuned.sdnotify import from_environ; "
+    code = ("import os, sys; from tuned.control.sdnotify import from_environ; "
             "sys.exit(0 if from_environ(os.environ).ready('child') else 1)")
     env = dict(os.environ, NOTIFY_SOCKET=path)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,8 @@ import pytest
 
 from tuned.core.queue import QueueCore
 from tuned.curves.online import LinearStepModel
-from tuned.policies.queues import AdmitContext, make_policy
+from tuned.core.queue_policy import AdmitContext
+from tuned.policies.registry import make_policy
 
 MODEL = LinearStepModel(a=0.020, beta=0.005, gamma=0.001)
 SLA = 0.050
@@ -282,7 +283,7 @@ def test_the_ttft_half_is_off_without_a_step_model_or_a_ttft_sla(model, ttft):
 
 # ------------------------------------------------------- fcfs: predicted lateness
 def _info(rid: str, arrival: float, prompt: int):
-    from tuned.policies.queues import ReqInfo
+    from tuned.core.queue_policy import ReqInfo
 
     return ReqInfo(rid, arrival, prompt, 50, 50)
 

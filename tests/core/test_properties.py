@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 from tuned import config as config_mod
 from tuned.config import FIELDS, Config, ConfigError
 from tuned.curves.profile import Profile, ProfileError, load_profile
-from tuned.policies.batch import (BatchPolicy, Decision, MemoryBound, Observation, SlaBound,
-                                  clt_theta, memory_batch_limit)
+from tuned.policies.batch import BatchPolicy, Decision, Observation
+from tuned.policies.memory_bound import MemoryBound, clt_theta, memory_batch_limit
+from tuned.policies.sla_bound import SlaBound
 from tuned.policies.budget import TokenBudget, token_budget
-from tuned.policies.queues import (POLICIES, AdmitContext, ReqInfo, Selection, make_policy,
-                                   policy_class)
+from tuned.core.queue_policy import AdmitContext, ReqInfo, Selection
+from tuned.policies.registry import QUEUE_POLICIES, make_policy, policy_class
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_PROFILE = ROOT / "profiles" / "demo-small-cpu.json"
@@ -50,7 +51,7 @@ anything = st.recursive(
     max_leaves=12)
 
 
-OPTION_NAMES = {name: policy_class(name).option_names() for name in POLICIES}
+OPTION_NAMES = {name: policy_class(name).option_names() for name in QUEUE_POLICIES}
 
 
 def near_valid(name: str):
@@ -81,7 +82,7 @@ def raw_configs(max_keys: int = 4):
 
 def queue_configs():
     """A queue policy with options named as that policy names them, any values."""
-    return st.sampled_from(sorted(POLICIES)).flatmap(lambda name: st.fixed_dictionaries({
+    return st.sampled_from(sorted(QUEUE_POLICIES)).flatmap(lambda name: st.fixed_dictionaries({
         "queue_policy": st.just(name),
         "queue_options": st.lists(st.sampled_from(OPTION_NAMES[name] or ("none",)),
                                   unique=True, max_size=3).flatmap(
@@ -492,7 +493,7 @@ def admit_contexts(draw, n_total: int):
 
 
 @FAST
-@given(name=st.sampled_from(sorted(POLICIES)), data=st.data())
+@given(name=st.sampled_from(sorted(QUEUE_POLICIES)), data=st.data())
 def test_queue_policy_select_domain(name, data):
     pol = make_policy(name, {} if name != "saber" else data.draw(st.sampled_from(
         [{}, {"window": 1}])))

@@ -57,9 +57,9 @@ def tuned_exported() -> set[str]:
     run (the same Metrics object `tuned serve` builds); labelled families the run
     left without a child count by their type."""
     from tuned import config as config_mod
-    from tuned.engines.sim import SimEngine
+    from tuned.sim.engine import SimEngine
     from tuned.sim.hardware import gpu_hardware
-    from tuned.workloads import RequestSpec
+    from tuned.base.workloads import RequestSpec
 
     cfg = config_mod.validate({"max_num_seqs": 16, "max_num_batched_tokens": 2048,
                                "max_model_len": 4096, "queue_policy": "multibin"})
@@ -379,8 +379,8 @@ def test_every_query_returns_what_it_says(prometheus):
     names exactly the servers and ranks whose trouble it is about."""
     from prometheus_client import start_http_server
 
-    from tuned.metrics import Metrics
-    from tuned.netutil import free_port
+    from tuned.control.metrics import Metrics
+    from tuned.base.netutil import free_port
 
     a, b = "127.0.0.1", "127.0.0.2"
     ranks = {(a, "0"): Metrics(engine="0"), (a, "1"): Metrics(engine="1"),
@@ -526,7 +526,7 @@ def test_exposition_has_no_created_series():
     exposition's families are exactly the registered ones."""
     from prometheus_client import CollectorRegistry
 
-    from tuned.metrics import Metrics
+    from tuned.control.metrics import Metrics
 
     m = Metrics(registry=CollectorRegistry())
     m.tbt.observe(0.01), m.decisions.labels("memory").inc(), m.reloads.labels("ok").inc()
@@ -541,8 +541,8 @@ def test_exposition_has_no_created_series():
 
 
 def test_operator_guide_documents_exactly_the_exported_metrics():
-    """docs/operator-guide.md names every series tuned.metrics registers, and no other."""
-    from tuned.metrics import Metrics
+    """docs/operator-guide.md names every series tuned.control.metrics registers, and no other."""
+    from tuned.control.metrics import Metrics
 
     from tuned.engines.gateway import REFUSED_METRIC
 

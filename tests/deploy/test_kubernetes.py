@@ -25,7 +25,7 @@ from doc_readers import DOC, DOC_CONFIG, DOC_MODEL, GUIDE, ROOT, documented_comm
 from prom_harness import PROMTOOL_BIN, ensure_prometheus
 from tuned import config as config_mod
 from tuned.config import CONFIG_ENV, engine_problems
-from tuned.opscli import config_problems
+from tuned.commands.ops import config_problems
 
 BASE = ROOT / "deploy" / "kubernetes"
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tuned import config
-from tuned.controller import Controller
-from tuned.metrics import Endpoint, Metrics
-from tuned.netutil import free_port
+from tuned.control.controller import Controller
+from tuned.control.metrics import Endpoint, Metrics
+from tuned.base.netutil import free_port
 from serve_harness import unit_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tuned import cli
+from tuned.commands import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "RELIABILITY.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -113,7 +113,7 @@ def _subcommands() -> dict:
 
 
 def parse_as_tuned(argv: list[str]) -> str:
-    """'' when `tuned` parses ``argv`` (as :func:`tuned.cli.main` does, without running
+    """'' when `tuned` parses ``argv`` (as :func:`tuned.commands.cli.main` does, without running
     it), else the one line it prints."""
     err = io.StringIO()
     passthrough: list[str] = []
@@ -177,7 +177,7 @@ def test_the_check_catches_a_wrong_command():
 def test_a_documented_model_is_what_the_help_says_model_takes():
     """The README runs `tuned profile --model meta-llama/Llama-2-7b-hf`: the help of
     every subcommand shown with a Hugging Face id says it takes one."""
-    from tuned.demo_model import model_form
+    from tuned.base.demo_model import model_form
 
     def form(model: str) -> str:
         try:
@@ -202,7 +202,7 @@ def exported_names() -> set[str]:
     declares (whether or not a labelled family has a child yet), and the gateway's
     counter, which vLLM's own /metrics carries."""
     from tuned.engines.gateway import REFUSED_METRIC
-    from tuned.metrics import Metrics
+    from tuned.control.metrics import Metrics
 
     names = {REFUSED_METRIC}
     for fam in Metrics().exported.collect():

@@ -32,8 +32,8 @@ import pytest
 
 from serve_harness import DTYPE_ENV, dtype_args, get_json, get_text, tuned_serve
 from serve_harness import parse_metric_values, wait_for
-from tuned import launch
-from tuned.netutil import free_port
+from tuned.launch import launcher
+from tuned.base.netutil import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -434,15 +434,15 @@ def runs(tmp_path_factory, tiny_model):
         # plain vLLM
         port = free_port()
         log = tmp / "plain.log"
-        cmd = launch.vllm_command(str(tiny_model), host="127.0.0.1", port=port,
+        cmd = launcher.vllm_command(str(tiny_model), host="127.0.0.1", port=port,
                                   max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BUDGET,
                                   max_model_len=MAX_MODEL_LEN, num_gpu_blocks=BLOCKS,
                                   args=dtype_args() + engine_args(lora))
         t0 = time.monotonic()
-        proc = launch.spawn(cmd, log_path=log)
+        proc = launcher.spawn(cmd, log_path=log)
         try:
             base = f"http://127.0.0.1:{port}"
-            launch.wait_ready(base, proc, 600, log)
+            launcher.wait_ready(base, proc, 600, log)
             timings["plain_start_s"] = time.monotonic() - t0
             plain = Target("plain", base, get_json(f"{base}/v1/models")["data"][0]["id"],
                            log=log, root_pid=proc.pid)
@@ -450,7 +450,7 @@ def runs(tmp_path_factory, tiny_model):
             plain_out = run_all(plain)
             timings["plain_run_s"] = time.monotonic() - t0
         finally:
-            launch.stop_process(proc)
+            launcher.stop_process(proc)
         # the same with tuned inside
         config = (f'model = "{tiny_model}"\nmax_num_seqs = {MAX_NUM_SEQS}\n'
                   f"max_num_batched_tokens = {BUDGET}\nmax_model_len = {MAX_MODEL_LEN}\n"

@@ -23,8 +23,8 @@ import urllib.request
 import pytest
 
 from serve_harness import dtype_args, get_json, get_text, mval, parse_metric_values
-from tuned import launch
-from tuned.netutil import free_port
+from tuned.launch import launcher
+from tuned.base.netutil import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -57,14 +57,14 @@ def test_drop_in_with_no_toml_reads_the_engines_settings(tmp_path, tiny_model, c
     cmd = _command(tiny_model, port, CEILING, {"tuned": {"queue_policy": "mcsf"}})
     log_path = tmp_path / "vllm.log"
     start = time.monotonic()
-    proc = launch.spawn(cmd, env=_env(TUNED_METRICS_PORT=str(mport)), log_path=log_path,
+    proc = launcher.spawn(cmd, env=_env(TUNED_METRICS_PORT=str(mport)), log_path=log_path,
                         header="$ " + " ".join(cmd))
     base, endpoint = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
     try:
-        launch.wait_ready(base, proc, GIVE_UP_S, log_path)
+        launcher.wait_ready(base, proc, GIVE_UP_S, log_path)
         with capsys.disabled():
             print(f"\nserving {time.monotonic() - start:.1f} s after the start")
-        launch.wait_decided(endpoint, proc, time.monotonic() + GIVE_UP_S, log_path)
+        launcher.wait_decided(endpoint, proc, time.monotonic() + GIVE_UP_S, log_path)
         model = get_json(f"{base}/v1/models")["data"][0]["id"]
         body = json.dumps({"model": model, "prompt": list(range(10, 40)),
                            "max_tokens": MAX_TOKENS, "ignore_eos": True}).encode()
@@ -80,7 +80,7 @@ def test_drop_in_with_no_toml_reads_the_engines_settings(tmp_path, tiny_model, c
                 d["config"]["queue_policy"], d["config"]["source_path"]) == (
             CEILING, BATCHED_TOKENS, "mcsf", "")
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
     # what the refusal below must come before
     assert MODEL_LOADING in log_path.read_text(errors="replace")
 
@@ -92,11 +92,11 @@ def test_contradicting_toml_is_refused_before_the_model_loads(tmp_path, tiny_mod
     cmd = _command(tiny_model, port, 16, {"tuned": {"config_path": str(cfg_path)}})
     log_path = tmp_path / "vllm.log"
     start = time.monotonic()
-    proc = launch.spawn(cmd, env=_env(), log_path=log_path)
+    proc = launcher.spawn(cmd, env=_env(), log_path=log_path)
     try:
         rc = proc.wait(timeout=GIVE_UP_S)
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
     refused_s = time.monotonic() - start
     log = log_path.read_text(errors="replace")
     line = (f"tuned: config refused: {cfg_path.resolve()}: max_num_seqs: the config says 8, "

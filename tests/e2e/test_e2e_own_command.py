@@ -31,8 +31,8 @@ import pytest
 
 from serve_harness import dtype_args, get_json
 from doc_readers import documented_command
-from tuned import launch
-from tuned.netutil import free_port
+from tuned.launch import launcher
+from tuned.base.netutil import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -81,11 +81,11 @@ def test_documented_command_line_serves_with_tuned_steering(tmp_path, tiny_model
     cmd = _local(documented_command(str(tiny_model), str(cfg_path)), port)
     assert "tuned serve" not in " ".join(cmd)
     log_path = tmp_path / "vllm.log"
-    proc = launch.spawn(cmd, log_path=log_path, header="$ " + " ".join(cmd))
+    proc = launcher.spawn(cmd, log_path=log_path, header="$ " + " ".join(cmd))
     base, endpoint = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
     try:
-        launch.wait_ready(base, proc, GIVE_UP_S, log_path)
-        launch.wait_decided(endpoint, proc, time.monotonic() + GIVE_UP_S, log_path)
+        launcher.wait_ready(base, proc, GIVE_UP_S, log_path)
+        launcher.wait_decided(endpoint, proc, time.monotonic() + GIVE_UP_S, log_path)
         d = get_json(f"{endpoint}/decisions?limit=0")
         assert d["config"]["source_path"] == str(cfg_path.resolve())
         assert (d["engine"]["ceiling"], d["engine"]["max_num_batched_tokens"]) == (
@@ -102,7 +102,7 @@ def test_documented_command_line_serves_with_tuned_steering(tmp_path, tiny_model
         for t in threads:
             t.join(timeout=GIVE_UP_S)
         assert [r["usage"]["completion_tokens"] for r in results] == [MAX_TOKENS] * REQUESTS, \
-            launch.log_tail(log_path)
+            launcher.log_tail(log_path)
         steps = get_json(f"{endpoint}/steps?since={seq0}")["samples"]
         assert max(s["num_running"] for s in steps) == B_MAX
         assert max(s["num_waiting"] for s in steps) > 0
@@ -116,7 +116,7 @@ def test_documented_command_line_serves_with_tuned_steering(tmp_path, tiny_model
         assert res["outcome"] == "ok", res
         assert get_json(f"{endpoint}/decisions?limit=0")["config"]["tbt_sla_s"] == 0.5
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
 
 
 def test_contradicting_config_stops_the_engine_at_start(tmp_path, tiny_model):
@@ -127,12 +127,12 @@ def test_contradicting_config_stops_the_engine_at_start(tmp_path, tiny_model):
     i = cmd.index("--additional-config")
     cmd = _local(cmd[:i] + cmd[i + 2:], port)  # the config named by TUNED_CONFIG instead
     log_path = tmp_path / "vllm.log"
-    env = {**launch.child_env(), "TUNED_CONFIG": str(cfg_path)}
-    proc = launch.spawn(cmd, env=env, log_path=log_path)
+    env = {**launcher.child_env(), "TUNED_CONFIG": str(cfg_path)}
+    proc = launcher.spawn(cmd, env=env, log_path=log_path)
     try:
         rc = proc.wait(timeout=GIVE_UP_S)
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
     log = log_path.read_text(errors="replace")
     assert rc != 0, log[-3000:]
     line = (f"tuned: config refused: {cfg_path.resolve()}: max_num_seqs: the config says 32, "
@@ -162,9 +162,9 @@ def test_printed_command_runs_as_printed(tmp_path, tiny_model):
                                 start_new_session=True)
     base, endpoint = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
     try:
-        launch.wait_ready(base, proc, GIVE_UP_S, log_path)
-        launch.wait_decided(endpoint, proc, time.monotonic() + GIVE_UP_S, log_path)
-        assert launch.server_info(base)["max_model_len"] == 1024
+        launcher.wait_ready(base, proc, GIVE_UP_S, log_path)
+        launcher.wait_decided(endpoint, proc, time.monotonic() + GIVE_UP_S, log_path)
+        assert launcher.server_info(base)["max_model_len"] == 1024
         d = get_json(f"{endpoint}/decisions?limit=0")
         assert (d["config"]["source_path"], d["engine"]["ceiling"]) == (
             str(cfg_path.resolve()), 8)
@@ -173,4 +173,4 @@ def test_printed_command_runs_as_printed(tmp_path, tiny_model):
         _complete(base, model, 0, results)
         assert results[0]["usage"]["completion_tokens"] == MAX_TOKENS
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)

@@ -45,7 +45,7 @@ import pytest
 from serve_harness import (get_json, get_text, msum, mval, parse_metric_values,
                            tuned_serve_all, wait_for)
 from tuned.engines.gateway import REFUSED_METRIC
-from tuned.netutil import free_port
+from tuned.base.netutil import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

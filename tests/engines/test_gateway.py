@@ -153,8 +153,8 @@ def test_the_controller_answers_the_queues_prediction_for_a_new_request():
     and stops the tick the prediction comes back under it, refusals or not; an idle
     engine never refuses; serve mode never does."""
     from fakes import FakeEngine
-    from tuned.controller import Controller
-    from tuned.metrics import Metrics
+    from tuned.control.controller import Controller
+    from tuned.control.metrics import Metrics
 
     t = [100.0]
     eng = FakeEngine(running=4, waiting=3)
@@ -184,8 +184,8 @@ def test_the_controller_answers_the_queues_prediction_for_a_new_request():
 
 def test_controller_says_refusing_for_one_bound_after_a_refusal():
     from fakes import FakeEngine
-    from tuned.controller import Controller
-    from tuned.metrics import Metrics
+    from tuned.control.controller import Controller
+    from tuned.control.metrics import Metrics
 
     t = [100.0]
     cfg = config_mod.validate({"ttft_sla_s": 1.0, "interval_s": 0.1, "max_wait_s": 10.0})
@@ -210,8 +210,8 @@ def test_the_controller_opens_the_door_once_the_engine_has_room():
     stays shut while requests wait or the cap is full, and opens once a new request
     would start at once, within the bound after a refusal."""
     from fakes import FakeEngine
-    from tuned.controller import Controller
-    from tuned.metrics import Metrics
+    from tuned.control.controller import Controller
+    from tuned.control.metrics import Metrics
 
     t = [100.0]
     eng = FakeEngine(running=4, waiting=3)

@@ -14,13 +14,13 @@ from vllm.v1.request import RequestStatus
 
 from fakes import decision, make_scheduler, req, requests, step
 from tuned import config
-from tuned import log as log_mod
-from tuned.controller import Controller
+from tuned.base import log as log_mod
+from tuned.control.controller import Controller
 from tuned.core.knobs import KnobSlot
 from tuned.core.queue import QueueCore
 from tuned.core.steppath import StepPathGuard
 from tuned.engines.vllm_queue import make_policy_queue, wall_offset_s
-from tuned.metrics import Metrics
+from tuned.control.metrics import Metrics
 from tuned.policies.batch import Decision
 from tuned.core.ring import Ring
 

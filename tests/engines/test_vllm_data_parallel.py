@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import make_scheduler, requests, step
-from tuned.netutil import free_port
+from tuned.base.netutil import free_port
 
 
 def port_pair() -> int:

@@ -15,7 +15,8 @@ from vllm.v1.request import Request, RequestStatus
 from tuned.core.predictor import OutputLengthPredictor
 from tuned.engines.vllm_queue import (PolicyQueue, install, make_policy_queue,
                                       priority_scheduling)
-from tuned.policies.queues import POLICIES, AdmitContext
+from tuned.core.queue_policy import AdmitContext
+from tuned.policies.registry import QUEUE_POLICIES
 
 from fakes import req
 
@@ -78,7 +79,7 @@ def test_fcfs_orders_exactly_as_vllms_priority_queue(seed):
     assert admit_all(q, []) == want and len(q) == 0
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", sorted(QUEUE_POLICIES))
 def test_no_policy_admits_a_less_urgent_request_first(name):
     # every policy, with all its reordering and gating, chooses within the most
     # urgent level only: the first admission is always the priority -1 request

@@ -21,7 +21,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 from tuned.engines import vllm_queue
 from tuned.engines.vllm_queue import PolicyQueue, install, make_policy_queue
 from tuned.core.predictor import OutputLengthPredictor
-from tuned.policies.queues import POLICIES, AdmitContext, make_policy
+from tuned.core.queue_policy import AdmitContext
+from tuned.policies.registry import QUEUE_POLICIES, make_policy
 
 from fakes import req
 
@@ -55,7 +56,7 @@ def test_is_a_request_queue():
     assert isinstance(queue("fcfs"), RequestQueue)
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(QUEUE_POLICIES))
 def test_prepend_goes_to_the_very_front_for_every_policy(name):
     q = queue(name)
     ref = FCFSRequestQueue()
@@ -160,7 +161,7 @@ def test_skipped_requests_return_to_their_place_and_are_not_admissions():
     assert q.stats.admitted == 1 and ids(q) == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(QUEUE_POLICIES))
 def test_skip_and_return_leaves_the_order_unchanged_for_every_policy(name):
     q = queue(name, {"window": 3} if name == "saber" else {})
     for i, o in enumerate((40, 10, 30, 20, 50)):

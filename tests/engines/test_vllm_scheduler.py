@@ -13,7 +13,7 @@ import pytest
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tuned.controller import Fallback
+from tuned.control.controller import Fallback
 from tuned.core.window import request_tpot_s
 from tuned.engines.vllm import UnsupportedVllmError, check_vllm_version
 
@@ -212,7 +212,7 @@ def test_the_step_path_never_calls_the_controller(tiny_model, monkeypatch):
     """Contract: the engine's step path reads the slot (knobs) and the queue channel
     (the queue's inputs) and never calls the controller; a controller whose every method raises leaves the
     steps untouched."""
-    from tuned.controller import Controller
+    from tuned.control.controller import Controller
     from tuned.core.queue_channel import QueueInputs
 
     s = make_scheduler(str(tiny_model), False, queue_policy="mcsf")

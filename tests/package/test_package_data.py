@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tuned import cli, extras
+from tuned.commands import cli
+
+from tuned.base import extras
 from tuned.data import data_files, data_root, measured_dir, trace_names, trace_path, vidur_dir
 from tuned.sim.gpu import MEASURED_HARDWARE, VIDUR_HARDWARE, profile_relpath
 
@@ -93,7 +95,7 @@ def _external_imports(module: str) -> set[str]:
 
 def test_engine_core_path_needs_no_bench_extra():
     reached = _imported_tuned_modules("tuned.engines.vllm")
-    assert {"tuned.engines.vllm", "tuned.controller", "tuned.runtime"} <= reached
+    assert {"tuned.engines.vllm", "tuned.control.controller", "tuned.control.runtime"} <= reached
     assert not {"tuned.profiler", "tuned.bench", "tuned.curves.plot"} & reached
     offenders = {m: sorted(_external_imports(m) & set(extras.BENCH_EXTRA_MODULES))
                  for m in reached}
@@ -101,7 +103,7 @@ def test_engine_core_path_needs_no_bench_extra():
 
 
 def test_simulate_path_needs_no_bench_extra():
-    reached = _imported_tuned_modules("tuned.simulate") - {"tuned.bench", "tuned.bench.metrics",
+    reached = _imported_tuned_modules("tuned.commands.simulate") - {"tuned.bench", "tuned.bench.metrics",
                                                            "tuned.bench.runner"}
     offenders = {m: sorted(_external_imports(m) & set(extras.BENCH_EXTRA_MODULES))
                  for m in reached}

@@ -1,5 +1,5 @@
 """The tests mirror the package (docs/architecture.md, "Tests"): a test module lives in
-the folder of a tuned subpackage or of a floor, is named after what it tests rather
+the folder of a tuned subpackage or of the whole, is named after what it tests rather
 than after an issue, and no two share a file name (pytest's default import mode,
 with no ``__init__.py`` in the test folders, would refuse the second)."""
 
@@ -12,9 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
-#: folders that hold the tests of the whole or of the top-level modules' floors
-FLOORS = {"control", "launch", "commands", "base", "docs", "deploy", "package", "e2e",
-          "benchmarks"}
+#: folders that hold the tests of the whole rather than of one package
+FLOORS = {"docs", "deploy", "package", "e2e", "benchmarks"}
 #: test modules of the helpers that sit in tests/ itself
 FLAT = {"test_prom_harness.py"}
 

@@ -11,8 +11,8 @@ import pytest
 from tuned import config
 from tuned.core.ring import FinishedRequest
 from tuned.core.window import BindingHistory, request_tpot_s
-from tuned.policies.batch import (ATTAINMENT_STEP, AttainmentMargin, EvidenceSlaBound,
-                                  Observation)
+from tuned.policies.batch import Observation
+from tuned.policies.sla_bound import ATTAINMENT_STEP, AttainmentMargin, EvidenceSlaBound
 from tuned.policies.registry import build_batch_policy
 
 SLA, EPS = 0.050, 0.002

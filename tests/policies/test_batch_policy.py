@@ -7,8 +7,11 @@ import math
 
 import pytest
 
-from tuned.policies.batch import (BatchPolicy, MemoryBound, Observation, SlaBound,
-                                  clt_theta, memory_batch_limit)
+from tuned.policies.batch import BatchPolicy, Observation
+
+from tuned.policies.memory_bound import MemoryBound, clt_theta, memory_batch_limit
+
+from tuned.policies.sla_bound import SlaBound
 from tuned.policies.budget import token_budget
 
 

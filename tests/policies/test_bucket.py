@@ -4,7 +4,7 @@ import pytest
 
 from tuned.policies.bucket import (BucketPolicy, adjust_buckets, kv_bytes_per_token, n_max,
                                    n_max_exact, safe_memory)
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 
 
 def R(rid, seq, t, prompt=0):

@@ -6,7 +6,7 @@ import pytest
 
 from tuned import config
 from tuned.policies.fcfs import FCFSPolicy
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 
 
 def R(rid, t):

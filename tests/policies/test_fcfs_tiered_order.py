@@ -15,7 +15,7 @@ from fakes import QueuedReq
 from tuned.core.queue import QueueCore
 from tuned.curves.online import LinearStepModel
 from tuned.policies.fcfs import FCFSPolicy, TieredOrder
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 
 MODELS = (None, LinearStepModel(a=0.02, beta=0.005, gamma=0.001),
           LinearStepModel(a=0.01, beta=0.002, gamma=0.004, eta=1e-6))

@@ -10,9 +10,9 @@ import pynvml
 import pytest
 
 from tuned import config
-from tuned.controller import Controller
+from tuned.control.controller import Controller
 from tuned.core.types import Observation
-from tuned.metrics import Metrics
+from tuned.control.metrics import Metrics
 from tuned.policies.gpu_memory import (RECOVER_TICKS, GpuMemoryGuard, recover_fraction)
 from tuned.policies.registry import StaticPolicy, build_batch_policy
 from tuned.telemetry.nvml import GpuMemory, NvmlSampler, free_fraction

@@ -14,7 +14,8 @@ from tuned import config as config_mod
 from tuned.core.types import Observation
 from tuned.policies import registry
 from tuned.curves.online import LinearStepModel
-from tuned.policies.batch import BatchPolicy, lift_target
+from tuned.policies.batch import BatchPolicy
+from tuned.policies.sla_bound import lift_target
 
 SLA = 0.050
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tuned.policies.mcsf import MCSFPolicy, lookahead_peak, lookahead_peak_blocks
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 
 
 def R(rid, s, pred, out=0, t=0.0, max_tokens=1000):

@@ -5,7 +5,7 @@ import pytest
 from tuned.policies.multibin import (MultiBinPolicy, bin_of, bins_for_target, c_max,
                                      equal_mass_boundaries, expected_latency,
                                      multibin_throughput)
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 
 
 def R(rid, pred, t, s=10):

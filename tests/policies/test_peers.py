@@ -3,7 +3,9 @@ TensorRT-LLM's DynamicBatchTuner and SGLang's new_token_ratio admission."""
 
 import pytest
 
-from tuned.policies.queues import AdmitContext, ReqInfo, make_policy
+from tuned.core.queue_policy import AdmitContext, ReqInfo
+
+from tuned.policies.registry import make_policy
 from tuned.policies.sglang import NewTokenRatio, SglangPolicy, ratio_after_retract
 from tuned.policies.trtllm import (
     DEFAULT_BATCH_SIZE_TABLE,

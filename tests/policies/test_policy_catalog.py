@@ -89,7 +89,7 @@ def test_bad_policy_names_and_options_are_one_line_naming_the_field():
 
 
 def test_check_config_exits_2_with_the_option_line(tmp_path, capsys):
-    from tuned import cli
+    from tuned.commands import cli
 
     f = tmp_path / "t.toml"
     f.write_text('queue_policy = "bucket"\n[queue_options]\nmode = "sjf"\n')
@@ -201,11 +201,11 @@ def test_a_declaration_that_is_not_plain_data_is_refused_naming_the_module():
 
 
 def test_status_explains_every_declared_reason():
-    from tuned import opscli
+    from tuned.commands import ops
 
     for reason, text in catalog.reasons().items():
-        assert opscli.REASONS[reason] == text
-    assert opscli.REASONS["trtllm"] == ("batch_policy = trtllm: TensorRT-LLM's dynamic "
+        assert ops.REASONS[reason] == text
+    assert ops.REASONS["trtllm"] == ("batch_policy = trtllm: TensorRT-LLM's dynamic "
                                         "batch-size tuner")
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from tuned.config import QUEUE_POLICIES
+from tuned import config as config_mod
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 from tuned.policies.fcfs import FCFSPolicy
-from tuned.policies.queues import (POLICIES, AdmitContext, QueuePolicy, ReqInfo, Verdict,
-                                   make_policy, policy_class)
+from tuned.policies.registry import QUEUE_POLICIES, make_policy, policy_class
 
 
 def R(rid, t, s=10, pred=10, out=0, max_tokens=100):
@@ -17,8 +17,8 @@ CTX = AdmitContext(now_s=0.0, kv_capacity_tokens=100, kv_free_tokens=100, cap=8)
 
 
 def test_registry_matches_config_and_builds_every_policy():
-    assert set(POLICIES) == set(QUEUE_POLICIES)
-    for name in POLICIES:
+    assert set(QUEUE_POLICIES) == set(config_mod.QUEUE_POLICIES)
+    for name in QUEUE_POLICIES:
         p = make_policy(name, {}, rng_seed=1)
         assert p.name == name and isinstance(p, QueuePolicy)
         assert policy_class(name) is type(p)

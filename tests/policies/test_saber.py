@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tuned.policies.queues import AdmitContext, ReqInfo
+from tuned.core.queue_policy import AdmitContext, ReqInfo
 from tuned.policies.saber import SaberPolicy
 
 
@@ -196,7 +196,7 @@ def test_options_are_checked_naming_the_field_and_the_allowed_values():
 
 
 def test_config_names_the_queue_option_and_exits_2_on_a_bad_reading(tmp_path, capsys):
-    from tuned import cli
+    from tuned.commands import cli
     from tuned.config import ConfigError, validate
 
     with pytest.raises(ConfigError) as e:

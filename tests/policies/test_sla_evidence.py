@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from tuned import config
-from tuned.controller import Controller
+from tuned.control.controller import Controller
 from tuned.policies.registry import feasibility_patience
 from tuned.curves.online import LinearStepModel, fit_step_times
-from tuned.metrics import Metrics
+from tuned.control.metrics import Metrics
 from tuned.policies.budget import TokenBudget
-from tuned.policies.batch import (BatchPolicy, EvidenceSlaBound, Feasibility, MemoryBound,
-                                  Observation, SlaBound)
+from tuned.policies.batch import BatchPolicy, Observation
+from tuned.policies.memory_bound import MemoryBound
+from tuned.policies.sla_bound import EvidenceSlaBound, Feasibility, SlaBound
 
 SLA, EPS = 0.050, 0.002
 

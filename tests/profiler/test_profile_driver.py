@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from tuned.curves.profile import time_weighted_load
-from tuned.profiler import cli as P
+from tuned.profiler import command as P
 from tuned.profiler.engine import profiling_settings, serve_config_toml
 from tuned.profiler.lengths import parse_sweep_workload
-from tuned.workloads import WorkloadError
+from tuned.base.workloads import WorkloadError
 from tuned.curves.profile import Profile, build_profile, load_profile, save_profile
 
 from fakes import META, V1, make_samples
@@ -105,7 +105,7 @@ def test_trace_missing_column(tmp_path):
     csv.write_text("arrived_at,num_decode_tokens\n0,2\n")
     with pytest.raises(WorkloadError, match="missing column 'num_prefill_tokens'"):
         parse_sweep_workload(f"trace:{csv}")
-    # the one trace reader of tuned.workloads: a trace has arrival times
+    # the one trace reader of tuned.base.workloads: a trace has arrival times
     csv.write_text("num_prefill_tokens,num_decode_tokens\n1,2\n")
     with pytest.raises(WorkloadError, match="missing column 'arrived_at'"):
         parse_sweep_workload(f"trace:{csv}")

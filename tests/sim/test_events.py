@@ -10,12 +10,12 @@ import pytest
 import structlog
 
 from tuned import config
-from tuned.cli import main
-from tuned.engines.sim import simulate
+from tuned.commands.cli import main
+from tuned.sim.engine import simulate
 from tuned.sim.events import Drift, SimEvents, Slowdown, StepDrift, parse_events
 from tuned.sim.hardware import gpu_hardware
 from tuned.sim.nvml import GpuPressure
-from tuned.workloads import parse_workload
+from tuned.base.workloads import parse_workload
 
 SPEC = "poisson:rate=8,prompt=U(16,512),output=U(16,256),n=300"
 

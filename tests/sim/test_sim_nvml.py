@@ -9,12 +9,12 @@ import pytest
 import structlog
 
 from tuned import config
-from tuned.cli import main
-from tuned.engines.sim import simulate
+from tuned.commands.cli import main
+from tuned.sim.engine import simulate
 from tuned.policies.gpu_memory import RECOVER_TICKS
 from tuned.sim.hardware import gpu_hardware, profile_hardware
 from tuned.sim.nvml import GpuPressure, SimNvml, parse_events
-from tuned.workloads import parse_workload
+from tuned.base.workloads import parse_workload
 
 SPEC = "poisson:rate=8,prompt=U(16,512),output=U(16,256),n=300"
 
@@ -123,7 +123,7 @@ def test_bucketserve_n_max_reads_the_simulated_nvml():
     """BucketServe's M_remain is NVML's free memory in KV tokens where NVML answers:
     with the GPU 99.5 % used for the whole run, N_max stays within 0.9 x the free
     device memory in tokens; without NVML it reads the (far larger) free KV."""
-    from tuned.engines.sim import SimEngine
+    from tuned.sim.engine import SimEngine
 
     hw = gpu_hardware("a100-llama2-7b")
     cfg = config.validate({**hw.engine_defaults(), "queue_policy": "bucket"})

@@ -8,8 +8,8 @@ import pynvml
 import pytest
 
 from tuned import config
-from tuned.controller import Controller
-from tuned.metrics import Metrics
+from tuned.control.controller import Controller
+from tuned.control.metrics import Metrics
 from tuned.telemetry.nvml import NvmlSampler
 
 GIB = 1 << 30

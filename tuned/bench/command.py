@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from tuned import config as config_mod
-from tuned import log as log_mod
-from tuned.inputs import CLIP_CHARS, clip_path, clip_text
+from tuned.base import log as log_mod
+from tuned.base.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.policies import catalog
 from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
@@ -257,8 +257,8 @@ def _relative_slo(args, spec, target: "_Target"):
 
 
 def _model_path(args) -> str:
-    from tuned.demo_model import resolve_model
-    from tuned.serve import DEFAULT_MODEL_CACHE
+    from tuned.base.demo_model import resolve_model
+    from tuned.launch.serve import DEFAULT_MODEL_CACHE
 
     return str(resolve_model(args.model, DEFAULT_MODEL_CACHE, log=lambda m: None))
 
@@ -312,7 +312,7 @@ def _sim_target(args, slo) -> _Target:
 
 def _vllm_target(args, slo) -> _Target:
     """A real vLLM engine on --model; checked before any engine starts."""
-    from tuned.demo_model import model_form
+    from tuned.base.demo_model import model_form
     from tuned.sim.hardware import engine_defaults
 
     if not args.model:
@@ -341,7 +341,7 @@ def _field(args, target: _Target):
     """The workload (one per repeat: on the simulator repeat k uses seed + k) and the
     contenders (:func:`tuned.bench.runner.contenders`)."""
     from tuned.bench import runner
-    from tuned.workloads import WorkloadError, parse_workload
+    from tuned.base.workloads import WorkloadError, parse_workload
 
     base, engine = target.base, target.engine
     try:

@@ -76,17 +76,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
-from tuned import launch
+from tuned.launch import launcher
 from tuned.bench.metrics import RequestResult
 from tuned.bench.runner import Contender
 from tuned.bench.throttle import Throttle, run_throttles
 from tuned.config import FIELDS, Config
 from tuned.control.sla import sla_from_step
 from tuned.core.refusal import REFUSAL_STATUSES, client_refusal  # noqa: F401  (re-exported)
-from tuned.launch import EngineError, log_tail, server_info, stop_process, wait_ready
-from tuned.netutil import free_port
-from tuned.prompts import PromptFactory
-from tuned.workloads import RequestSpec, Workload
+from tuned.launch.launcher import EngineError, log_tail, server_info, stop_process, wait_ready
+from tuned.base.netutil import free_port
+from tuned.launch.prompts import PromptFactory
+from tuned.base.workloads import RequestSpec, Workload
 
 __all__ = ["Contender", "LiveRun", "LiveServer", "LiveStartError", "run_live", "config_to_toml",
            "drive_open_loop", "KINDS"]
@@ -233,7 +233,7 @@ def _start_server(c: Contender, model_path: str, log_dir: Path,
         cap = c.cap if c.cap is not None else c.config.max_num_seqs
         if cap < 1:
             raise ValueError(f"contender {c.name!r}: cap must be >= 1, got {cap}")
-        cmd = launch.static_command(c.config, model_path, port=port, max_num_seqs=cap,
+        cmd = launcher.static_command(c.config, model_path, port=port, max_num_seqs=cap,
                                     extra=extra)
         endpoint, grace = None, STATIC_STOP_GRACE_S
     else:
@@ -242,9 +242,9 @@ def _start_server(c: Contender, model_path: str, log_dir: Path,
                                   metrics_host="127.0.0.1", metrics_port=mport)
         config_path = log_dir / f"{stem}.toml"
         config_path.write_text(config_to_toml(cfg))
-        cmd = launch.serve_command(config_path, extra=extra)
+        cmd = launcher.serve_command(config_path, extra=extra)
         endpoint, grace = f"http://127.0.0.1:{mport}", TUNED_STOP_GRACE_S
-    proc = launch.spawn(cmd, log_path=log_path,
+    proc = launcher.spawn(cmd, log_path=log_path,
                         header=f"# tuned bench: {c.name} ({c.kind}): {' '.join(cmd)}")
     return _Server(proc, f"http://127.0.0.1:{port}", endpoint, log_path, config_path, grace)
 
@@ -587,7 +587,7 @@ class LiveServer:
     def __init__(self, contender: Contender, *, model_path: str, log_dir: Path,
                  startup_timeout_s: float = 600.0, extra_vllm_args: Sequence[str] = (),
                  seed: int = 0) -> None:
-        from tuned.hostinfo import demo_dtype_args
+        from tuned.base.hostinfo import demo_dtype_args
 
         self.contender = contender
         # the demo model's dtype follows this CPU, for plain vLLM and tuned alike
@@ -599,7 +599,7 @@ class LiveServer:
                 deadline = time.monotonic() + startup_timeout_s
                 wait_ready(self.srv.url, self.srv.proc, startup_timeout_s, self.srv.log_path)
                 if self.srv.endpoint is not None:
-                    launch.wait_decided(self.srv.endpoint, self.srv.proc, deadline,
+                    launcher.wait_decided(self.srv.endpoint, self.srv.proc, deadline,
                                         self.srv.log_path)
                 self.model_id = server_info(self.srv.url)["id"]
                 self.factory = PromptFactory.from_server(self.srv.url, self.model_id,
@@ -762,7 +762,7 @@ def calibrate(server: LiveServer, cfg: Config, timeout_s: float = 180.0) -> dict
     import requests
 
     from tuned.bench.runner import CALIBRATION_WORKLOAD
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     t_end = time.monotonic() + timeout_s
     wl = parse_workload(CALIBRATION_WORKLOAD, 0, max_model_len=cfg.effective_max_model_len)
@@ -817,7 +817,7 @@ def measure_step_fit(server: LiveServer, cfg: Config) -> dict | None:
     """Drive :data:`PROBE_WORKLOAD` on ``server`` and fit its engine steps
     (:func:`burst_step_fit`). None when the server keeps no step records (plain vLLM)
     or the steps give no fit."""
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     wl = parse_workload(PROBE_WORKLOAD, 0, max_model_len=cfg.effective_max_model_len)
     return burst_step_fit(server.drive(wl).steps)

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuned import log as log_mod
+from tuned.base import log as log_mod
 from tuned.bench import command as bench
-from tuned.inputs import clip_path
+from tuned.base.inputs import clip_path
 from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
 

@@ -61,7 +61,7 @@ def provenance(argv: Sequence[str], *, cpuinfo: str | Path = "/proc/cpuinfo",
     (``tuned`` + ``argv``), the host's CPU model and core count, and the UTC time, so
     a results page can quote each figure with what produced it."""
     from tuned import __version__
-    from tuned.hostinfo import cpu_model
+    from tuned.base.hostinfo import cpu_model
 
     return {"command": shlex.join(["tuned", *argv]),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s())),

@@ -268,7 +268,7 @@ class SimBench:
 
     def run(self, contender: Contender, requests: Sequence, *, timelines: bool = True,
             give_up: tuple | None = None) -> RunOutput:
-        from tuned.engines.sim import simulate
+        from tuned.sim.engine import simulate
 
         kw: dict[str, Any] = {}
         if self.events is not None:
@@ -321,7 +321,7 @@ def sim_batch1_step_s(hardware) -> float:
     import math
 
     from tuned.sim.stepmodel import StepShape
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     reqs = parse_workload(CALIBRATION_WORKLOAD, 0).requests
     ctx = round(sum(r.prompt_tokens + r.output_tokens / 2 for r in reqs) / len(reqs))

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tuned.inputs import window_event
+from tuned.base.inputs import window_event
 
 FORM = "throttle=T0-T1@F"
 FACTOR_RANGE = (1.0, 10.0)

@@ -2,4 +2,4 @@
 observe, decide and act apart): live reload (:mod:`.reload`), Prometheus export
 (:mod:`.export`), engine liveness and sd_notify (:mod:`.liveness`), the derived TBT
 SLA (:mod:`.sla`) and the ``/decisions`` view (:mod:`.status`).
-:class:`tuned.controller.Controller` runs the loop and composes them."""
+:class:`tuned.control.controller.Controller` runs the loop and composes them."""

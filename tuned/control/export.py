@@ -1,5 +1,5 @@
 """What the controller saw and decided, as Prometheus series (the metrics live in
-:mod:`tuned.metrics`; this module only feeds them) and as log lines."""
+:mod:`tuned.control.metrics`; this module only feeds them) and as log lines."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ log = structlog.get_logger("tuned.controller")
 
 
 class MetricsExport:
-    """Feeds :class:`tuned.metrics.Metrics` from one controller's ticks."""
+    """Feeds :class:`tuned.control.metrics.Metrics` from one controller's ticks."""
 
     def __init__(self, metrics: Any) -> None:
         self.m = metrics

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def decisions_view(ctrl: Any, limit: int = 50) -> dict:
-    """``ctrl`` is a :class:`tuned.controller.Controller`; ``limit`` recent decisions
+    """``ctrl`` is a :class:`tuned.control.controller.Controller`; ``limit`` recent decisions
     (0 to 200)."""
     obs = ctrl.last_observation
     limit = max(0, min(limit, 200))

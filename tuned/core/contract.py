@@ -1,7 +1,7 @@
 """The contract between tuned's control core and an engine.
 
 Two engines implement it: the vLLM adapter (:mod:`tuned.engines.vllm`, a scheduler
-subclass inside vLLM's EngineCore) and the simulator (:mod:`tuned.engines.sim`, a
+subclass inside vLLM's EngineCore) and the simulator (:mod:`tuned.sim.engine`, a
 discrete-event loop on a virtual clock). Everything else -- the controller, the
 batch and queue policies, the knob slot, the windowed aggregates, metrics and the
 endpoint -- is the core and is shared unchanged. vLLM's
@@ -9,7 +9,7 @@ endpoint -- is the core and is shared unchanged. vLLM's
 how often, on which thread, and what it must not do.
 
 **Set-up (once, engine thread).** The engine builds its core with
-:func:`tuned.runtime.build_runtime` (the composition root, above the core) from a validated
+:func:`tuned.control.runtime.build_runtime` (the composition root, above the core) from a validated
 :class:`~tuned.config.Config` (config flows one way: file -> ``Config`` ->
 constructors; an engine never reads a config file), passing itself as the
 :class:`EngineView` and the one clock of the run (monotonic for vLLM, virtual for

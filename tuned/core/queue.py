@@ -1,11 +1,11 @@
 """The engine-neutral waiting queue: ordering, admission gate, pinning, deferral and
-output-length learning, on request ids and :class:`~tuned.policies.queues.ReqInfo`.
+output-length learning, on request ids and :class:`~tuned.core.queue_policy.ReqInfo`.
 
 :class:`QueueCore` implements the method set of vLLM 0.32's ``RequestQueue``
 (``add_request``, ``pop_request``, ``peek_request``, ``prepend_request(s)``,
 ``remove_request(s)``, ``__bool__``, ``__len__``, ``__iter__``) over any request
 object with the attributes of :class:`QueuedRequest`, so the vLLM adapter
-(:mod:`tuned.engines.vllm_queue`) and the simulator (:mod:`tuned.engines.sim`)
+(:mod:`tuned.engines.vllm_queue`) and the simulator (:mod:`tuned.sim.engine`)
 drive the very same code. How an engine's admission loop must use it (vLLM's
 ``Scheduler.schedule``, "Next, schedule the WAITING requests", is the model):
 

@@ -24,7 +24,7 @@ parts, one per question a change asks:
   vLLM finishes the request as aborted and sends its client the final output
   (:mod:`tuned.engines.vllm`), the ASGI gateway answers HTTP 429 with
   ``Retry-After`` (:mod:`tuned.engines.gateway`), the simulator records it finished
-  (:mod:`tuned.engines.sim`). :func:`answer` hands an engine its queue's refusals.
+  (:mod:`tuned.sim.engine`). :func:`answer` hands an engine its queue's refusals.
 
 Changing how a refusal is answered is this module (the reason, the text, what a
 client reads) and the one engine adapter concerned.

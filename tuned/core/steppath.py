@@ -46,7 +46,7 @@ CAUSE = "step_path_error"
 class StepPathGuard:
     """Counts, logs once per episode and holds the fallback cap; see the module
     docstring. ``slot`` is the engine's :class:`~tuned.core.knobs.KnobSlot` (None:
-    no cap to hold), ``metrics`` the :class:`~tuned.metrics.Metrics` (None: count
+    no cap to hold), ``metrics`` the :class:`~tuned.control.metrics.Metrics` (None: count
     here only), ``clock`` the engine's clock."""
 
     def __init__(self, slot: Any = None, metrics: Any = None, *,

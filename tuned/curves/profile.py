@@ -51,7 +51,7 @@ from tuned.curves.fit import (FitError, FitResult, KvDemand, _is_number, fit_spe
                               fit_step_time, fit_usl, kv_demand, r_squared)
 from tuned.curves.models import usl_speed
 from tuned.curves.online import LinearStepModel, SpeedStepModel
-from tuned.inputs import UserError, clip_path, read_text
+from tuned.base.inputs import UserError, clip_path, read_text
 
 SCHEMA_VERSION = 2
 
@@ -158,15 +158,6 @@ class Profile:
         g = np.asarray(self.steps.get("gap_s") or [], dtype=float)
         g = g[g >= 0]
         return float(np.median(g)) if g.size >= 20 else 0.0
-
-    def kv_demand_blocks(self, block_size: int):
-        """Mean and std of the profiled requests' KV demand in blocks, the very moments
-        the controller's memory bound uses (:func:`tuned.core.window.demand_moments`)."""
-        from tuned.core.window import demand_moments
-
-        p = self.requests.get("prompt_tokens") or []
-        o = self.requests.get("output_tokens") or []
-        return demand_moments([int(a) + int(b) for a, b in zip(p, o)], block_size)
 
     def step_model(self) -> LinearStepModel | None:
         """The fitted step time as a :class:`~tuned.curves.online.LinearStepModel`

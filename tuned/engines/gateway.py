@@ -84,7 +84,7 @@ def refused_counter():
 def admission_url(argv: list[str] | None = None, environ: dict | None = None) -> str | None:
     """tuned's ``/admission`` URL for this API server process, or None."""
     from tuned import config as config_mod
-    from tuned.netutil import connect_host
+    from tuned.base.netutil import connect_host
 
     environ = dict(os.environ if environ is None else environ)
     if environ.get(URL_ENV):

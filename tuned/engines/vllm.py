@@ -24,7 +24,7 @@ on the step path (these three hooks and every method of tuned's waiting queue,
 :class:`tuned.engines.vllm_queue.PolicyQueue`) is wrapped so that an exception in
 tuned is contained by :class:`tuned.core.steppath.StepPathGuard` (counted, logged
 once per episode, fallback cap and vLLM's FCFS order until tuned recovers), never
-raised into the engine; tuned's log sink never raises either (:mod:`tuned.log`).
+raised into the engine; tuned's log sink never raises either (:mod:`tuned.base.log`).
 ``last_step_done_s`` (the end of the newest engine step) lets the controller tell a
 stalled engine from an idle one (``engine_stall_s``).
 
@@ -45,11 +45,11 @@ from typing import Any
 import structlog
 
 from tuned import config as config_mod
-from tuned import log as log_mod
+from tuned.base import log as log_mod
 from tuned.config import Config
 from tuned.core import refusal
 from tuned.core.knobs import Fallback  # noqa: F401  (re-exported for callers and tests)
-from tuned.runtime import production_runtime
+from tuned.control.runtime import production_runtime
 from tuned.core.steppath import StepPathGuard
 from tuned.core.queue import queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample
@@ -196,7 +196,7 @@ class _TunedMixin:
 
     def set_queue_policy(self, name: str, cfg: Config) -> None:
         """Ask for a queue policy; the scheduler thread installs it next step."""
-        from tuned.policies.queues import make_policy
+        from tuned.policies.registry import make_policy
 
         make_policy(name, cfg.queue_spec()[1])  # raise here, on the caller's thread
         self._pending_queue = (name, cfg)
@@ -473,15 +473,3 @@ class TunedScheduler:
             return TunedAsyncScheduler(*args, **kwargs)
         return TunedSyncScheduler(*args, **kwargs)
 
-
-def engine_kwargs(cfg: Config, model_path: str, serving_url: str | None = None) -> dict:
-    """Keyword arguments for ``vllm.LLM`` / ``EngineArgs`` that embed tuned."""
-    kw: dict[str, Any] = dict(
-        model=model_path, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_model_len=cfg.effective_max_model_len,
-        scheduler_cls="tuned.engines.vllm.TunedScheduler",
-        additional_config=config_mod.engine_handoff(cfg, serving_url))
-    if cfg.num_gpu_blocks:
-        kw["num_gpu_blocks_override"] = cfg.num_gpu_blocks
-    return kw

@@ -28,7 +28,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from tuned.core.queue import QueueCore, queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.predictor import OutputLengthPredictor
-from tuned.policies.queues import AdmitContext, make_policy
+from tuned.core.queue_policy import AdmitContext
+from tuned.policies.registry import make_policy
 
 # finished requests whose output length is a true sample of the model's behaviour
 _LEARN_FROM = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED,

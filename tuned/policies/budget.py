@@ -15,7 +15,7 @@ One piece of protocol joins the two: an inner policy with a ``budget_acts``
 attribute (:class:`tuned.policies.batch.BatchPolicy`) is told, before it decides,
 whether the budget can act this tick, because Pang et al.'s SLA bound answers a
 violation caused by prefill with the budget where the budget can act and with the
-cap where it cannot (:class:`tuned.policies.batch.EvidenceSlaBound`).
+cap where it cannot (:class:`tuned.policies.sla_bound.EvidenceSlaBound`).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class TokenBudget:
     def _no_chunk_holds(self, model: StepModel | None) -> bool:
         """Whether even one decode beside the smallest chunk misses the SLA, so that
         the token budget cannot act; then a violation caused by prefill moves the cap
-        (:class:`tuned.policies.batch.EvidenceSlaBound`): with the budget unable to
+        (:class:`tuned.policies.sla_bound.EvidenceSlaBound`): with the budget unable to
         act, keeping the cap leaves those violations unanswered, and on a CPU host
         that drifts from its profile a falling cap serves more requests within both
         SLOs (``tools/host_drift.py`` compares the two)."""

@@ -53,17 +53,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuned.inputs import clip, clip_text
+from tuned.base.inputs import clip, clip_text
 
 #: the entry-point group third-party policies register under
 ENTRY_POINT_GROUP = "tuned.policies"
 KINDS = ("batch", "queue")
 #: what Pang et al.'s SLA search may hold to the TPOT SLO (config ``sla_statistic``):
 #: the mean decode step, its 90th percentile, the mean at a margin learnt for
-#: attainment (:class:`tuned.policies.batch.AttainmentMargin`), or the decode-only
+#: attainment (:class:`tuned.policies.sla_bound.AttainmentMargin`), or the decode-only
 #: steps' 90th percentile plus the prefill's share of the mean step; ``auto`` is
 #: ``p90`` while the token budget sizes prefill chunks for the SLA, ``decode_p90``
-#: while it does not (:meth:`tuned.policies.batch.EvidenceSlaBound.held`)
+#: while it does not (:meth:`tuned.policies.sla_bound.EvidenceSlaBound.held`)
 SLA_STATISTICS = ("auto", "mean", "p90", "attainment", "decode_p90")
 OPTION_TYPES = ("int", "float", "bool", "str")
 
@@ -413,7 +413,3 @@ def explain() -> str:
                          f"{o.allowed()}): {o.doc}")
     return "\n".join(lines)
 
-
-def summary_text(kind: str) -> str:
-    """'a (what a), b (what b)' for a field's doc."""
-    return ", ".join(f"{s.name} ({s.summary})" for s in of_kind(kind))

@@ -22,7 +22,7 @@ been wanted for ``cap_raise_hold_s``; a fall at once) and the GPU-memory guard
 cap under pressure; without NVML a pass-through), outermost so that its recovery is
 not held a second time. Every policy returns a :class:`~tuned.core.types.Decision`;
 the controller checks it (an invalid cap becomes the fallback, see
-:mod:`tuned.controller`).
+:mod:`tuned.control.controller`).
 
 Queue policies (:class:`~tuned.core.queue_policy.QueuePolicy` subclasses, built by
 :func:`make_policy`).
@@ -57,7 +57,7 @@ def load_plugin(spec: str) -> type:
     """The class ``package.module:Class`` names; ``ValueError`` when it cannot be
     imported or is not a policy class (a class with a ``decide`` method): a plain
     function such as ``os:system`` is refused here, before anything calls it."""
-    from tuned.inputs import clip, clip_text
+    from tuned.base.inputs import clip, clip_text
 
     module, _, name = spec.partition(":")
     try:

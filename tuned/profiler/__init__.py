@@ -1,4 +1,4 @@
-"""``tuned profile`` and ``tuned fit`` (see :mod:`tuned.profiler.cli`).
+"""``tuned profile`` and ``tuned fit`` (see :mod:`tuned.profiler.command`).
 
 Importing the package stays light: tuned's CLI imports it for :func:`register`,
 which loads the command only when called.
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 
 def register(subparsers) -> None:
-    """Add ``profile`` and ``fit`` to tuned's CLI (see :func:`tuned.profiler.cli.register`)."""
-    from tuned.profiler.cli import register as _register
+    """Add ``profile`` and ``fit`` to tuned's CLI (see :func:`tuned.profiler.command.register`)."""
+    from tuned.profiler.command import register as _register
 
     _register(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m tuned.profiler profile ...``)."""
-    from tuned.profiler.cli import main as _main
+    from tuned.profiler.command import main as _main
 
     return _main(argv)

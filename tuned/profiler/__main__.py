@@ -1,3 +1,3 @@
-from tuned.profiler.cli import main
+from tuned.profiler.command import main
 
 raise SystemExit(main())

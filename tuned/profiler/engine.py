@@ -1,5 +1,5 @@
 """The engine a sweep measures: a running server (``--url``) or one started here
-through :mod:`tuned.launch` (``--model``): ``tuned serve`` with the batch cap fixed,
+through :mod:`tuned.launch.launcher` (``--model``): ``tuned serve`` with the batch cap fixed,
 so that per-step samples come with it, or plain vLLM."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from tuned import launch
+from tuned.launch import launcher
 from tuned.config import Config, ConfigError, validate
-from tuned.netutil import free_port
-from tuned.serve import DEFAULT_MODEL_CACHE
+from tuned.base.netutil import free_port
+from tuned.launch.serve import DEFAULT_MODEL_CACHE
 
 
 class UsageError(ValueError):
@@ -73,7 +73,7 @@ def profiling_settings(model: str, max_num_seqs: int, max_num_batched_tokens: in
 
 
 def tuned_serve_available() -> bool:
-    return importlib.util.find_spec("tuned.serve") is not None
+    return importlib.util.find_spec("tuned.launch.serve") is not None
 
 
 def _serve_config(settings: dict[str, Any]) -> Config:
@@ -90,14 +90,14 @@ def _command(engine: str, settings: dict[str, Any], tmp: Path, model_cache: Path
     if engine == "tuned":
         cfg_path = tmp / "profile-serve.toml"
         cfg_path.write_text(serve_config_toml(settings))
-        return (launch.serve_command(cfg_path, model_cache=model_cache, python=python),
+        return (launcher.serve_command(cfg_path, model_cache=model_cache, python=python),
                 f"http://127.0.0.1:{cfg.metrics_port}")
     path = cfg.model
     if path.startswith("demo:"):
-        from tuned.demo_model import resolve_model
+        from tuned.base.demo_model import resolve_model
 
         path = str(resolve_model(path, model_cache, log=say))
-    return launch.static_command(cfg, path, port=cfg.port, python=python), None
+    return launcher.static_command(cfg, path, port=cfg.port, python=python), None
 
 
 @contextlib.contextmanager
@@ -109,7 +109,7 @@ def start_engine(model: str, max_num_seqs: int, max_num_batched_tokens: int,
     """Start ``python -m tuned serve --config FILE`` (or, with ``engine="vllm"`` or when
     ``tuned serve`` is not installed, a plain vLLM OpenAI server without step samples)
     on free local ports, wait until it answers, yield its :class:`Target`, and stop it
-    (:func:`tuned.launch.stop_process`) on the way out. The log is kept when the
+    (:func:`tuned.launch.launcher.stop_process`) on the way out. The log is kept when the
     engine did not start or died during the sweep."""
     if engine == "auto":
         engine = "tuned" if tuned_serve_available() else "vllm"
@@ -129,15 +129,15 @@ def start_engine(model: str, max_num_seqs: int, max_num_batched_tokens: int,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     say(f"starting engine: {' '.join(cmd)} (log: {log_path})")
-    proc = launch.spawn(cmd, env=env, log_path=log_path)
+    proc = launcher.spawn(cmd, env=env, log_path=log_path)
     keep_log = True
     try:
         url = f"http://127.0.0.1:{port}"
-        launch.wait_ready(url, proc, startup_timeout_s, log_path)
+        launcher.wait_ready(url, proc, startup_timeout_s, log_path)
         yield Target(url=url, metrics_url=metrics_url, kind=engine, settings=settings)
         keep_log = proc.poll() is not None  # it died on its own during the sweep
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
         if keep_log:
             say(f"engine log kept at {log_path}")
         else:

@@ -3,8 +3,8 @@ output) token lengths.
 
 The sweep keeps N requests in flight and asks for the next pair whenever one
 returns, so it needs lengths without arrival times, drawn for as long as a level
-runs -- not :class:`tuned.workloads.Workload`'s finite, timed requests. The grammar
-and the lengths are :func:`tuned.workloads.parse_lengths`'s, the one workload
+runs -- not :class:`tuned.base.workloads.Workload`'s finite, timed requests. The grammar
+and the lengths are :func:`tuned.base.workloads.parse_lengths`'s, the one workload
 grammar.
 """
 
@@ -15,7 +15,7 @@ import random
 import threading
 from typing import Any, Callable
 
-from tuned.workloads import WorkloadError, parse_lengths
+from tuned.base.workloads import WorkloadError, parse_lengths
 
 
 class SweepLengths:
@@ -67,7 +67,7 @@ class SweepLengths:
 
 
 def parse_sweep_workload(spec: str, seed: int = 0) -> SweepLengths:
-    """``tuned profile --workload``: :func:`tuned.workloads.parse_lengths`'s grammar
+    """``tuned profile --workload``: :func:`tuned.base.workloads.parse_lengths`'s grammar
     (``synthetic:prompt=P,output=O``, ``trace:PATH[,length_scale=Y]``) as an endless,
     thread-safe stream; raises :class:`WorkloadError`."""
     source = parse_lengths(spec)

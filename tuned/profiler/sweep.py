@@ -12,10 +12,10 @@ from typing import Callable
 import numpy as np
 
 from tuned.curves.profile import REQUEST_COLUMNS, empty_columns, time_weighted_load
-from tuned.launch import EngineError
+from tuned.launch.launcher import EngineError
 from tuned.profiler.lengths import SweepLengths
 from tuned.profiler.steps import StepCollector
-from tuned.prompts import PromptFactory
+from tuned.launch.prompts import PromptFactory
 
 
 @dataclass

@@ -12,7 +12,7 @@ simulate`` and ``tuned bench --engine sim``), comma-separated:
 
 Step-time factors in force multiply; the engine's own time between steps scales with
 them. A hardware model stays pure (same shape, same time); the drift is the run's,
-applied by :class:`tuned.engines.sim.SimEngine` at the step's start.
+applied by :class:`tuned.sim.engine.SimEngine` at the step's start.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from tuned.inputs import EVENT_NUMBER, window_event
+from tuned.base.inputs import EVENT_NUMBER, window_event
 from tuned.sim.nvml import GpuPressure
 from tuned.sim.nvml import parse_events as parse_pressure
 

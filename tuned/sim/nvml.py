@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuned.core.types import GpuMemory
-from tuned.inputs import window_event
+from tuned.base.inputs import window_event
 
 EVENT_KINDS = ("gpu_pressure",)
 _PRESSURE = window_event("gpu_pressure")
@@ -56,7 +56,7 @@ def parse_events(text: str) -> tuple[GpuPressure, ...]:
 
 class SimNvml:
     """One simulated GPU of ``total_bytes``; see the module docstring. ``clock`` is the
-    engine's virtual clock (set by :class:`tuned.engines.sim.SimEngine`)."""
+    engine's virtual clock (set by :class:`tuned.sim.engine.SimEngine`)."""
 
     def __init__(self, events: Sequence[GpuPressure], *, total_bytes: int,
                  baseline_used_fraction: float, name: str = "simulated GPU",

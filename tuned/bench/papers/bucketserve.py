@@ -64,7 +64,7 @@ from tuned.bench.metrics import RequestResult, Slo, capacity_search, summarize
 from tuned.bench.papers.pang import lognormal
 from tuned.bench.runner import results_from_sim
 from tuned.sim.hardware import gpu_hardware
-from tuned.workloads import RequestSpec, parse_workload
+from tuned.base.workloads import RequestSpec, parse_workload
 
 HARDWARE = "a100-llama2-7b"
 MAX_MODEL_LEN = 4096
@@ -127,7 +127,7 @@ def pd_split(prefill_cfg, decode_cfg, hw, reqs: Sequence[RequestSpec],
     to its first token; each then moves (no transfer time) to the decode instance,
     which runs the rest. One result per request: TTFT from the first, the finish from
     the second."""
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     rec = work is not None
     first = simulate(prefill_cfg, hw, [dataclasses.replace(r, output_tokens=1, max_tokens=1)
@@ -165,7 +165,7 @@ def run_system(name: str, mode: str, hw, reqs: Sequence[RequestSpec],
                work: dict | None = None) -> list[RequestResult]:
     """One system of :data:`SYSTEMS` on ``reqs``; ``mode``: the bucket policy's mode;
     ``work``: filled with the tokens computed (:func:`_count_work`)."""
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     policy, _gpus, kind = SYSTEMS[name]
     cfg = _config(hw, policy, {"mode": mode} if policy == "bucket" else {})

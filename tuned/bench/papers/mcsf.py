@@ -120,7 +120,7 @@ from tuned.bench.papers.mcsf_table1 import (PAPER_TABLE1, format_load_sweep, for
                                             load_sweep, run_table1)
 from tuned.bench.papers.mcsf_table1 import SEEDS as T1_SEEDS
 from tuned.policies.mcsf import MCSFPolicy
-from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo
 
 ARRIVAL_MODELS = ("all_at_once", "online")
 

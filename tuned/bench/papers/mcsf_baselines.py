@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from tuned.policies.mcsf import MCSFPolicy
-from tuned.policies.queues import AdmitContext, QueuePolicy, ReqInfo, Verdict
+from tuned.core.queue_policy import AdmitContext, QueuePolicy, ReqInfo, Verdict
 
 T = TypeVar("T")
 

@@ -63,8 +63,8 @@ from tuned import config as config_mod
 from tuned.bench.papers.mcsf_baselines import (BASELINES, AlphaProtectionPolicy,
                                               ArrivalOrderMCSF, clear_on_overflow)
 from tuned.bench.runner import results_from_sim
-from tuned.engines.sim import SimEngine, SimRequest, SimulationError
-from tuned.workloads import parse_workload
+from tuned.sim.engine import SimEngine, SimRequest, SimulationError
+from tuned.base.workloads import parse_workload
 
 HARDWARE = "a100x2-llama2-70b"
 PAPER_KV_TOKENS = 16492

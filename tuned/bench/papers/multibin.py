@@ -37,7 +37,7 @@ How the simulator runs it (:func:`run`):
   whole workload. They are known before the first batch: every request is added
   (and observed) at t = 0, before the first admission.
 * Exact service-time knowledge: the simulator forwards no ``tuned_output_tokens``
-  hint (:class:`~tuned.workloads.RequestSpec` has no hint field), so each request
+  hint (:class:`~tuned.base.workloads.RequestSpec` has no hint field), so each request
   sends ``max_tokens`` = its output length. Until requests finish, the
   output-length predictor answers ``max_tokens`` (exact), and every prediction is
   made when the request is added, at t = 0. (After learning it would choose its
@@ -114,10 +114,10 @@ from collections.abc import Callable, Sequence
 from tuned import config as config_mod
 from tuned.policies.multibin import (MultiBinPolicy, bin_of, c_max, equal_mass_boundaries,
                                      expected_latency, multibin_throughput)
-from tuned.policies.queues import AdmitContext, ReqInfo, Selection, Verdict
+from tuned.core.queue_policy import AdmitContext, ReqInfo, Selection, Verdict
 from tuned.sim.hardware import SimHardware
 from tuned.sim.stepmodel import ConstantStepModel
-from tuned.workloads import RequestSpec
+from tuned.base.workloads import RequestSpec
 
 BATCH = 128
 L_MIN, L_MAX = 1.0, 20.0
@@ -332,7 +332,7 @@ def run_latency(seed: int, k: int, rate: float, n: int, batch: int = BATCH,
     """One Lemma 5.1 run: n requests, l ~ U[L_MIN, L_MAX] (stratified), Poisson(rate)
     arrivals, k bins with the workload's equal-mass boundaries, static batches of B
     formed only when full (:class:`FullBatchMultiBin`), one server."""
-    from tuned.engines.sim import SimEngine
+    from tuned.sim.engine import SimEngine
 
     rng = random.Random(f"latency:{seed}:{k}:{rate:g}")
     reqs = poisson_requests(service_times(n, rng), rate, rng, steps_per_unit)
@@ -370,7 +370,7 @@ def run_section6(seed: int, bins: Sequence[int] = SECTION6_BINS, *, quick: bool 
     :data:`QUICK_SECTION6_BATCHES_PER_BIN`, and :data:`QUICK_SECTION6_STEPS_PER_UNIT`
     steps per time unit); service times of k from ``random.Random(f"section6:{seed}:{k}")``.
     The gain is the steady throughput at the largest k over that at the smallest."""
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     steps = QUICK_SECTION6_STEPS_PER_UNIT if quick else SECTION6_STEPS_PER_UNIT
     per_bin = QUICK_SECTION6_BATCHES_PER_BIN if quick else SECTION6_BATCHES_PER_BIN
@@ -441,7 +441,7 @@ def run(seed: int = 0, *, quick: bool = False, bins: Sequence[int] = BINS,
     (default :data:`SECTION6_BINS`, quick :data:`QUICK_SECTION6_BINS`; ``()`` leaves it
     out).
     """
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     began = cpu_clock()
     hw = hardware(BATCH, L_MAX, steps_per_unit)

@@ -57,7 +57,7 @@ The quick mode runs exactly the full plan's checked runs (same requests, rows an
 seeds), so its verdict is the full run's; the full run adds the diagnostics.
 
 Lengths: the paper gives only means; as for SABER's Table I in
-:mod:`tuned.workloads`, they are lognormal with those means and a coefficient of
+:mod:`tuned.base.workloads`, they are lognormal with those means and a coefficient of
 variation of 0.5 (:data:`LENGTH_CV`). The simulator is vLLM v1, whose chunked
 prefill is always on: both rows run under PD fusion here, where the paper's row 2
 ran without it.
@@ -76,7 +76,7 @@ from tuned.bench.metrics import Slo, capacity_search, summarize
 from tuned.bench.papers.pang_patch import MEMORY_FACTOR, simulate_patch
 from tuned.bench.runner import results_from_sim
 from tuned.sim.hardware import gpu_hardware
-from tuned.workloads import parse_workload
+from tuned.base.workloads import parse_workload
 
 HARDWARE = "a100-llama2-70b"
 LENGTH_CV = 0.5
@@ -161,7 +161,7 @@ def static_config(hw, cap: int) -> config_mod.Config:
 # ------------------------------------------------------------------ (a) throughput
 
 def _throughput_run(cfg, hw, requests, sim: Callable | None = None) -> dict:
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     res = (sim or simulate)(cfg, hw, requests, record_steps=True)
     s = summarize(results_from_sim(res), SLO)
@@ -305,7 +305,7 @@ def contender(name: str, hw, tuned_kw: dict) -> tuple[config_mod.Config, Callabl
     patch runs on its own engine)."""
     from functools import partial
 
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     if name == "vllm-default":
         return static_config(hw, hw.vllm_default_max_num_seqs), simulate

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from tuned.engines.sim import SimEngine, simulate
+from tuned.sim.engine import SimEngine, simulate
 
 #: the README's example constant ("can be calculated dynamically or just be a constant
 #: (e.g., 0.95)")
@@ -77,6 +77,6 @@ class PatchEngine(SimEngine):
 
 
 def simulate_patch(cfg, hardware, requests, **kw):
-    """:func:`tuned.engines.sim.simulate` on a :class:`PatchEngine` (``kw``: the
+    """:func:`tuned.sim.engine.simulate` on a :class:`PatchEngine` (``kw``: the
     engine's options, e.g. ``with_controller``, ``record_steps``)."""
     return simulate(cfg, hardware, requests, engine_cls=PatchEngine, **kw)

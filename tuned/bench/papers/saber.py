@@ -23,7 +23,7 @@ Here (:func:`run`):
   from the paper's hardware (mean completion time at 10 RPS); on this model the
   best static cap's mean completion time at 10 RPS is of the order of the SLA
   (below it for W2 and W3, above it for W1), the same regime.
-* Workload ``saber:mix=W…,rate=R,n=100`` (:mod:`tuned.workloads`): per-request
+* Workload ``saber:mix=W…,rate=R,n=100`` (:mod:`tuned.base.workloads`): per-request
   ``deadline_s`` from Table I, passed to the engine as the ``tuned_deadline_s``
   hint, and ``max_tokens`` = the output length, SABER's "Max Number of Generated
   Tokens". Lengths are lognormal around Table I's means (CV 0.5).
@@ -103,7 +103,7 @@ from tuned.bench.runner import results_from_sim
 from tuned.policies.saber import SaberPolicy
 from tuned.sim.hardware import gpu_hardware
 from tuned.sim.stepmodel import StepShape
-from tuned.workloads import SABER_TASKS, RequestSpec, parse_workload
+from tuned.base.workloads import SABER_TASKS, RequestSpec, parse_workload
 
 HARDWARE = "a100-llama2-7b"
 MIXES = ("W1", "W2", "W3")
@@ -250,7 +250,7 @@ def speed_profile(hw, seed: int, levels: Sequence[int] = PROFILE_LEVELS,
     """SABER's offline phase on the simulator: a closed-loop sweep, one load-speed
     pair per request, and the speed fits (:func:`tuned.curves.profile.build_profile`)."""
     from tuned.curves.profile import REQUEST_COLUMNS, build_profile, empty_columns
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     cols = empty_columns(REQUEST_COLUMNS + ("start_s", "load"))
     for n in levels:
@@ -341,7 +341,7 @@ def calibrated_slas(hw, seed: int, runs: int = 3, mix: str = PROFILE_MIX) -> dic
     """Table I's SLAs re-derived on this testbed the paper's way: per task, the mean
     completion time of 100 Poisson requests at 10 RPS (vLLM's default batch), over
     ``runs`` workload seeds."""
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
 
     cfg = config_mod.validate({
         "max_num_seqs": hw.vllm_default_max_num_seqs, "batch_policy": "static",
@@ -364,7 +364,7 @@ def _one(cfg, hw, specs: Sequence[RequestSpec], hints: dict[str, dict] | None = 
     """One run. ``hints``: per request id, client hints added to what the simulator
     forwards (it forwards ``tuned_deadline_s`` only), through the queue core's
     ``extra_args`` hook, as vLLM's adapter reads ``vllm_xargs``."""
-    from tuned.engines.sim import SimEngine
+    from tuned.sim.engine import SimEngine
 
     eng = SimEngine(cfg, hw.step_model, block_size=hw.block_size,
                     num_gpu_blocks=hw.num_gpu_blocks)

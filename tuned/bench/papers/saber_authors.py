@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from tuned import config as config_mod
 from tuned.sim.hardware import SimHardware
 from tuned.sim.stepmodel import StepShape
-from tuned.workloads import RequestSpec
+from tuned.base.workloads import RequestSpec
 
 RATES = tuple(float(r) for r in range(1, 11)) + (15.0, 20.0)
 MIXES = ("W1", "W2", "W3")
@@ -219,7 +219,7 @@ def run_one(cfg, hw: SimHardware, specs: Sequence[RequestSpec]) -> dict:
     """One run: goodput (finish - arrival <= deadline), mean completion/SLA, the share
     demoted and, for SABER, what refused its attempts."""
     from tuned.bench.runner import results_from_sim
-    from tuned.engines.sim import SimEngine
+    from tuned.sim.engine import SimEngine
 
     eng = SimEngine(cfg, hw.step_model, block_size=hw.block_size,
                     num_gpu_blocks=hw.num_gpu_blocks)

@@ -9,7 +9,7 @@ controller runs inside vLLM's EngineCore process. It then:
 * on SIGHUP asks every engine rank's endpoint to reload the config (``POST
   /reload``); the engine validates it and keeps the old one when it is bad.
   ``systemctl reload`` does not signal: the unit's ExecReload runs ``tuned reload``
-  (:func:`tuned.opscli.reload`), which posts the same request and exits with the
+  (:func:`tuned.commands.ops.reload`), which posts the same request and exits with the
   outcome, so the reload fails when the config is refused;
 * on SIGTERM / SIGINT stops the server and waits for it;
 * exits with the server's exit code.
@@ -34,10 +34,10 @@ from pathlib import Path
 import structlog
 
 from tuned import config as config_mod
-from tuned import launch
-from tuned import log as log_mod
+from tuned.launch import launcher
+from tuned.base import log as log_mod
 from tuned.config import Config, ConfigError
-from tuned.inputs import UserError, clip_path
+from tuned.base.inputs import UserError, clip_path
 
 log = structlog.get_logger("tuned.serve")
 
@@ -70,20 +70,20 @@ def load_config(path: str | None) -> Config:
 
 
 def resolve_model(cfg: Config, cache_dir: Path) -> str:
-    from tuned.demo_model import resolve_model as _resolve
+    from tuned.base.demo_model import resolve_model as _resolve
 
     return _resolve(cfg.model, cache_dir, log=lambda msg: log.info("demo_model", step=msg))
 
 
-#: vLLM with tuned's scheduler embedded, on the config's host and port (see tuned.launch)
-server_command = launch.scheduler_command
+#: vLLM with tuned's scheduler embedded, on the config's host and port (see tuned.launch.launcher)
+server_command = launcher.scheduler_command
 
 
 #: vLLM's ``additional_config`` entry carrying tuned's config (see tuned.config)
 additional_config = config_mod.engine_handoff
 
 
-_connect_host = launch.connect_host  # one definition: tuned.netutil
+_connect_host = launcher.connect_host  # one definition: tuned.base.netutil
 
 
 def endpoint_url(cfg: Config, rank: int = 0) -> str:
@@ -137,7 +137,7 @@ class Supervisor:
         only says the service serves again (on the new config or the kept one);
         `systemctl reload` itself runs `tuned reload`, whose exit status is the
         outcome."""
-        from tuned import sdnotify
+        from tuned.control import sdnotify
 
         notifier = sdnotify.from_environ(self.env) if self._served.is_set() else None
         if notifier is not None:
@@ -167,7 +167,7 @@ class Supervisor:
         if self.proc is not None and self.proc.poll() is None and not self._stopping:
             self._stopping = True
             self._stop_began = time.monotonic()
-            from tuned import sdnotify
+            from tuned.control import sdnotify
 
             sdnotify.from_environ(self.env).stopping()
             log.info("stopping", signal=signal.Signals(signum).name)
@@ -182,7 +182,7 @@ class Supervisor:
                  metrics=endpoint_url(self.cfg) + "/metrics")
         # A new session keeps a terminal's Ctrl-C from reaching vLLM twice: it
         # arrives here and is forwarded once as SIGTERM.
-        self.proc = launch.spawn(self.cmd, env=self.env)
+        self.proc = launcher.spawn(self.cmd, env=self.env)
         threading.Thread(target=self._announce, daemon=True).start()
         last_term = 0.0
         while True:
@@ -227,8 +227,8 @@ class Supervisor:
             time.sleep(0.5)
 
 
-#: the engine's environment (tuned.launch.child_env: the KV-cache space default)
-build_env = launch.child_env
+#: the engine's environment (tuned.launch.launcher.child_env: the KV-cache space default)
+build_env = launcher.child_env
 
 
 def _config_path(args) -> str | None:
@@ -262,7 +262,7 @@ def cmd_serve(args) -> int:
         return 2
     if not cfg.source_path:
         print(no_config_line(cfg), file=sys.stderr)
-    from tuned.sdnotify import watchdog_s
+    from tuned.control.sdnotify import watchdog_s
 
     # what would otherwise fail only after the model loaded (or be silently overridden)
     problems = (config_mod.service_problems(cfg, watchdog_s(os.environ))
@@ -285,7 +285,7 @@ def cmd_serve(args) -> int:
         print(str(e), file=sys.stderr)
         return 2
     if printing:
-        print(launch.shell_command(launch.own_command(cfg, model_path, extra)))
+        print(launcher.shell_command(launcher.own_command(cfg, model_path, extra)))
         return 0
     sup = Supervisor(cfg, server_command(cfg, model_path, extra), build_env())
     return sup.run()

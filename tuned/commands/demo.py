@@ -43,7 +43,7 @@ from pathlib import Path
 from tuned import config as config_mod
 from tuned.config import ConfigError
 from tuned.control.sla import CHUNK_HEADROOM, sla_fitting_chunk
-from tuned.serve import DEFAULT_MODEL_CACHE
+from tuned.launch.serve import DEFAULT_MODEL_CACHE
 
 
 def register(subparsers) -> None:
@@ -142,7 +142,7 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | No
     of a chat request in its prefill (a prompt costs several decode steps), so
     leaving prefill out sizes the load past what any cap could serve.
     """
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     a, beta, gamma, eta = (fit.get(k, 0.0) for k in ("a", "beta", "gamma", "eta"))
     ctx = 160.0
@@ -168,8 +168,8 @@ def cmd_demo(args) -> int:
     from tuned.bench.live import LiveServer, calibrate, measure_step_fit, run_live
     from tuned.bench.metrics import Slo, mean_summary, summarize
     from tuned.bench.runner import Contender
-    from tuned.demo_model import resolve_model
-    from tuned.hostinfo import BF16_FLAGS, cpu_flags, preferred_cpu_dtype
+    from tuned.base.demo_model import resolve_model
+    from tuned.base.hostinfo import BF16_FLAGS, cpu_flags, preferred_cpu_dtype
     from tuned.sim.hardware import VLLM_DEFAULTS
 
     if not 1 <= args.repeats <= 10:

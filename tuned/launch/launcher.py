@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 
 from tuned.config import ENGINE_FLAGS, Config, engine_handoff
 from tuned.core.refusal import refuses
-from tuned.netutil import connect_host
+from tuned.base.netutil import connect_host
 
 #: The CPU build sizes its KV cache in GiB from this variable (a legacy override of
 #: ``--kv-cache-memory-bytes``); without it vLLM sizes the cache from the host's
@@ -88,7 +88,7 @@ def vllm_command(model_path: str, *, host: str, port: int, max_num_seqs: int,
 
 
 def _with_dtype(cfg: Config, args: list[str]) -> list[str]:
-    from tuned.hostinfo import demo_dtype_args
+    from tuned.base.hostinfo import demo_dtype_args
 
     # the demo model's dtype follows this CPU (bfloat16 only where it is fast)
     return args + demo_dtype_args(cfg.model, args)

@@ -11,30 +11,30 @@ from pathlib import Path
 
 import pytest
 
-from tuned import launch
+from tuned.launch import launcher
 from tuned.config import Config, validate
-from tuned.launch import EngineError
+from tuned.launch.launcher import EngineError
 
 
 def test_static_command_carries_the_cap_and_the_engine_settings():
     cfg = validate({"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 512,
                     "num_gpu_blocks": 48, "vllm_args": ["--dtype", "float32"]})
-    cmd = launch.static_command(cfg, "/m", port=8001, max_num_seqs=8, extra=["--seed", "1"],
+    cmd = launcher.static_command(cfg, "/m", port=8001, max_num_seqs=8, extra=["--seed", "1"],
                                 python="py")
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     assert " ".join(cmd[3:]) == (
         "--model /m --host 127.0.0.1 --port 8001 --max-num-seqs 8 "
         "--max-num-batched-tokens 1024 --max-model-len 512 "
         "--num-gpu-blocks-override 48 --dtype float32 --seed 1")
-    plain = launch.static_command(validate({"model": "/models/x"}), "/m", port=1)
+    plain = launcher.static_command(validate({"model": "/models/x"}), "/m", port=1)
     assert "--num-gpu-blocks-override" not in plain and "--scheduler-cls" not in plain
     assert plain[plain.index("--max-num-seqs") + 1] == "32"  # the config's by default
 
 
 def test_the_demo_model_gets_this_cpus_dtype_unless_one_is_given():
-    cmd = launch.static_command(validate({"model": "demo:tiny"}), "/m", port=1)
+    cmd = launcher.static_command(validate({"model": "demo:tiny"}), "/m", port=1)
     assert cmd[-2] == "--dtype" and cmd[-1] in ("bfloat16", "float32")
-    cmd = launch.static_command(validate({"model": "demo:tiny"}), "/m", port=1,
+    cmd = launcher.static_command(validate({"model": "demo:tiny"}), "/m", port=1,
                                 extra=["--dtype=float32"])
     assert cmd.count("--dtype=float32") == 1 and "--dtype" not in cmd
 
@@ -43,7 +43,7 @@ def test_scheduler_command_embeds_tuned_with_its_config():
     cfg = validate({"model": "/models/x", "host": "0.0.0.0", "port": 8100,
                     "max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 256,
                     "num_gpu_blocks": 40, "vllm_args": ["--enforce-eager"]})
-    cmd = launch.scheduler_command(cfg, "/resolved", extra=["--seed", "2"], python="py")
+    cmd = launcher.scheduler_command(cfg, "/resolved", extra=["--seed", "2"], python="py")
     i = cmd.index("--additional-config")
     handoff = json.loads(cmd[i + 1])
     assert cmd[:i] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/resolved",
@@ -52,7 +52,7 @@ def test_scheduler_command_embeds_tuned_with_its_config():
                        "--num-gpu-blocks-override", "40",
                        "--scheduler-cls", "tuned.engines.vllm.TunedScheduler"]
     assert cmd[i + 2:] == ["--enforce-eager", "--seed", "2"]
-    assert handoff == launch.engine_handoff(cfg, "http://127.0.0.1:8100/health")
+    assert handoff == launcher.engine_handoff(cfg, "http://127.0.0.1:8100/health")
 
 
 def test_the_429_gateway_rides_along_where_the_wait_bound_refuses():
@@ -61,7 +61,7 @@ def test_the_429_gateway_rides_along_where_the_wait_bound_refuses():
     mw = ["--middleware", "tuned.engines.gateway.RefuseWhenOverloaded"]
 
     def has_gateway(**kw):
-        cmd = launch.scheduler_command(validate({"model": "/m", **kw}), "/m", python="py")
+        cmd = launcher.scheduler_command(validate({"model": "/m", **kw}), "/m", python="py")
         return any(cmd[i:i + 2] == mw for i in range(len(cmd)))
 
     assert has_gateway(ttft_sla_s=2.0)
@@ -71,27 +71,27 @@ def test_the_429_gateway_rides_along_where_the_wait_bound_refuses():
 
 
 def test_serve_command_for_a_tuned_run():
-    assert launch.serve_command("/r/c.toml", python="py") == \
+    assert launcher.serve_command("/r/c.toml", python="py") == \
         ["py", "-m", "tuned", "serve", "--config", "/r/c.toml"]
-    assert launch.serve_command(Path("c.toml"), model_cache="/cache", extra=["--dtype",
+    assert launcher.serve_command(Path("c.toml"), model_cache="/cache", extra=["--dtype",
                                 "float32"], python="py") == \
         ["py", "-m", "tuned", "serve", "--config", "c.toml", "--model-cache", "/cache", "--",
          "--dtype", "float32"]
 
 
 def test_serve_uses_the_launcher():
-    from tuned import serve
+    from tuned.launch import serve
 
     cfg = Config(model="/models/x")
-    assert serve.server_command(cfg, "/m", ["--x"]) == launch.scheduler_command(cfg, "/m",
+    assert serve.server_command(cfg, "/m", ["--x"]) == launcher.scheduler_command(cfg, "/m",
                                                                                 ["--x"])
-    assert serve.build_env({}) == launch.child_env({})
+    assert serve.build_env({}) == launcher.child_env({})
 
 
 def test_one_kv_cache_default_that_the_operator_overrides():
-    assert launch.child_env({"PATH": "/bin"}) == {"PATH": "/bin",
+    assert launcher.child_env({"PATH": "/bin"}) == {"PATH": "/bin",
                                                   "VLLM_CPU_KVCACHE_SPACE": "1"}
-    assert launch.child_env({"VLLM_CPU_KVCACHE_SPACE": "4"})["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert launcher.child_env({"VLLM_CPU_KVCACHE_SPACE": "4"})["VLLM_CPU_KVCACHE_SPACE"] == "4"
 
 
 def _child(code: str) -> list[str]:
@@ -101,7 +101,7 @@ def _child(code: str) -> list[str]:
 def test_spawn_logs_in_a_new_session_and_stop_process_ends_the_group(tmp_path):
     log = tmp_path / "engine.log"
     # the child starts a grandchild in its group and ignores nothing: SIGTERM ends both
-    proc = launch.spawn(_child(
+    proc = launcher.spawn(_child(
         "import os, subprocess, sys, time\n"
         "g = subprocess.Popen(['sleep', '60'])\n"
         "print('kv', os.environ['VLLM_CPU_KVCACHE_SPACE'], 'grandchild', g.pid, flush=True)\n"
@@ -113,7 +113,7 @@ def test_spawn_logs_in_a_new_session_and_stop_process_ends_the_group(tmp_path):
     lines = log.read_text().splitlines()
     assert lines[0] == "# started" and lines[1].startswith("kv 1 grandchild ")
     grandchild = int(lines[1].split()[-1])
-    launch.stop_process(proc, grace_s=10)
+    launcher.stop_process(proc, grace_s=10)
     assert proc.returncode == -15
     deadline = time.monotonic() + 10
     while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
@@ -126,30 +126,30 @@ def test_spawn_logs_in_a_new_session_and_stop_process_ends_the_group(tmp_path):
 
 
 def test_stop_process_kills_a_child_that_ignores_sigterm(tmp_path):
-    proc = launch.spawn(_child("import signal, time\n"
+    proc = launcher.spawn(_child("import signal, time\n"
                                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                                "print('ready', flush=True)\n"
                                "time.sleep(60)\n"), log_path=tmp_path / "log")
     while "ready" not in (tmp_path / "log").read_text():
         assert proc.poll() is None
         time.sleep(0.05)
-    launch.stop_process(proc, grace_s=0.5)
+    launcher.stop_process(proc, grace_s=0.5)
     assert proc.returncode == -9
-    launch.stop_process(proc)  # already gone: nothing to do
+    launcher.stop_process(proc)  # already gone: nothing to do
 
 
 def test_a_sleep_child_stops_on_sigterm():
-    proc = launch.spawn(["sleep", "60"])
-    launch.stop_process(proc, grace_s=10)
+    proc = launcher.spawn(["sleep", "60"])
+    launcher.stop_process(proc, grace_s=10)
     assert proc.returncode == -15
 
 
 def test_wait_ready_on_a_child_that_exits_early_shows_the_log_tail(tmp_path):
     log = tmp_path / "engine.log"
-    proc = launch.spawn(_child("for i in range(40): print('line', i)\n"
+    proc = launcher.spawn(_child("for i in range(40): print('line', i)\n"
                                "raise SystemExit(3)"), log_path=log)
     with pytest.raises(EngineError) as e:
-        launch.wait_ready("http://127.0.0.1:9", proc, 60, log, poll_s=0.05)
+        launcher.wait_ready("http://127.0.0.1:9", proc, 60, log, poll_s=0.05)
     msg = str(e.value)
     assert msg.startswith(f"engine exited with code 3 while starting; last lines of {log}:\n")
     assert msg.splitlines()[1:] == [f"line {i}" for i in range(10, 40)]
@@ -170,7 +170,7 @@ class _Answer:
 
 
 def test_wait_ready_returns_when_health_and_models_answer(tmp_path):
-    proc = launch.spawn(["sleep", "60"])
+    proc = launcher.spawn(["sleep", "60"])
     seen: list[str] = []
 
     def opener(url, timeout):
@@ -180,9 +180,9 @@ def test_wait_ready_returns_when_health_and_models_answer(tmp_path):
         return _Answer(200, {})
 
     try:
-        launch.wait_ready("http://h:1", proc, 60, tmp_path / "log", opener=opener, poll_s=0)
+        launcher.wait_ready("http://h:1", proc, 60, tmp_path / "log", opener=opener, poll_s=0)
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
     assert seen == ["http://h:1/health", "http://h:1/health", "http://h:1/health",
                     "http://h:1/v1/models"]
 
@@ -190,21 +190,21 @@ def test_wait_ready_returns_when_health_and_models_answer(tmp_path):
 def test_wait_ready_times_out_with_the_log_tail(tmp_path):
     log = tmp_path / "engine.log"
     log.write_text("loading weights\n")
-    proc = launch.spawn(["sleep", "60"])
+    proc = launcher.spawn(["sleep", "60"])
     try:
         with pytest.raises(EngineError, match=r"engine not ready after 0s; last lines of "
                                               r".*engine.log:\nloading weights$"):
-            launch.wait_ready("http://127.0.0.1:9", proc, 0.2, log, poll_s=0.05,
+            launcher.wait_ready("http://127.0.0.1:9", proc, 0.2, log, poll_s=0.05,
                               opener=lambda url, timeout: _Answer(503, {}))
     finally:
-        launch.stop_process(proc)
+        launcher.stop_process(proc)
 
 
 def test_server_info_reads_the_model_card_and_version():
     answers = {"http://h:1/v1/models": _Answer(200, {"data": [
         {"id": "m", "root": "/models/m", "max_model_len": 512}]}),
         "http://h:1/version": _Answer(200, {"version": "0.32.0"})}
-    info = launch.server_info("http://h:1", opener=lambda url, timeout: answers[url])
+    info = launcher.server_info("http://h:1", opener=lambda url, timeout: answers[url])
     assert info == {"id": "m", "root": "/models/m", "max_model_len": 512, "version": "0.32.0"}
     with pytest.raises(EngineError, match=r"^http://h:1/v1/models lists no model$"):
-        launch.server_info("http://h:1", opener=lambda url, timeout: _Answer(200, {"data": []}))
+        launcher.server_info("http://h:1", opener=lambda url, timeout: _Answer(200, {"data": []}))

@@ -14,16 +14,16 @@ import sys
 from tuned import __version__
 from tuned.config import VLLM_FLAGS_SET, ConfigError, did_you_mean
 from tuned.curves.profile import ProfileError
-from tuned.extras import BENCH_EXTRA_MODULES, bench_extra_error, bench_extra_message
-from tuned.inputs import CLIP_CHARS, UserError, clip_text
-from tuned.launch import EngineError
-from tuned.workloads import WorkloadError
+from tuned.base.extras import BENCH_EXTRA_MODULES, bench_extra_error, bench_extra_message
+from tuned.base.inputs import CLIP_CHARS, UserError, clip_text
+from tuned.launch.launcher import EngineError
+from tuned.base.workloads import WorkloadError
 
 #: the errors that mean bad input, not a bug: one line and exit 2, never a traceback
 USER_ERRORS = (UserError, ConfigError, ProfileError, WorkloadError)
 
-SUBCOMMAND_MODULES = ("tuned.serve", "tuned.demo", "tuned.profiler", "tuned.opscli",
-                      "tuned.simulate", "tuned.bench.command", "tuned.bench.recommend")
+SUBCOMMAND_MODULES = ("tuned.launch.serve", "tuned.commands.demo", "tuned.profiler", "tuned.commands.ops",
+                      "tuned.commands.simulate", "tuned.bench.command", "tuned.bench.recommend")
 
 
 class Parser(argparse.ArgumentParser):

@@ -36,7 +36,7 @@ from tuned.control.liveness import EngineLiveness, Watchdog
 from tuned.control.reload import Reloader
 from tuned.control.sla import SlaSource
 from tuned.control.status import decisions_view
-from tuned.metrics import Metrics
+from tuned.control.metrics import Metrics
 from tuned.core.admission import holds_between
 from tuned.core.contract import EngineView
 from tuned.core.knobs import Fallback, KnobSlot, valid_cap
@@ -46,7 +46,7 @@ from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments
                                present_pairs, request_tpot_s, step_window)
 from tuned.curves.online import fit_recent_steps
 from tuned.core.types import Decision, Observation
-from tuned.policies.binding import BIND_SHARE, explained
+from tuned.policies.explain import BIND_SHARE, explained
 from tuned.policies.registry import build_batch_policy, wants_step_fit
 from tuned.telemetry.nvml import NvmlSampler, free_bytes, free_fraction
 
@@ -345,7 +345,7 @@ class Controller:
     def _bound_tpots(self, finished: list) -> tuple:
         """The TPOT (as the SLO judges it) of each finished request that decoded
         mostly at a binding cap: what the attainment margin learns from
-        (:class:`tuned.policies.batch.AttainmentMargin`). A request that lived under
+        (:class:`tuned.policies.sla_bound.AttainmentMargin`). A request that lived under
         a cap that did not bind decoded in the offered load's batch, or in the batch
         of a cap the search has since left; its TPOT says nothing of the setpoint."""
         out = []
@@ -388,7 +388,7 @@ class Controller:
                 self._step_fit = fit
 
     def decide(self, obs: Observation) -> Decision:
-        """The policy's decision, explained (:func:`tuned.policies.binding.explained`);
+        """The policy's decision, explained (:func:`tuned.policies.explain.explained`);
         anything else is a fault: run_once hands the engine the fallback cap."""
         first = self._first_reason if self.current is None else None
         return explained(self.policy.decide(obs), obs, first)

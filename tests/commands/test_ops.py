@@ -18,18 +18,18 @@ from pathlib import Path
 import pytest
 
 from tuned import config as config_mod
-from tuned import opscli
+from tuned.commands import ops
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
 EXAMPLE = ROOT / "systemd" / "tuned.toml.example"
 
-# The real entry point once tuned/cli.py exists (it calls opscli.register); until then
-# opscli's own stand-alone main, which builds the same subcommands.
+# The real entry point once tuned/commands/cli.py exists (it calls ops.register); until then
+# ops's own stand-alone main, which builds the same subcommands.
 if (ROOT / "tuned" / "cli.py").exists():
     CLI = [sys.executable, "-m", "tuned"]
 else:
-    CLI = [sys.executable, "-m", "tuned.opscli"]
+    CLI = [sys.executable, "-m", "tuned.commands.ops"]
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -60,7 +60,7 @@ def test_every_broken_config_file_has_an_expectation():
 
 def check(*paths: str, explain: bool = False) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = opscli.check_config(list(paths), explain=explain, out=out, err=err)
+    code = ops.check_config(list(paths), explain=explain, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -156,7 +156,7 @@ def test_check_config_without_file_is_a_usage_error():
 
 def test_explain_survives_a_closed_pipe():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = f"{sys.executable} -m tuned.opscli check-config --explain | head -n 1"
+    cmd = f"{sys.executable} -m tuned.commands.ops check-config --explain | head -n 1"
     r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -255,7 +255,7 @@ class FakeTuned:
 
 def status_lines(url, **kw):
     out, err = io.StringIO(), io.StringIO()
-    code = opscli.status(url, out=out, err=err, now=NOW, **kw)
+    code = ops.status(url, out=out, err=err, now=NOW, **kw)
     return code, out.getvalue().splitlines(), err.getvalue()
 
 
@@ -374,7 +374,7 @@ def test_status_when_nothing_listens():
 
 
 def test_status_default_url_is_tunes_metrics_port():
-    assert opscli.DEFAULT_URL == f"http://127.0.0.1:{config_mod.Config().metrics_port}"
+    assert ops.DEFAULT_URL == f"http://127.0.0.1:{config_mod.Config().metrics_port}"
 
 
 @pytest.mark.parametrize("kind", ["http_404", "not_json", "not_tuned_json"])
@@ -406,12 +406,12 @@ def test_status_rejects_a_non_http_url():
 def test_every_reason_the_policies_emit_is_explained():
     import re
 
-    from tuned.metrics import FALLBACK_CAUSES
+    from tuned.control.metrics import FALLBACK_CAUSES
 
     # every reason literal in the batch policies' sources has an explanation
-    root = Path(opscli.__file__).parent
+    root = Path(ops.__file__).parents[1]
     src = "".join((root / "policies" / f).read_text()
-                  for f in ("batch.py", "static.py", "trtllm.py"))
+                  for f in ("batch.py", "memory_bound.py", "sla_bound.py", "static.py", "trtllm.py"))
     emitted = set(re.findall(r'reason(?:=|, | = )"([a-z_]+)"', src))
     emitted |= set(re.findall(r'"(sla_[a-z_]+|memory[a-z_]*|hold_[a-z_]+)"', src))
     emitted |= {"profile_initial", "floor_running"}
@@ -420,5 +420,5 @@ def test_every_reason_the_policies_emit_is_explained():
             "trtllm"} <= emitted
     inputs = {"sla_feasible", "sla_infeasible_why", "sla_s", "sla_statistic",
               "sla_setpoint_s", "sla_margin", "sla_attainment_target"}   # input keys
-    assert emitted - inputs <= set(opscli.REASONS)
-    assert set(opscli.FALLBACK_CAUSES) == set(FALLBACK_CAUSES)
+    assert emitted - inputs <= set(ops.REASONS)
+    assert set(ops.FALLBACK_CAUSES) == set(FALLBACK_CAUSES)

@@ -23,7 +23,7 @@ from tuned.core.types import Decision, Observation
 
 
 #: the share of the window's steps at a full cap with requests waiting from which the
-#: cap counts as binding (:class:`tuned.policies.batch.EvidenceSlaBound`'s ``bind_share``)
+#: cap counts as binding (:class:`tuned.policies.sla_bound.EvidenceSlaBound`'s ``bind_share``)
 BIND_SHARE = 0.5
 
 

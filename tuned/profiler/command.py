@@ -20,7 +20,7 @@ Subcommands registered by :func:`register`:
 The package's modules, one job each: :mod:`.lengths` (what the sweep sends),
 :mod:`.sweep` (the closed loop), :mod:`.steps` (per-step samples from ``tuned
 serve``), :mod:`.engine` (the engine to measure, started through
-:mod:`tuned.launch`), :mod:`.meta` (what a profile records about the host), and this
+:mod:`tuned.launch.launcher`), :mod:`.meta` (what a profile records about the host), and this
 one, the command: plan, run, write, show and re-fit.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 from tuned.curves.profile import (STEP_COLUMNS, ProfileError, build_profile, empty_columns,
                                   load_profile, save_profile)
 from tuned.curves.report import profile_summary
-from tuned.launch import EngineError, server_info
+from tuned.launch.launcher import EngineError, server_info
 from tuned.profiler.engine import (DEFAULT_MODEL_CACHE, Target, UsageError, normalise_url,
                                    say, start_engine)
 from tuned.profiler.lengths import SweepLengths, parse_sweep_workload
@@ -46,8 +46,8 @@ from tuned.profiler.meta import (hardware_info, model_config_summary, package_ve
                                  tuned_version)
 from tuned.profiler.steps import StepCollector, StepsClient
 from tuned.profiler.sweep import SendFn, Sweep, openai_send
-from tuned.prompts import PromptFactory
-from tuned.workloads import WorkloadError
+from tuned.launch.prompts import PromptFactory
+from tuned.base.workloads import WorkloadError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 QUICK_LEVELS = (1, 2, 4)
@@ -103,7 +103,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise UsageError("give --model PATH (start the engine) or --url URL (use a running "
                          "server)")
     if args.model:
-        from tuned.demo_model import model_form
+        from tuned.base.demo_model import model_form
 
         try:  # before any engine starts: a missing folder is a usage error
             model_form(args.model)

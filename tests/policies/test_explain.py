@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tuned.core.types import Observation
-from tuned.policies.binding import cap_binding
+from tuned.policies.explain import cap_binding
 
 
 def obs(running, waiting, binding=0.0, held=None):
@@ -70,7 +70,7 @@ def test_a_request_that_just_finished_does_not_unbind_the_cap():
 
 def test_explained_adds_the_binding_and_names_the_first_reason():
     from tuned.core.types import Decision
-    from tuned.policies.binding import explained
+    from tuned.policies.explain import explained
 
     dec = Decision(8, 1, 16, 8, 8, 512, "initial", inputs={"b_mem": 12})
     out = explained(dec, obs(8, 5, 0.36), "profile_initial")

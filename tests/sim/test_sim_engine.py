@@ -1,4 +1,4 @@
-"""The simulated engine (tuned.engines.sim): vLLM v1's scheduling invariants on random
+"""The simulated engine (tuned.sim.engine): vLLM v1's scheduling invariants on random
 workloads, hand-worked timelines, and the rule that it runs the shared control core.
 
 The properties run on a step-time model whose times are multiples of 2**-12 s, with
@@ -23,10 +23,10 @@ from tuned.config import BATCH_POLICIES, QUEUE_POLICIES
 from tuned.core.knobs import KnobSlot
 from tuned.core.queue import QueueCore
 from tuned.core.window import request_tpot_s
-from tuned.engines.sim import FcfsQueue, SimEngine
+from tuned.sim.engine import FcfsQueue, SimEngine
 from tuned.sim.stepmodel import ConstantStepModel, StepShape
-from tuned.simulate import result_json, run_summary
-from tuned.workloads import RequestSpec, Workload, parse_workload
+from tuned.commands.simulate import result_json, run_summary
+from tuned.base.workloads import RequestSpec, Workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -410,7 +410,7 @@ def test_prefilling_counts_running_requests_without_a_first_token():
     """The engine's ``prefilling`` view, as the controller reads it: B (prompt 40)
     part-computed counts, A decoding does not, and neither does a preempted request
     recomputing its prompt (it has its first token)."""
-    from tuned.engines.sim import SimRequest
+    from tuned.sim.engine import SimRequest
 
     eng = SimEngine(make_cfg(), ConstantStepModel(0.25), block_size=16, num_gpu_blocks=64)
     a = SimRequest(RequestSpec("A", 0.0, 4, 6, 6), False)
@@ -501,7 +501,7 @@ def _tree(rel: str) -> ast.Module:
     return ast.parse((ROOT / rel).read_text())
 
 
-ENGINE_FILES = {"sim": ["tuned/engines/sim.py"],
+ENGINE_FILES = {"sim": ["tuned/sim/engine.py"],
                 "vllm": ["tuned/engines/vllm.py", "tuned/engines/vllm_queue.py"]}
 
 
@@ -544,11 +544,11 @@ def _imports(rel: str) -> set[str]:
 
 
 def test_both_engines_build_the_shared_runtime_and_queue_core():
-    sim = _imports("tuned/engines/sim.py")
-    assert {"tuned.runtime.build_runtime", "tuned.core.queue.QueueCore"} <= sim
+    sim = _imports("tuned/sim/engine.py")
+    assert {"tuned.control.runtime.build_runtime", "tuned.core.queue.QueueCore"} <= sim
     vllm = _imports("tuned/engines/vllm.py") | _imports("tuned/engines/vllm_queue.py")
-    assert {"tuned.runtime.production_runtime", "tuned.core.queue.QueueCore"} <= vllm
-    runtime = (ROOT / "tuned/runtime.py").read_text()
+    assert {"tuned.control.runtime.production_runtime", "tuned.core.queue.QueueCore"} <= vllm
+    runtime = (ROOT / "tuned/control/runtime.py").read_text()
     assert re.search(r"def production_runtime\(.*?\n.*?return build_runtime\(", runtime, re.S)
     queue_cls = next(n for n in ast.walk(_tree("tuned/engines/vllm_queue.py"))
                      if isinstance(n, ast.ClassDef) and n.name == "PolicyQueue")
@@ -572,9 +572,9 @@ def test_give_up_stops_a_run_once_attainment_cannot_reach_the_target():
     from tuned import config as config_mod
     from tuned.bench.metrics import Slo, summarize
     from tuned.bench.runner import results_from_sim
-    from tuned.engines.sim import simulate
+    from tuned.sim.engine import simulate
     from tuned.sim.hardware import gpu_hardware
-    from tuned.workloads import parse_workload
+    from tuned.base.workloads import parse_workload
 
     hw = gpu_hardware("a100-llama2-7b")
     cfg = config_mod.validate({"max_num_seqs": 2, "max_num_batched_tokens": 2048,

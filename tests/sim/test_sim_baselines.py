@@ -8,8 +8,8 @@ import pytest
 
 from fakes import TokenStepModel
 from tuned import config as config_mod
-from tuned.engines.sim import SimEngine
-from tuned.workloads import RequestSpec
+from tuned.sim.engine import SimEngine
+from tuned.base.workloads import RequestSpec
 
 
 SPECS = [RequestSpec("r0", 0.0, 10, 2, 2), RequestSpec("r1", 0.0, 30, 5, 5),

@@ -49,7 +49,7 @@ from tuned.core.refusal import QUEUE_REASONS, REASONS
 
 TBT_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
                  0.3, 0.5, 1.0, 2.0, 5.0)
-#: why the engine applies the fallback cap (tuned.core.knobs, tuned.controller)
+#: why the engine applies the fallback cap (tuned.core.knobs, tuned.control.controller)
 FALLBACK_CAUSES = ("stale", "controller_error", "invalid_decision", "slow_decision",
                    "step_path_error")
 TICK_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
@@ -158,7 +158,7 @@ class Metrics:
                                   "code that vLLM's step path called, contained (by where: "
                                   "a queue method or a scheduler hook)", ("where",))
         if log_drops is None:
-            from tuned.log import dropped_lines as log_drops
+            from tuned.base.log import dropped_lines as log_drops
         r.register(_LogDrops(log_drops))
         self.queue_policy = Info("tuned_queue_policy", "Active queue policy", registry=r)
         self.endpoint_dropped = c("tuned_endpoint_connections_dropped_total", "Connections "

@@ -1,5 +1,5 @@
 """``tuned simulate``: one run of tuned's own controller and policies on the
-discrete-event engine (:mod:`tuned.engines.sim`).
+discrete-event engine (:mod:`tuned.sim.engine`).
 
     tuned simulate --config FILE (--hardware NAME | --profile FILE) --workload SPEC
                    [--seed N] --out DIR
@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from tuned import config as config_mod
-from tuned import log as log_mod
+from tuned.base import log as log_mod
 from tuned.config import Config, ConfigError
-from tuned.inputs import CLIP_CHARS, clip_path, clip_text
+from tuned.base.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
 
@@ -147,10 +147,10 @@ def run_summary(res, slo=None) -> dict[str, Any]:
 
 
 def cmd_simulate(args) -> int:
-    from tuned.engines.sim import SimulationError, simulate
+    from tuned.sim.engine import SimulationError, simulate
     from tuned.sim.hardware import resolve_hardware
     from tuned.sim.events import parse_events
-    from tuned.workloads import WorkloadError, parse_workload
+    from tuned.base.workloads import WorkloadError, parse_workload
 
     log_mod.configure(args.log_level)
     try:

@@ -18,10 +18,10 @@ from typing import Any
 import structlog
 
 from tuned.config import Config
-from tuned.controller import Controller, EngineView
+from tuned.control.controller import Controller, EngineView
 from tuned.core.knobs import KnobSlot
 from tuned.core.queue_channel import QueueChannel
-from tuned.metrics import Endpoint, Metrics
+from tuned.control.metrics import Endpoint, Metrics
 
 log = structlog.get_logger("tuned.engine")
 
@@ -94,7 +94,7 @@ def production_runtime(cfg: Config, engine: EngineView, *, environ: Mapping[str,
                        reload_token_sha256: str = "") -> Runtime:
     """The vLLM adapter's runtime: NVML sampler, sd_notify from ``environ`` (EngineCore
     inherits NOTIFY_SOCKET / WATCHDOG_USEC from `tuned serve`), the endpoint."""
-    from tuned import sdnotify
+    from tuned.control import sdnotify
     from tuned.telemetry.nvml import NvmlSampler
 
     nvml = NvmlSampler()

@@ -25,8 +25,8 @@ import urllib.request
 from typing import Any, TextIO
 
 from tuned import config as config_mod
-from tuned import sdnotify
-from tuned.inputs import CLIP_CHARS, clip_path, clip_text
+from tuned.control import sdnotify
+from tuned.base.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.policies import catalog
 
 DEFAULT_URL = "http://127.0.0.1:9464"
@@ -270,7 +270,7 @@ def reload_targets(config_path: str | None, url: str | None) -> tuple[list[str],
     file. The file is read leniently: a config that fails validation (the very one a
     reload will refuse) still names its endpoint; a key that is itself invalid is read
     as its default."""
-    from tuned import serve
+    from tuned.launch import serve
 
     if url:
         return [base_url(url)], ""
@@ -331,7 +331,7 @@ def reload(config_path: str | None = None, url: str | None = None,
     applies the file before it answers); one line per rank, the exit code of the worst
     outcome. Nothing is retried: a reload is not idempotent with respect to the file,
     which may change again in between."""
-    from tuned import serve
+    from tuned.launch import serve
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -647,7 +647,7 @@ def format_status(data: dict[str, Any], base: str, now: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m tuned.opscli``), same commands as ``tuned``."""
+    """Stand-alone entry point (``python -m tuned.commands.ops``), same commands as ``tuned``."""
     parser = argparse.ArgumentParser(prog="tuned", allow_abbrev=False)
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -74,11 +74,12 @@ from tuned.config import Config
 from tuned.core import refusal
 from tuned.core.queue import QueueCore, queue_oldest_arrival_s, queue_prompt_tokens
 from tuned.core.refusal import Refusal
-from tuned.runtime import Runtime, build_runtime
-from tuned.policies.queues import AdmitContext, make_policy
+from tuned.control.runtime import Runtime, build_runtime
+from tuned.core.queue_policy import AdmitContext
+from tuned.policies.registry import make_policy
 from tuned.sim.stepmodel import StepShape, StepClock
 from tuned.core.ring import FINISHED_RING, FinishedRequest, Ring, StepSample
-from tuned.workloads import RequestSpec
+from tuned.base.workloads import RequestSpec
 
 STEP_RING = 8192
 

@@ -120,7 +120,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuned.data import trace_path
-from tuned.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
+from tuned.base.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
 
 __all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "LengthSource", "parse_dist",
            "parse_lengths", "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",

@@ -1,0 +1,1 @@
+"""The leaves under every floor: user input, logging, workloads, host facts, the demo model."""

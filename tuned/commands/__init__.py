@@ -1,0 +1,1 @@
+"""The commands: `tuned`'s argument parsing and one module per subcommand."""

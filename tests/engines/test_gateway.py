@@ -269,3 +269,101 @@ def test_every_vllm_route_that_queues_in_the_engine_is_refused(endpoint):
         dict.fromkeys(sorted(gateway.PATHS), 429)
     assert {p: call(mw, path=p)[0] for p in sorted(NOT_QUEUED)} == \
         dict.fromkeys(sorted(NOT_QUEUED), 200)
+
+
+# ------------------------------------------------------------------ the held start
+#: what vLLM 0.32's OpenAI server streams (shapes from its serving code): a request
+#: the queue refused before its first token gets no choice chunk (a choice without
+#: tokens is skipped), only the usage chunk when asked for and [DONE]; chat sends its
+#: role chunk with the first output, then a finish chunk with an empty delta
+REFUSED_COMPLETION = (b'data: {"id":"cmpl-1","object":"text_completion","created":1,'
+                      b'"model":"m","choices":[],"usage":{"prompt_tokens":8,'
+                      b'"total_tokens":8,"completion_tokens":0}}\n\ndata: [DONE]\n\n')
+SERVED_COMPLETION = (b'data: {"id":"cmpl-2","object":"text_completion","created":1,'
+                     b'"model":"m","choices":[{"index":0,"text":" the","logprobs":null,'
+                     b'"finish_reason":null,"stop_reason":null}]}\n\n')
+CHAT_ROLE = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
+             b'"model":"m","choices":[{"index":0,"delta":{"role":"assistant",'
+             b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n')
+CHAT_ABORT = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
+              b'"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,'
+              b'"finish_reason":"abort","stop_reason":null}]}\n\ndata: [DONE]\n\n')
+CHAT_TOKEN = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
+              b'"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},'
+              b'"logprobs":null,"finish_reason":null}]}\n\n')
+ERROR_EVENT = (b'data: {"error":{"message":"Internal server error","type":'
+               b'"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n')
+
+
+@pytest.mark.parametrize("body, verdict", [
+    (REFUSED_COMPLETION, False),
+    (b"data: [DONE]\n\n", False),
+    (SERVED_COMPLETION, True),
+    (CHAT_ROLE, None),                                 # no token yet: keep reading
+    (CHAT_ROLE + CHAT_ABORT, False),
+    (CHAT_ROLE + CHAT_TOKEN, True),
+    (ERROR_EVENT, True),                               # vLLM's own error: passed on
+    (b'{"choices":[{"index":0,"text":"","finish_reason":"abort"}]}', False),
+    (b'{"choices":[{"index":0,"text":"","finish_reason":"length"}]}', True),
+    (b'{"choices":[{"index":0,"message":{"role":"assistant","content":""},'
+     b'"finish_reason":"abort"}]}', False),
+    (b'{"choices":[{"ind', None),                      # a body not yet whole
+    (b'data: {"choi', None),
+])
+def test_what_an_answer_carries(body, verdict):
+    assert gateway.carries_output(body) is verdict
+
+
+def held(mw, chunks: list[bytes], status: int = 200, path="/v1/completions"):
+    """One request through the middleware whose app answers ``status`` and then
+    ``chunks``, one body message each; what the client received."""
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for i, c in enumerate(chunks):
+            await send({"type": "http.response.body", "body": c,
+                        "more_body": i < len(chunks) - 1})
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(msg):
+        sent.append(msg)
+
+    mw.app = app
+    asyncio.run(mw({"type": "http", "method": "POST", "path": path}, receive, send))
+    return sent
+
+
+def test_a_stream_the_queue_refused_is_answered_429_before_any_byte(endpoint):
+    """vLLM's empty answer to a refused request becomes the door's answer: 429, its
+    Retry-After from the last /admission answer, vLLM's error body naming the
+    refusal and the wait; the stream's own bytes never reach the client."""
+    _Admission.state = {"refusing": False, "retry_after_s": 3}
+    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    before = mw.refused
+    sent = held(mw, [CHAT_ROLE, CHAT_ABORT], path="/v1/chat/completions")
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 429
+    headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    assert headers["retry-after"] == "3"
+    err = json.loads(sent[1]["body"])["error"]
+    assert (err["type"], err["code"], err["param"]) == ("RateLimitError", 429, None)
+    assert err["message"].startswith("refused (max_wait) after waiting ")
+    assert err["message"].endswith("; retry in 3 s")
+    assert mw.refused == before          # counted once, by the queue, not the door
+
+
+def test_a_served_stream_passes_whole_and_in_order(endpoint):
+    _Admission.state = {"refusing": False}
+    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    chunks = [CHAT_ROLE, CHAT_TOKEN, CHAT_TOKEN, b"data: [DONE]\n\n"]
+    sent = held(mw, chunks, path="/v1/chat/completions")
+    assert sent[0]["status"] == 200
+    assert [m["body"] for m in sent[1:]] == chunks
+    # an error status and a route outside the held ones pass as they come
+    assert held(mw, [b'{"error": {}}'], status=400)[0]["status"] == 400
+    sent = held(mw, [b"data: [DONE]\n\n"], path="/v1/responses")
+    assert (sent[0]["status"], sent[1]["body"]) == (200, b"data: [DONE]\n\n")

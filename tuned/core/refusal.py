@@ -23,7 +23,8 @@ parts, one per question a change asks:
 * **The answer.** Each engine answers through :class:`RefusalAnswer`, one method:
   vLLM finishes the request as aborted and sends its client the final output
   (:mod:`tuned.engines.vllm`), the ASGI gateway answers HTTP 429 with
-  ``Retry-After`` (:mod:`tuned.engines.gateway`), the simulator records it finished
+  ``Retry-After`` (:mod:`tuned.engines.gateway`; it also turns vLLM's empty answer to
+  a request the queue refused into the same 429), the simulator records it finished
   (:mod:`tuned.sim.engine`). :func:`answer` hands an engine its queue's refusals.
 
 Changing how a refusal is answered is this module (the reason, the text, what a

@@ -25,6 +25,13 @@ answer, but never past the time it said the queue stays refusing (its
 (:func:`~tuned.core.refusal.at_the_door`); the 429 itself is this module's answer
 (:meth:`RefuseWhenOverloaded.answer_refusals`).
 
+A request the door lets in may still be refused in the queue (its first token turned
+out late); vLLM then ends it without a token, which a streaming client would read as
+an empty answer. On completions and chat completions (:data:`HELD_PATHS`) the
+middleware therefore holds each answer's start until its first token
+(:class:`HeldStart`) and answers such a request 429 too, with ``Retry-After`` and
+vLLM's error body naming the refusal and how long the request waited.
+
 Where the endpoint is: ``TUNED_ADMISSION_URL``, else the config tuned's scheduler
 runs (vLLM's ``--additional-config`` on this process's command line, or
 ``TUNED_CONFIG``: :func:`tuned.config.engine_setup`), its ``metrics_host`` and
@@ -42,7 +49,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from tuned.core.refusal import Refusal, at_the_door
+from tuned.core.refusal import REASON_MAX_WAIT, Refusal, at_the_door
 from tuned.engines.vllm_surface import QUEUED_ROUTES
 
 #: how long one answer of the endpoint is used
@@ -106,6 +113,132 @@ def admission_url(argv: list[str] | None = None, environ: dict | None = None) ->
     return f"http://{connect_host(cfg.metrics_host)}:{cfg.metrics_port}/admission"
 
 
+#: the routes whose answer is held until its first token (:class:`HeldStart`): vLLM's
+#: completions and chat completions, whose streams and bodies carry the tokens in
+#: ``choices``; on the others (responses, messages, pooling) a queue refusal reaches
+#: the client as vLLM sends it
+HELD_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
+
+
+def _has_token(choices: Any) -> bool:
+    """Whether a completion or chat choice list carries output: text, tokens, a
+    delta's content, reasoning or tool calls."""
+    for c in choices if isinstance(choices, list) else ():
+        if not isinstance(c, dict):
+            continue
+        if c.get("text") or c.get("token_ids") or c.get("logprobs"):
+            return True
+        for part in (c.get("delta"), c.get("message")):
+            if isinstance(part, dict) and any(
+                    part.get(k) for k in ("content", "reasoning_content", "reasoning",
+                                          "tool_calls", "function_call")):
+                return True
+    return False
+
+
+def carries_output(body: bytes) -> bool | None:
+    """Whether an answer's body, as far as it has come, carries output (True), is
+    vLLM's answer to a request refused before its first token (False: a stream that
+    ended without a token, or a body whose choices are all empty with finish reason
+    ``abort``), or cannot say yet (None: keep reading). Anything else it does not
+    recognise (an error, another shape) counts as output: it is passed on as it is."""
+    text = body.decode("utf-8", "replace")
+    if text.lstrip().startswith("{"):          # a whole JSON body (not streamed)
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        choices = doc.get("choices") if isinstance(doc, dict) else None
+        if (isinstance(choices, list) and choices and not _has_token(choices)
+                and all(isinstance(c, dict) and c.get("finish_reason") == "abort"
+                        for c in choices)):
+            return False
+        return True
+    ended = False
+    whole = text[:text.rfind("\n\n") + 2] if "\n\n" in text else ""   # complete events
+    for line in whole.split("\n"):
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            ended = True
+            continue
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return True                        # not vLLM's events: pass it on
+        if not isinstance(doc, dict) or "choices" not in doc:
+            if isinstance(doc, dict) and doc.get("usage") is not None:
+                continue                       # the usage chunk after the choices
+            return True                        # an error event: vLLM's own answer
+        if _has_token(doc["choices"]):
+            return True
+    return False if ended else None
+
+
+class HeldStart:
+    """An ASGI ``send`` that holds an answer's start until its first token.
+
+    tuned's queue refuses a waiting request once its first token cannot come within
+    the wait bound; vLLM then finishes it without a token, and a streaming client has
+    already had ``200`` and an empty stream (the OpenAI client reads it as an empty
+    answer, ``vllm bench serve`` as "Never received a valid chunk"). Held, the answer
+    of such a request becomes what the door answers: HTTP 429 with ``Retry-After``
+    and vLLM's error body, before any byte, which every client reads as a refusal.
+    A served request loses nothing: its start goes out with its first token (chat's
+    role chunk, sent with the first output, goes with it)."""
+
+    def __init__(self, send: Any, gate: "RefuseWhenOverloaded") -> None:
+        self._send = send
+        self._gate = gate
+        self._start: dict | None = None
+        self._held: list[dict] = []
+        self._body = b""
+        self._passing = False
+        self._t0 = time.monotonic()
+
+    async def __call__(self, message: dict) -> None:
+        if self._passing:
+            await self._send(message)
+            return
+        kind = message.get("type")
+        if kind == "http.response.start":
+            if message.get("status") != 200:
+                self._passing = True
+                await self._send(message)
+                return
+            self._start = message
+            return
+        if kind != "http.response.body" or self._start is None:
+            await self._send(message)
+            return
+        self._held.append(message)
+        self._body += message.get("body", b"")
+        verdict = carries_output(self._body)
+        if verdict is None and not message.get("more_body", False):
+            verdict = True                     # ended in a shape it cannot read
+        if verdict is None:
+            return
+        if verdict is False:
+            await self._refuse()
+            return
+        self._passing = True
+        await self._send(self._start)
+        for m in self._held:
+            await self._send(m)
+        self._held.clear()
+
+    async def _refuse(self) -> None:
+        """The 429 instead of the empty answer (the queue counted the refusal)."""
+        self._passing = True
+        self._held.clear()
+        waited = time.monotonic() - self._t0
+        await send_429(self._send, Refusal(REASON_MAX_WAIT, time.monotonic(),
+                                           waited_s=waited,
+                                           retry_after_s=self._gate.retry_after_s()))
+
+
 async def send_429(send: Any, event: Refusal) -> None:
     """HTTP 429 with ``Retry-After`` and vLLM's error body (``{"error": {message,
     type, param, code}}``) on an ASGI ``send``."""
@@ -164,7 +297,15 @@ class RefuseWhenOverloaded:
             if refused is not None:
                 await self.answer_refusals([(send, refused)])
                 return
+            if scope.get("path") in HELD_PATHS:
+                await self.app(scope, receive, HeldStart(send, self))
+                return
         await self.app(scope, receive, send)
+
+    def retry_after_s(self) -> int:
+        """When to retry a request the queue refused: the door's last answer's, else 1."""
+        state = self._state or {}
+        return max(int(state.get("retry_after_s") or 1), 1)
 
 
     async def answer_refusals(self, refused: Sequence[tuple[Any, Refusal]]) -> None:

@@ -413,3 +413,58 @@ def test_the_longest_silence_counts_only_while_a_request_is_in_flight():
     failed = RequestResult("f", 0.0, 10, 0, None, None, failed=True)
     assert longest_silence([failed]) is None
     assert longest_silence([failed, req(0, 1.0, [1.5, 1.6])]) == (pytest.approx(0.5), 1.0)
+
+
+def test_a_phased_run_is_counted_phase_by_phase_and_averaged_over_repeats():
+    """Per phase, in arrival order: good (both SLOs), served, refused, the p99 time
+    to a first response and to a refusal; repeats average phase by phase."""
+    from tuned.bench.metrics import mean_summary, phase_counts, summarize
+
+    slo = Slo(ttft_s=1.0, tpot_s=0.5)
+    rs = [RequestResult("a", 0.0, 5, 3, 0.5, 1.0),                 # good
+          RequestResult("b", 0.5, 5, 3, 2.0, 2.5),                 # late: served, not good
+          RequestResult("c", 10.0, 5, 3, None, None, refused_s=10.75),
+          RequestResult("d", 11.0, 5, 3, 11.25, 11.75),            # good
+          RequestResult("e", 12.0, 5, 0, None, 12.5, failed=True)]
+    phase_of = {"a": "burst", "b": "burst", "c": "light", "d": "light", "e": "light"}
+    rows = phase_counts(rs, slo, phase_of)
+    assert [(r["name"], r["n"], r["good"], r["served"], r["refused"]) for r in rows] == [
+        ("burst", 2, 1, 2, 0), ("light", 3, 1, 1, 1)]
+    assert rows[0]["refusal_p99_s"] is None
+    assert rows[1]["refusal_p99_s"] == pytest.approx(0.75)
+    assert rows[0]["first_response_p99_s"] == pytest.approx(1.49)    # of 0.5 and 1.5
+    one = summarize(rs, slo, phase_of=phase_of)
+    assert one["phases"] == rows
+    assert "phases" not in summarize(rs, slo)                          # no phases asked
+    assert "phases" not in summarize(rs, slo, phase_of={"a": None})   # none named
+    other = summarize(rs[:2] + [RequestResult("c", 10.0, 5, 3, 10.5, 11.0)] + rs[3:], slo,
+                      phase_of=phase_of)
+    mean = mean_summary([one, other])["phases"]
+    assert [(r["name"], r["good"], r["refused"]) for r in mean] == [
+        ("burst", 1.0, 0.0), ("light", 1.5, 0.5)]
+    assert mean[1]["refusal_p99_s"] is None            # one repeat refused none
+
+
+def test_the_report_gives_each_phase_and_its_best_static_setting():
+    from tuned.bench.report import phase_best_static, phase_table
+
+    def run(name, kind, goods):
+        return {"name": name, "kind": kind, "phases": [
+            {"name": ph, "n": 10, "good": g, "served": 10 - r, "refused": r,
+             "first_response_p99_s": 1.5, "refusal_p99_s": 0.5 if r else None}
+            for ph, (g, r) in zip(("chat1", "long", "chat2"), goods)]}
+
+    runs = [run("vllm-default", "static", [(7, 0), (1, 0), (6, 0)]),
+            run("static-8@256", "static", [(9, 0), (0, 0), (2, 0)]),
+            run("tuned", "tuned", [(9, 0), (3, 4), (10, 0)])]
+    assert phase_best_static(runs) == [
+        {"name": "chat1", "run": "static-8@256", "good": 9},
+        {"name": "long", "run": "vllm-default", "good": 1},
+        {"name": "chat2", "run": "vllm-default", "good": 6}]
+    lines = phase_table(runs)
+    assert lines[5] == "| run | chat1 | long | chat2 |"
+    assert lines[9] == ("| tuned | 9 / 10 / 0 of 10; 1.50 s, - | 3 / 6 / 4 of 10; 1.50 s, "
+                        "500.0 ms | 10 / 10 / 0 of 10; 1.50 s, - |")
+    assert lines[-1] == ("| best static of the phase | static-8@256: 9 good | "
+                         "vllm-default: 1 good | vllm-default: 6 good |")
+    assert phase_table([{"name": "x", "kind": "static"}]) == []

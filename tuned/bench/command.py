@@ -470,14 +470,21 @@ def _requests_csv(name: str, k: int) -> str:
     return f"{run_stem(name, k)}.requests.csv"
 
 
+def phases_of(wl) -> dict[str, str | None] | None:
+    """A phased workload's request id -> phase name (None for one without phases)."""
+    got = {r.request_id: r.phase for r in wl.requests}
+    return got if any(v is not None for v in got.values()) else None
+
+
 def _sim_one(j: int) -> tuple[dict, dict]:
     from tuned.bench.metrics import summarize, write_requests_csv
     from tuned.bench.report import cap_figures
 
     i, k = divmod(j, len(_JOB["wls"]))
     c = _JOB["field"][i]
-    out = _JOB["bench"].run(c, _JOB["wls"][k].requests, timelines=_JOB["timelines"])
-    s = summarize(out.results, _JOB["slo"])
+    wl = _JOB["wls"][k]
+    out = _JOB["bench"].run(c, wl.requests, timelines=_JOB["timelines"])
+    s = summarize(out.results, _JOB["slo"], phase_of=phases_of(wl))
     if _JOB["log_dir"] is not None:
         write_requests_csv(_JOB["log_dir"] / _requests_csv(c.name, k), out.results,
                            _JOB["slo"])
@@ -619,7 +626,7 @@ def _bench_live(field, wls, slo, args, throttles=()):
         for c in field:
             live = run_live(c, wl, model_path=model_path, log_dir=log_dir, seed=args.seed,
                             throttles=throttles, pace=True)
-            s = summarize(live.results, slo)
+            s = summarize(live.results, slo, phase_of=phases_of(wl))
             s.update(report_mod.cap_figures(live.cap_timeline))
             per[c.name].append(s)
             paces[c.name].append(list(live.pace_s))

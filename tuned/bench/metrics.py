@@ -49,7 +49,7 @@ import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -259,8 +259,31 @@ def _stats(name: str, values: list[float]) -> dict[str, float | None]:
     return d
 
 
+def phase_counts(results: Sequence[RequestResult], slo: Slo,
+                 phase_of: Mapping[str, str | None]) -> list[dict]:
+    """Per phase of a phased workload (``phase_of``: request id -> phase name), in the
+    order the phases first arrive: ``n``, ``good`` (within every SLO), ``served``
+    (completed), ``refused``, ``first_response_p99_s`` (a token or a refusal, from
+    arrival) and ``refusal_p99_s`` (arrival to refusal; None without refusals)."""
+    order: dict[str, list[RequestResult]] = {}
+    for r in sorted(results, key=lambda r: r.arrival_s):
+        name = phase_of.get(r.request_id)
+        if name is not None:
+            order.setdefault(name, []).append(r)
+    out = []
+    for name, rs in order.items():
+        refusals = [r.refused_s - r.arrival_s for r in rs if r.refused and not r.failed]
+        first = [x for r in rs if not r.failed for x in [r.first_response_s] if x is not None]
+        out.append({"name": name, "n": len(rs), "good": sum(1 for r in rs if slo.is_good(r)),
+                     "served": sum(1 for r in rs if r.completed), "refused": len(refusals),
+                     "first_response_p99_s": _stats("x", first)["x_p99_s"],
+                     "refusal_p99_s": _stats("x", refusals)["x_p99_s"]})
+    return out
+
+
 def summarize(results: Sequence[RequestResult], slo: Slo, *,
-              duration_s: float | None = None) -> dict:
+              duration_s: float | None = None,
+              phase_of: Mapping[str, str | None] | None = None) -> dict:
     """A flat, JSON-serialisable summary of a run.
 
     Keys: submitted, completed, failed, refused, unfinished, good, duration_s,
@@ -269,8 +292,9 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
     ``{ttft,tpot,itl,e2el,first_response}_{mean,std,p50,p90,p99}_s``, max_wait_s (the
     longest TTFT of a completed request), waits_over_10x_ttft (completed requests
     whose TTFT exceeds 10x the TTFT SLO; None without one), preemptions,
-    recomputed_tokens, slo. Rates are None when the duration is 0. ``duration_s``
-    defaults to the last finish or refusal − first arrival.
+    recomputed_tokens, slo; with ``phase_of`` (a phased workload's request id ->
+    phase), ``phases`` (:func:`phase_counts`). Rates are None when the duration is 0.
+    ``duration_s`` defaults to the last finish or refusal − first arrival.
     """
     if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be a number > 0, got {duration_s!r}")
@@ -311,6 +335,23 @@ def summarize(results: Sequence[RequestResult], slo: Slo, *,
     out["preemptions"] = sum(r.preemptions for r in results)
     out["recomputed_tokens"] = sum(r.recomputed_tokens for r in results)
     out["slo"] = str(slo)
+    if phase_of and any(v is not None for v in phase_of.values()):
+        out["phases"] = phase_counts(results, slo, phase_of)
+    return out
+
+
+def _mean_phases(runs: Sequence[list[dict]]) -> list[dict]:
+    """Each phase's figures as the mean over repeats (the phases are the same in every
+    repeat: one workload); a figure None in any repeat stays None."""
+    out = []
+    for i, first in enumerate(runs[0]):
+        row = {"name": first["name"]}
+        for k in first:
+            if k == "name":
+                continue
+            vals = [r[i].get(k) if i < len(r) else None for r in runs]
+            row[k] = None if any(v is None for v in vals) else float(np.mean(vals))
+        out.append(row)
     return out
 
 
@@ -367,6 +408,8 @@ def mean_summary(summaries: Sequence[dict]) -> dict:
             out[k] = None if any(x is None for x in vals) else v
         else:
             out[k] = v
+    if all(s.get("phases") for s in summaries):
+        out["phases"] = _mean_phases([s["phases"] for s in summaries])
     out["repeats"] = len(summaries)
     out["goodput_rps_runs"] = runs = [s.get("goodput_rps") for s in summaries]
     out["ttft_p99_s_runs"] = [s.get("ttft_p99_s") for s in summaries]

@@ -38,7 +38,7 @@ RUN_KEYS = ("name", "kind", "cap", "budget", "submitted", "completed", "failed",
             "goodput_rps", "attainment", "output_tok_s", "ttft_p50_s", "ttft_p99_s",
             "tpot_p50_s", "tpot_p99_s", "first_response_p50_s", "first_response_p99_s",
             "max_wait_s", "preemptions")
-EXTRA_KEYS = ("request_throughput_rps", "total_tok_s", "ttft_mean_s", "ttft_p90_s",
+EXTRA_KEYS = ("phases", "request_throughput_rps", "total_tok_s", "ttft_mean_s", "ttft_p90_s",
               "tpot_mean_s", "tpot_p90_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
               "e2el_p50_s", "e2el_p90_s", "e2el_p99_s", "first_response_mean_s",
               "first_response_p90_s", "waits_over_10x_ttft", "recomputed_tokens",
@@ -497,6 +497,7 @@ def markdown(report: dict[str, Any]) -> str:
         if cap:
             cells.append(_fmt(cap.get(r["name"])))
         lines.append("| " + " | ".join(cells) + " |")
+    lines += phase_table(runs)
     rat = report.get("ratios") or {}
     if rat:
         lines += ["", "## tuned's ratios", "", "| ratio | value |", "|---|---|"]
@@ -505,6 +506,45 @@ def markdown(report: dict[str, Any]) -> str:
                          else f"| {k} | - |")
     lines.append("")
     return "\n".join(lines)
+
+
+def phase_best_static(runs: list[dict]) -> list[dict]:
+    """Per phase of a phased workload, the static run with the most good requests in
+    that phase (the ceiling of any fixed setting, phase by phase, in hindsight):
+    ``[{name: phase, run, good}]``; [] without phases or static runs."""
+    statics = [r for r in runs if r.get("kind") == "static" and r.get("phases")]
+    if not statics:
+        return []
+    out = []
+    for i, ph in enumerate(statics[0]["phases"]):
+        best = max(statics, key=lambda r: _num(r["phases"][i]["good"]))
+        out.append({"name": ph["name"], "run": best["name"],
+                    "good": best["phases"][i]["good"]})
+    return out
+
+
+def phase_table(runs: list[dict]) -> list[str]:
+    """The markdown lines of the per-phase table: for every run and phase, good /
+    served / refused of n, the p99 time to a first response and to a refusal; then the
+    best static run of each phase."""
+    with_phases = [r for r in runs if r.get("phases")]
+    if not with_phases:
+        return []
+    names = [p["name"] for p in with_phases[0]["phases"]]
+    lines = ["", "## Per phase", "",
+             "good / served / refused of n; p99 from arrival to a first token or a "
+             "refusal, and to a refusal", "",
+             "| run | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for r in with_phases:
+        cells = [f"{_fmt(p['good'])} / {_fmt(p['served'])} / {_fmt(p['refused'])} of "
+                 f"{_fmt(p['n'])}; {_fmt(p.get('first_response_p99_s'), '_s')}, "
+                 f"{_fmt(p.get('refusal_p99_s'), '_s')}" for p in r["phases"]]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    best = phase_best_static(runs)
+    if best:
+        lines.append("| best static of the phase | " + " | ".join(
+            f"{b['run']}: {_fmt(b['good'])} good" for b in best) + " |")
+    return lines
 
 
 def _relative(rel: dict | None) -> str:

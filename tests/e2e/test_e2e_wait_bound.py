@@ -1,10 +1,13 @@
-"""The wait bound end to end (issue 21): on the real vLLM CPU engine behind the real
-OpenAI server, a backlog that cannot all start within ``max_wait_s`` gets a prompt
-answer for every request -- served, or refused with finish reason ``abort`` and no
-tokens, never before the bound -- and tuned counts each refusal. While the queue is
-refusing (tuned's ``/admission``), a new request is answered 429 with
-``Retry-After`` by the gateway middleware `tuned serve` puts in the API server; once
-the engine has room (none waits, fewer run than the cap) the door opens again.
+"""The wait bound end to end: on the real vLLM CPU engine behind the real OpenAI
+server, a backlog that cannot all start within ``max_wait_s`` gets a prompt answer for
+every request -- served, or refused, never before the bound (no TPOT SLA here, so no
+step model and nothing predicted) -- and tuned counts each refusal. vLLM finishes a
+refused request without a token; the gateway middleware `tuned serve` puts in the API
+server holds each answer's start until its first token, so the client reads HTTP 429
+with ``Retry-After`` and vLLM's error body naming the refusal and the wait (the OpenAI
+client raises ``RateLimitError``), not an empty answer. While the queue is refusing
+(tuned's ``/admission``), a new request is answered 429 at the door; once the engine
+has room (none waits, fewer run than the cap) the door opens again.
 
 One request runs at a time (cap 1: ``b_min = b_max = fallback_cap = 1``). The backlog
 is a stream paced from a request timed in the test: three arrivals for each request
@@ -56,9 +59,11 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
                 r = client.completions.create(model=model, prompt=[10 + i] * 24,
                                               max_tokens=MAX_TOKENS,
                                               extra_body={"ignore_eos": True})
-            except openai.RateLimitError as e:     # the gateway's 429
-                return (time.monotonic() - t0, "429",
-                        e.response.headers.get("retry-after"))
+            except openai.RateLimitError as e:     # the gateway's 429: queue or door
+                message = e.response.json()["error"]["message"]
+                kind = "refused" if message.startswith("refused (max_wait)") else "429"
+                return (time.monotonic() - t0, kind,
+                        (e.response.headers.get("retry-after"), message))
             return time.monotonic() - t0, r.choices[0].finish_reason, r.usage.completion_tokens
 
         probes: list = []
@@ -110,7 +115,7 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
         # the refusals reach /metrics from the queue's counts at the controller's next
         # tick (interval_s), which may come after their answers did: wait for it, a
         # few ticks at most, before reading the count the assertions compare
-        answered = sum(1 for r in results + probes if r is not None and r[1] == "abort")
+        answered = sum(1 for r in results + probes if r is not None and r[1] == "refused")
         try:
             wait_for("the refusals counted", lambda: mval(
                 metric_values(srv), "tuned_requests_refused_total",
@@ -125,7 +130,7 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
 
     assert all(r is not None for r in results), "a request got no answer"
     served = [r for r in results if r[1] == "length"]
-    refused = [r for r in results if r[1] == "abort"]
+    refused = [r for r in results if r[1] == "refused"]   # in the queue, read as 429
     shed = [r for r in results if r[1] == "429"]       # reached the gateway while refusing
     print(f"probes while refusing: {[(round(p[0], 2), p[1], p[2]) for p in probes]}; "
           f"/admission: {admission}")
@@ -135,18 +140,21 @@ def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_
     assert len(served) + len(refused) + len(shed) == n, sorted({r[1] for r in results})
     assert all(tokens == MAX_TOKENS for _, _, tokens in served)
     assert refused, "a backlog four bounds deep must refuse"
-    assert all(tokens == 0 for _, _, tokens in refused)
-    # never refused before the bound (the client's clock starts before the server's)
+    # never refused before the bound (the client's clock starts before the server's),
+    # each with when to retry and the wait in vLLM's error body
     assert min(r[0] for r in refused) >= BOUND_S
+    assert all(int(retry) >= 1 and "after waiting " in message
+               for _, _, (retry, message) in refused), refused[:3]
     # a probe the gateway let through (it reads /admission in the background) waits
     # in the queue like the backlog and can be refused there too: counted alike
-    refused_probes = [p for p in probes if p[1] == "abort"]
-    assert all(tokens == 0 and t >= BOUND_S for t, _, tokens in refused_probes)
+    refused_probes = [p for p in probes if p[1] == "refused"]
+    assert all(t >= BOUND_S for t, _, _ in refused_probes)
     assert mval(values, "tuned_requests_refused_total", reason="max_wait") == (
         len(refused) + len(refused_probes)), (refused, probes)
     assert probes, "the queue refused, so /admission said so"
     # the door answered 429 while the queue refused: a probe, or the stream itself
     assert any(p[1] == "429" for p in probes + shed), (probes, len(shed))
     assert (admission["refusing"], admission["room"]) == (False, True), admission
-    # a 429 comes with Retry-After: the aging point, 2 x ttft_sla_s
-    assert all(p[2] == "2" for p in probes + shed if p[1] == "429")
+    # a 429 at the door comes with Retry-After: the aging point, 2 x ttft_sla_s
+    assert all(p[2][0] == "2" and p[2][1].startswith("overloaded: ")
+               for p in probes + shed if p[1] == "429")

@@ -16,6 +16,9 @@ import pytest
 
 from tuned import config
 from tuned.config import Config, ConfigError, validate
+from tuned.config.files import MAX_CONFIG_BYTES
+from tuned.config.handoff import from_engine_handoff, reload_token_digest
+from tuned.config.schema import RESTART_FIELDS, restart_changes
 from tuned.base.demo_model import DEMO_MAX_MODEL_LEN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,7 +257,7 @@ def test_what_is_not_a_toml_config_file(tmp_path):
         config.load(tmp_path)
     assert e.value.problems[0].startswith("cannot read config file: ")
     big = tmp_path / "big.toml"
-    big.write_text("# " + "x" * config.MAX_CONFIG_BYTES + "\n")
+    big.write_text("# " + "x" * MAX_CONFIG_BYTES + "\n")
     with pytest.raises(ConfigError) as e:
         config.load(big)
     assert e.value.problems[0].startswith("cannot read config file: ")
@@ -283,18 +286,18 @@ def test_an_example_config_survives_every_way_a_config_travels(path, tmp_path):
         dataclasses.asdict(cfg) | {"source_path": ""}
 
     # shipped into the engine (`tuned serve` -> the scheduler) and read there
-    shipped, url = config.from_engine_handoff(config.engine_handoff(cfg, "http://h:1/v1"))
+    shipped, url = from_engine_handoff(config.engine_handoff(cfg, "http://h:1/v1"))
     assert shipped == cfg and url == "http://h:1/v1"
     assert shipped.source_path == str(path.resolve())   # a reload re-reads this file
-    assert config.restart_changes(cfg, shipped) == []
+    assert restart_changes(cfg, shipped) == []
 
 
 def test_the_reload_token_travels_into_the_engine_as_a_digest_only():
     cfg = validate({"reload_token": "s3cret"})
     handoff = config.engine_handoff(cfg)
     assert "s3cret" not in repr(handoff)
-    assert config.reload_token_digest(handoff) == hashlib.sha256(b"s3cret").hexdigest()
-    shipped, _ = config.from_engine_handoff(handoff)
+    assert reload_token_digest(handoff) == hashlib.sha256(b"s3cret").hexdigest()
+    shipped, _ = from_engine_handoff(handoff)
     assert shipped.reload_token == "" and shipped == dataclasses.replace(cfg, reload_token="")
 
 
@@ -307,6 +310,6 @@ def test_the_embedded_default_is_valid_and_what_serve_runs_without_a_file():
 def test_a_reload_names_the_fields_that_need_a_restart():
     old = validate({})
     new = validate({"max_num_seqs": 64, "port": 8001, "interval_s": 1.0, "tbt_sla_s": 0.05})
-    assert config.restart_changes(old, new) == ["max_num_seqs", "port"]
-    assert set(config.RESTART_FIELDS) >= {"model", "max_num_seqs", "port", "metrics_port"}
-    assert "interval_s" not in config.RESTART_FIELDS
+    assert restart_changes(old, new) == ["max_num_seqs", "port"]
+    assert set(RESTART_FIELDS) >= {"model", "max_num_seqs", "port", "metrics_port"}
+    assert "interval_s" not in RESTART_FIELDS

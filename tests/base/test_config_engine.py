@@ -15,7 +15,9 @@ import pytest
 from tuned import config as config_mod
 from tuned.launch import launcher
 from tuned.commands.cli import main
-from tuned.config import CONFIG_ENV, ConfigError, engine_problems, engine_setup, validate
+from tuned.config import ConfigError, engine_setup, validate
+from tuned.config.checks import engine_problems
+from tuned.config.sources import CONFIG_ENV
 
 GOOD = 'max_num_seqs = 8\nmax_num_batched_tokens = 256\nmax_model_len = 256\nmetrics_port = 0\n'
 

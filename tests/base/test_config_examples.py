@@ -8,6 +8,7 @@ import pytest
 
 from tuned import config as config_mod
 from tuned.base.demo_model import model_form
+from tuned.config.checks import UNIT_WATCHDOG_S
 from tuned.commands.ops import config_problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,7 @@ def test_there_are_examples():
 def test_example_config_passes_check_config(path):
     # what `tuned check-config FILE` runs: the file, the model's form, the service's
     # watchdog, plugins and profile
-    assert config_problems(str(path), watchdog_s=config_mod.UNIT_WATCHDOG_S, deep=True) == []
+    assert config_problems(str(path), watchdog_s=UNIT_WATCHDOG_S, deep=True) == []
     cfg = config_mod.load(path)
     # a real model, named so that `tuned serve` takes it on any host
     assert model_form(cfg.model) == "hf_id"

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tuned import config as config_mod
-from tuned.config import CONFIG_ENV, ConfigError, engine_setup
+from tuned.config import ConfigError, engine_setup
+from tuned.config.schema import restart_changes
+from tuned.config.sources import CONFIG_ENV, reread
 
 #: what the engine runs, as tuned.engines.vllm_plugin.engine_settings reads it
 ENGINE = {"max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 1024,
@@ -196,17 +198,17 @@ def test_reload_rebuilds_from_the_same_sources(tmp_path):
     setup = engine_setup({"tuned": {"config_path": str(path), "tbt_sla_s": 0.05}},
                          {"TUNED_INTERVAL_S": "0.3"}, ENGINE)
     write(tmp_path, 'queue_policy = "multibin"\ninterval_s = 0.5\n')
-    new = config_mod.reread(setup.cfg)
+    new = reread(setup.cfg)
     # the file's new policy; the variable and the inline key as at start; the engine's
     assert (new.queue_policy, new.interval_s, new.tbt_sla_s, new.max_num_seqs) == (
         "multibin", 0.3, 0.05, 16)
-    assert config_mod.restart_changes(setup.cfg, new) == []
+    assert restart_changes(setup.cfg, new) == []
     # with no file at all, a reload keeps tuned's defaults (not the embedded demo's)
     bare = engine_setup(None, {}, ENGINE).cfg
-    assert config_mod.reread(bare) == bare
+    assert reread(bare) == bare
     # a file edited to contradict the engine is refused, as at start
     write(tmp_path, "max_num_seqs = 8\n")
-    assert refused(lambda: config_mod.reread(setup.cfg)).problems == [
+    assert refused(lambda: reread(setup.cfg)).problems == [
         "max_num_seqs: the config says 8, vLLM was given --max-num-seqs 16; remove it from "
         "the config or give both the same value"]
 

@@ -19,6 +19,7 @@ import pytest
 
 from tuned import config as config_mod
 from tuned.commands import ops
+from tuned.config.schema import RESTART_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
@@ -138,7 +139,7 @@ def test_check_config_explain_lists_every_key():
             "one admission attempt may try") in policies
     assert "max_num_seqs (int, default 32" in out
     restart_lines = [ln for ln in out.splitlines() if "[restart]" in ln]
-    assert [ln.split(" ", 1)[0] for ln in restart_lines] == list(config_mod.RESTART_FIELDS)
+    assert [ln.split(" ", 1)[0] for ln in restart_lines] == list(RESTART_FIELDS)
 
 
 def test_check_config_with_file_and_explain():

@@ -15,6 +15,7 @@ from typing import get_type_hints
 import pytest
 
 from tuned import config
+from tuned.config.handoff import reload_token_digest
 from tuned.base import log as log_mod
 from tuned.control.controller import Controller
 from tuned.control.metrics import Endpoint, Metrics, is_loopback_peer, reload_refusal, token_sha256
@@ -215,7 +216,7 @@ def test_non_loopback_peer_needs_the_right_token(outside, shipped):
     handoff = config.engine_handoff(config.validate({"reload_token": TOKEN}))
     assert TOKEN not in json.dumps(handoff)
     kw = ({"token": TOKEN} if shipped == "clear" else
-          {"reload_token_sha256": config.reload_token_digest(handoff)})
+          {"reload_token_sha256": reload_token_digest(handoff)})
     ep, calls, m = start(host=outside, **kw)
     try:
         base = f"http://{outside}:{ep.port}"

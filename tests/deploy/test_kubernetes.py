@@ -24,7 +24,8 @@ from doc_readers import DOC, DOC_CONFIG, DOC_MODEL, GUIDE, ROOT, documented_comm
     flag_value as _flag
 from prom_harness import PROMTOOL_BIN, ensure_prometheus
 from tuned import config as config_mod
-from tuned.config import CONFIG_ENV, engine_problems
+from tuned.config.checks import engine_problems
+from tuned.config.sources import CONFIG_ENV
 from tuned.commands.ops import config_problems
 
 BASE = ROOT / "deploy" / "kubernetes"

@@ -12,7 +12,9 @@ import re
 import sys
 
 from tuned import __version__
-from tuned.config import VLLM_FLAGS_SET, ConfigError, did_you_mean
+from tuned.config import ConfigError
+from tuned.config.schema import did_you_mean
+from tuned.config.vllm_args import VLLM_FLAGS_SET
 from tuned.curves.profile import ProfileError
 from tuned.base.extras import BENCH_EXTRA_MODULES, bench_extra_error, bench_extra_message
 from tuned.base.inputs import CLIP_CHARS, UserError, clip_text

@@ -25,6 +25,10 @@ import urllib.request
 from typing import Any, TextIO
 
 from tuned import config as config_mod
+from tuned.config.checks import (UNIT_WATCHDOG_S, hf_cache_findings, model_problems,
+                                 service_problems)
+from tuned.config.files import MAX_CONFIG_BYTES
+from tuned.config.schema import check_field
 from tuned.control import sdnotify
 from tuned.base.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.policies import catalog
@@ -72,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--watchdog-s", type=_seconds, default=None, metavar="S",
                    help="systemd's watchdog the service runs under (default: "
                         "WATCHDOG_USEC when set, else the shipped unit's "
-                        f"{config_mod.UNIT_WATCHDOG_S:g} s; 0 = none)")
+                        f"{UNIT_WATCHDOG_S:g} s; 0 = none)")
     p.set_defaults(func=cmd_check_config)
 
     p = subparsers.add_parser(
@@ -139,7 +143,7 @@ def _seconds(text: str) -> float:
 def cmd_check_config(args: argparse.Namespace) -> int:
     watchdog_s = args.watchdog_s
     if watchdog_s is None:
-        watchdog_s = sdnotify.watchdog_s(os.environ) or config_mod.UNIT_WATCHDOG_S
+        watchdog_s = sdnotify.watchdog_s(os.environ) or UNIT_WATCHDOG_S
     return check_config(args.files, explain=args.explain, watchdog_s=watchdog_s or None)
 
 
@@ -149,11 +153,11 @@ def check_config(paths: list[str] | str, explain: bool = False, out: TextIO | No
     per problem (stderr); return 0 when all are valid, else 2.
 
     Beyond the file itself, it finds what `tuned serve` refuses: the model as
-    :func:`tuned.config.model_problems` reads it (a missing folder; a Hugging Face id is
+    :func:`tuned.config.checks.model_problems` reads it (a missing folder; a Hugging Face id is
     passed to vLLM unchecked), and what it would fail on only after the model loaded:
     the profile's contents (:func:`profile_problems`), a plugin that
     cannot be imported or is not a policy class, and what the service cannot live
-    with under a watchdog of ``watchdog_s`` (:func:`tuned.config.service_problems`)."""
+    with under a watchdog of ``watchdog_s`` (:func:`tuned.config.checks.service_problems`)."""
     out = out or sys.stdout
     err = err or sys.stderr
     if isinstance(paths, str):
@@ -190,8 +194,8 @@ def config_problems(path: str, watchdog_s: float | None = None,
         cfg = config_mod.load(path)
         if not deep:
             return []
-        problems = config_mod.model_problems(cfg)
-        problems += config_mod.service_problems(cfg, watchdog_s)
+        problems = model_problems(cfg)
+        problems += service_problems(cfg, watchdog_s)
         problems += plugin_problems(cfg)
         problems += profile_problems(cfg)
         return [_one_line(p) for p in problems]
@@ -207,12 +211,12 @@ def config_problems(path: str, watchdog_s: float | None = None,
 
 def model_cache_findings(path: str) -> tuple[list[str], list[str]]:
     """(problems, notes) on a valid config's Hugging Face id from the local cache
-    (:func:`tuned.config.hf_cache_findings`; no network)."""
+    (:func:`tuned.config.checks.hf_cache_findings`; no network)."""
     try:
         cfg = config_mod.load(path)
     except Exception:  # already reported by config_problems
         return [], []
-    return config_mod.hf_cache_findings(cfg.model, os.environ)
+    return hf_cache_findings(cfg.model, os.environ)
 
 
 def plugin_problems(cfg: config_mod.Config) -> list[str]:
@@ -295,7 +299,7 @@ def _lenient_endpoint_config(path: str) -> config_mod.Config:
     keep = {}
     for key in ("metrics_host", "metrics_port", "reload_token", "vllm_args"):
         if key in raw:
-            value, err = config_mod._check_field(key, raw[key])
+            value, err = check_field(key, raw[key])
             if err is None:
                 keep[key] = value
     try:
@@ -311,7 +315,7 @@ def _toml_lines(path: str) -> dict:
 
     raw: dict = {}
     try:
-        text = open(path, encoding="utf-8", errors="replace").read(config_mod.MAX_CONFIG_BYTES)
+        text = open(path, encoding="utf-8", errors="replace").read(MAX_CONFIG_BYTES)
     except OSError:
         return raw
     for line in text.splitlines():

@@ -44,6 +44,7 @@ from typing import Any
 from tuned import config as config_mod
 from tuned.base import log as log_mod
 from tuned.config import Config, ConfigError
+from tuned.config.schema import SECRET_FIELDS
 from tuned.base.inputs import CLIP_CHARS, clip_path, clip_text
 from tuned.sim.catalog import hardware_help
 from tuned.sim.events import HELP as events_help
@@ -114,7 +115,7 @@ def config_block(cfg: Config) -> str:
     d = cfg.to_dict()
     keys = list(ENGINE_KEYS) + sorted(
         k for k, v in d.items() if k in config_mod.FIELDS and k not in ENGINE_KEYS
-        and k not in config_mod.SECRET_FIELDS
+        and k not in SECRET_FIELDS
         and getattr(cfg, k) != config_mod.FIELDS[k].metadata["default"])
     lines = [f"  {k:24s} {d[k]!r}" for k in keys]
     return "config:\n" + "\n".join(lines)
@@ -123,7 +124,7 @@ def config_block(cfg: Config) -> str:
 def result_json(res, workload, summary: dict) -> str:
     """The run as ``result.json`` text (keys sorted, stable floats)."""
     # the reload secret is never written to a file (result.json is shared, archived)
-    config = {k: v for k, v in res.config.items() if k not in config_mod.SECRET_FIELDS}
+    config = {k: v for k, v in res.config.items() if k not in SECRET_FIELDS}
     doc = {"requests": res.request_rows(), "steps": [s._asdict() for s in res.steps],
            "decisions": res.decisions, "summary": summary, "hardware": res.hardware,
            "config": config, "workload": workload.describe(), "failed": res.failed,

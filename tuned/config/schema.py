@@ -1,34 +1,31 @@
-"""tuned's configuration: one frozen, validated object built from a TOML file.
+"""tuned's configuration: one frozen, validated object, :class:`Config`.
 
 Configuration flows one way: file (or defaults) -> :class:`Config` -> constructors.
 Every field carries its type, its allowed range and a one-line doc; that table is
-the manual (`tuned check-config --explain` prints it) and the validator.
+the manual (`tuned check-config --explain` prints it, :mod:`tuned.config.manual`) and
+the validator (:func:`validate`): a field's range and the rule that enforces it sit
+in this one module.
 
 Fields marked ``restart`` size the engine (model, ceiling, ports); a live reload
 that changes one of them is reported as needing a restart and the running value
 is kept.
-
-One module past the usual size because it is one table (the fields) and the checks
-that read it: splitting the checks from the table would put a field's range and the
-rule that enforces it in two places.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuned.base.demo_model import DEMO_MAX_MODEL_LEN
+from tuned.base.inputs import CLIP_CHARS, clip, clip_path, clip_text
+from tuned.config.vllm_args import vllm_args_problems
 from tuned.core import refusal
 from tuned.core.ring import FINISHED_RING
-from tuned.base.demo_model import DEMO_MAX_MODEL_LEN, model_form
-from tuned.base.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
 # the policies' names and option schemas, read as data: no policy code is imported
 from tuned.policies import catalog
 
@@ -346,12 +343,12 @@ class ConfigError(ValueError):
         super().__init__(where + "; ".join(problems))
 
 
-def _type_name(t: Any) -> str:
+def type_name(t: Any) -> str:
     return {"int": "an integer", "float": "a number", "str": "a string",
             "tuple[str, ...]": "a list of strings", "dict": "a table"}.get(str(t), str(t))
 
 
-def _range_text(meta: dict) -> str:
+def range_text(meta: dict) -> str:
     if meta.get("policies"):
         return "one of " + ", ".join(catalog.names(meta["policies"])) + (
             " or package.module:Class" if meta["policies"] == "batch" else "")
@@ -388,19 +385,19 @@ def _finite(v: int | float) -> bool:
         return False
 
 
-def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
+def check_field(name: str, value: Any) -> tuple[Any, str | None]:
     f = FIELDS[name]
     meta = f.metadata
     want = str(f.type)
     raw = value  # errors quote what the user wrote, not our conversion of it
     if want == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {clip(value)}"
+            return None, f"{name}: must be {type_name(want)} {range_text(meta)}, got {clip(value)}"
     elif want == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None, f"{name}: must be {_type_name(want)} {_range_text(meta)}, got {clip(value)}"
+            return None, f"{name}: must be {type_name(want)} {range_text(meta)}, got {clip(value)}"
         if not _finite(value):
-            return None, f"{name}: must be a finite number {_range_text(meta)}, got {clip(value)}"
+            return None, f"{name}: must be a finite number {range_text(meta)}, got {clip(value)}"
         value = float(value)
     elif want == "str":
         if not isinstance(value, str):
@@ -414,14 +411,14 @@ def _check_field(name: str, value: Any) -> tuple[Any, str | None]:
             return None, f"{name}: must be a list of strings, got {clip(value)}"
         value = tuple(value)
     if meta["choices"] and value not in meta["choices"]:
-        return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}"
+        return None, f"{name}: must be {range_text(meta)}, got {clip(raw)}"
     lo, hi = meta["lo"], meta["hi"]
     if lo is not None and (value < lo or value > hi or (meta.get("hi_open") and value == hi)):
         hint = ""
         if name in MS_HINT_FIELDS and value >= hi:
             hint = (f" (probably milliseconds: the SLA is in seconds, {number_text(value)} ms "
                     f"is {number_text(round(value / 1000, 9))})")
-        return None, f"{name}: must be {_range_text(meta)}, got {clip(raw)}{hint}"
+        return None, f"{name}: must be {range_text(meta)}, got {clip(raw)}{hint}"
     if name in HOST_FIELDS and (why := host_problem(value)):
         return None, f"{name}: must be an IP address or a host name, got {clip(raw)} ({why})"
     return value, None
@@ -458,32 +455,41 @@ def host_problem(host: str) -> str:
 
 def _check_secret(name: str, value: Any) -> tuple[Any, str | None]:
     # Problems end up in logs and in /decisions (last_reload): never echo a secret.
-    checked, err = _check_field(name, value)
+    checked, err = check_field(name, value)
     if err:
-        err = f"{name}: must be {_type_name(str(FIELDS[name].type))} (value not shown)"
+        err = f"{name}: must be {type_name(str(FIELDS[name].type))} (value not shown)"
     return checked, err
 
 
-def _unknown_key(key: str) -> str:
+def unknown_key(key: str) -> str:
     return (f"{clip_text(key)}: unknown key{did_you_mean(key, FIELDS)} "
             "(known keys: see `tuned check-config --explain`)")
+
+
+def checked_values(values: Mapping[str, Any], label=None) -> tuple[dict[str, Any], list[str]]:
+    """Each of ``values`` checked against its field (type, range, choices; a secret's
+    value never echoed), converted as the field holds it, and one line per problem: an
+    unknown key names the closest known one; ``label(key)`` says the key as its source
+    writes it (TUNED_X, additional_config.tuned.x), the key itself without ``label``."""
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in values.items():
+        if key not in FIELDS:
+            problems.append(unknown_key(key))
+            continue
+        check = _check_secret if FIELDS[key].metadata.get("secret") else check_field
+        checked, err = check(key, value)
+        if err:
+            problems.append(label(key) + err[len(key):] if label else err)
+        else:
+            out[key] = checked
+    return out, problems
 
 
 def validate(raw: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
     """Build a :class:`Config` from a parsed mapping, or raise :class:`ConfigError`
     listing every problem (unknown keys, types, ranges, cross-field rules)."""
-    problems: list[str] = []
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in FIELDS:
-            problems.append(_unknown_key(key))
-            continue
-        check = _check_secret if FIELDS[key].metadata.get("secret") else _check_field
-        checked, err = check(key, value)
-        if err:
-            problems.append(err)
-        else:
-            values[key] = checked
+    values, problems = checked_values(raw)
     if "\x00" in values.get("profile", ""):
         problems.append("profile: must be a file path, got a string with a NUL character")
     problems += policy_problems(values)
@@ -518,7 +524,7 @@ def policy_problems(values: Mapping[str, Any]) -> list[str]:
                 continue   # a package.module:Class plugin reads its own options
             left_out = "; ".join(catalog.skipped())
             problems.append(f"{kind}_policy: must be "
-                            f"{_range_text(FIELDS[f'{kind}_policy'].metadata)}, "
+                            f"{range_text(FIELDS[f'{kind}_policy'].metadata)}, "
                             f"got {clip(name)}{did_you_mean(name, catalog.names(kind))}"
                             + (f" (policies left out: {left_out})" if left_out else ""))
             continue
@@ -571,565 +577,6 @@ def cross_field_problems(cfg: Config) -> list[str]:
     return problems
 
 
-#: The one map of the config's engine settings to vLLM's flags: the command line tuned
-#: starts vLLM with (:func:`tuned.launch.launcher.vllm_command`, in this order), the flags
-#: ``vllm_args`` may not repeat (:data:`VLLM_FLAGS_SET`) and the settings
-#: :func:`engine_problems` compares.
-ENGINE_FLAGS = {"model": "--model", "host": "--host", "port": "--port",
-                "max_num_seqs": "--max-num-seqs",
-                "max_num_batched_tokens": "--max-num-batched-tokens",
-                "max_model_len": "--max-model-len",
-                "num_gpu_blocks": "--num-gpu-blocks-override"}
-
-#: vLLM flags that tuned sets itself, with the config key that sets each (None: tuned's
-#: own, not settable); repeating one in vllm_args would override tuned's value.
-VLLM_FLAGS_SET = {**{flag: key for key, flag in ENGINE_FLAGS.items()},
-                  "--scheduler-cls": None, "--additional-config": None}
-
-
-def vllm_args_problems(args, field_name: str = "vllm_args") -> list[str]:
-    """One line per argument that repeats a flag tuned sets itself (vLLM's last value
-    wins, so it would override the config's key, or turn tuned off for
-    ``--scheduler-cls``). vLLM reads ``--max_num_seqs`` as ``--max-num-seqs``."""
-    problems = []
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if not flag.startswith("--"):
-            continue
-        key = VLLM_FLAGS_SET.get("--" + flag[2:].replace("_", "-"), False)
-        if key is False:
-            continue
-        instead = (f"set {key} in the config instead" if key else
-                   "tuned sets it itself and cannot run without it")
-        problems.append(f"{field_name}: must not contain {clip_text(flag)} ({instead})")
-    return problems
-
-
-#: the shipped unit's WatchdogSec (systemd/tuned.service); check-config's default
-UNIT_WATCHDOG_S = 30.0
-
-
-def service_problems(cfg: Config, watchdog_s: float | None) -> list[str]:
-    """What only the service (`tuned serve` under systemd) cannot live with.
-
-    ``watchdog_s`` is systemd's watchdog (WATCHDOG_USEC / 1e6, or None for none). The
-    controller pings on its ticks once about ``watchdog_s / 2`` has passed
-    (:class:`tuned.control.liveness.Watchdog`), so two pings are at most
-    ``watchdog_s / 2 + interval_s / 2`` apart: ``interval_s <= watchdog_s / 2`` keeps
-    that gap at three quarters of the watchdog, the rest is room for a late tick. The
-    supervisor's reload (SIGHUP) and `tuned status` reach the endpoint at
-    ``metrics_port``, which 0 (any free port) leaves unknown."""
-    problems = []
-    if watchdog_s is not None and watchdog_s > 0 and cfg.interval_s > watchdog_s / 2:
-        problems.append(f"interval_s: must be <= {watchdog_s / 2:g} (half the systemd "
-                        f"watchdog of {watchdog_s:g} s: pings ride on ticks), got "
-                        f"{cfg.interval_s:g}")
-    if cfg.metrics_port == 0:
-        problems.append("metrics_port: must be in [1, 65535] for `tuned serve` (reloads "
-                        "and `tuned status` reach the endpoint there; 0 picks an unknown "
-                        "port), got 0")
-    return problems
-
-
-def load(path: str | Path, base: dict[str, Any] | None = None) -> Config:
-    """Read and validate a TOML config file; raise :class:`ConfigError` on any problem.
-    ``base``: values the file's keys are applied over (``tuned demo --config`` passes
-    :data:`EMBEDDED_DEFAULT`); without it, the keys the file leaves out take
-    :class:`Config`'s defaults."""
-    p = Path(path)
-    raw = {**(base or {}), **read_toml(p)}
-    return validate(raw, source=str(p.resolve()), base_dir=p.resolve().parent)
-
-
-#: a config file larger than this is not a config file
-MAX_CONFIG_BYTES = 1 << 20
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """The parsed TOML table of a config file; :class:`ConfigError` (one problem)
-    when it is unreadable, not a regular file, too large or not TOML."""
-    p = Path(path)
-    try:
-        text = read_text(p, "config file", MAX_CONFIG_BYTES)
-    except UserError as e:
-        problem = (f"{e.problem}: a TOML file must be UTF-8" if e.problem.startswith("not UTF-8")
-                   else f"cannot read config file: {e.problem}")
-        raise ConfigError([problem], clip_path(p)) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError([f"not valid TOML: {clip_text(str(e), 2 * CLIP_CHARS)}"],
-                          clip_path(p)) from None
-    except RecursionError:
-        raise ConfigError(["not valid TOML: nested too deeply"], clip_path(p)) from None
-
-
-# The embedded default (`tuned serve` / `tuned demo` with no --config): the small demo
-# model on a CPU host. CPU hosts differ several-fold in decode speed (AVX-512 or not,
-# core count), so the TBT SLA is not a number but a multiple of the decode step this
-# host measures at batch 1 (tbt_sla_auto), chosen to fall between the step at batch 1
-# and at the cap's ceiling on any such host. With a TTFT target, requests that
-# already missed it wait behind those that can still make it. The KV cache is sized
-# to hold fewer demo requests than the cap's ceiling, so both of Pang et al.'s bounds
-# have something to do.
-EMBEDDED_DEFAULT = {"model": "demo:small", "max_num_seqs": 32, "max_num_batched_tokens": 2048,
-                    "max_model_len": 1024, "num_gpu_blocks": 48, "tbt_sla_auto": 2.5,
-                    "eps_d_s": 0.002, "ttft_sla_s": 3.0, "token_budget_granule": 0}
-
-
-def default() -> Config:
-    """The embedded default: the small demo model on CPU, its TBT SLA derived on this
-    host (see above)."""
-    return validate(dict(EMBEDDED_DEFAULT))
-
-
-def engine_handoff(cfg: Config, serving_url: str | None = None) -> dict:
-    """vLLM's ``additional_config`` entry that carries a validated config into the
-    EngineCore process (`tuned serve` -> engine); :func:`from_engine_handoff` reads it."""
-    d = cfg.to_dict()
-    d.pop("source_path", None)
-    # vLLM logs its non-default arguments: the reload secret travels as a digest
-    # (the engine compares digests), never in clear.
-    token = d.pop("reload_token", "")
-    digest = hashlib.sha256(token.encode()).hexdigest() if token else ""
-    return {"tuned": {"config": d, "config_path": cfg.source_path,
-                      "serving_url": serving_url, "reload_token_sha256": digest}}
-
-
-def from_engine_handoff(additional: dict | None) -> tuple[Config, str | None]:
-    """The config the supervisor validated and shipped (never a re-read of the file,
-    which may have changed since), and the URL that says the server answers.
-    ``config_path`` is kept as the source that a reload re-reads."""
-    extra = (additional or {}).get("tuned") or {}
-    cfg = validate(dict(extra.get("config") or {}), source=extra.get("config_path") or "")
-    return cfg, extra.get("serving_url")
-
-
-#: the environment variable naming the config file of a vLLM command line that runs
-#: tuned's scheduler (the alternative to ``--additional-config``'s ``config_path``)
-CONFIG_ENV = "TUNED_CONFIG"
-#: ``TUNED_<KEY>`` sets a config key from the engine's environment (TUNED_QUEUE_POLICY=mcsf)
-ENV_PREFIX = "TUNED_"
-#: TUNED_ variables that are no config key: the config file, the 429 gateway's URL, the
-#: installer's extras (tools/setup.sh) and the test suite's own
-OTHER_ENV = (CONFIG_ENV, "TUNED_ADMISSION_URL", "TUNED_EXTRA", "TUNED_FAULT_MODE_FILE",
-             "TUNED_TEST_DTYPE", "TUNED_TEST_STDERR_FULL_TRIGGER")
-#: the settings vLLM's own arguments decide when tuned is dropped into a vLLM command
-#: line: a config may leave them out (they are read from the engine) or repeat them
-#: (then they must agree with the engine)
-ENGINE_KEYS = ("model", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-               "num_gpu_blocks")
-#: what ``additional_config["tuned"]`` may hold besides config keys
-_HANDOFF_KEYS = ("config", "config_path", "serving_url", "reload_token_sha256")
-
-
-@dataclass(frozen=True)
-class EngineSetup:
-    """What tuned's scheduler starts from: the validated config, the URL that says
-    the OpenAI server answers (None: not known, taken as answering), the reload
-    token's sha256 digest ('' = none) and one line per key that two sources gave
-    different values for (the higher one is used)."""
-
-    cfg: Config
-    serving_url: str | None
-    reload_token_sha256: str
-    overridden: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Sources:
-    """Where a config dropped into a vLLM command line comes from, kept so that a
-    reload rebuilds it the same way (:func:`reread`): the TOML file ('' = none), the
-    ``TUNED_<KEY>`` variables and the ``--additional-config`` keys as they were at
-    start, and the engine's settings (:func:`engine_setup`)."""
-
-    path: str = ""
-    env: Mapping[str, str] = field(default_factory=dict)
-    inline: Mapping[str, Any] = field(default_factory=dict)
-    engine: Mapping[str, Any] | None = None
-
-    def build(self) -> tuple[Config, tuple[str, ...]]:
-        """The config, and the keys one source overrode in another; :class:`ConfigError`
-        (one line per problem, each naming its source) on any problem."""
-        return _layered(self)
-
-
-def env_name(key: str) -> str:
-    """The environment variable that sets config key ``key``: TUNED_QUEUE_POLICY."""
-    return ENV_PREFIX + key.upper()
-
-
-def _env_value(name: str, var: str, text: str) -> tuple[Any, str | None]:
-    # a string key takes the text as it is (TUNED_QUEUE_POLICY=mcsf); any other is read
-    # as a TOML value, so TUNED_MAX_NUM_SEQS=16 is the integer and
-    # TUNED_QUEUE_OPTIONS='{reserve_fraction = 0.05}' the table
-    f = FIELDS[name]
-    if str(f.type) == "str":
-        return text, None
-    try:
-        return tomllib.loads(f"v = {text}")["v"], None
-    except (tomllib.TOMLDecodeError, RecursionError):
-        return None, (f"{var}: must be {_type_name(str(f.type))} {_range_text(f.metadata)}"
-                      .rstrip() + f", got {clip(text)}")
-
-
-def _checked_layer(values: Mapping[str, Any], label) -> tuple[dict[str, Any], list[str]]:
-    """Each of ``values`` checked as the TOML's keys are (type, range, choices); a
-    problem names the key as ``label(key)`` writes it (TUNED_X, additional_config.tuned.x)."""
-    out, problems = {}, []
-    for key, value in values.items():
-        check = _check_secret if FIELDS[key].metadata.get("secret") else _check_field
-        checked, err = check(key, value)
-        if err:
-            problems.append(label(key) + err[len(key):])
-        else:
-            out[key] = checked
-    # a policy name is checked where it was given; its options once the layers are merged
-    names = {k: out[k] for k in ("batch_policy", "queue_policy") if k in out}
-    for problem in policy_problems(names) if names else []:
-        key = problem.split(":", 1)[0]
-        problems.append(label(key) + problem[len(key):])
-        out.pop(key, None)
-    return out, problems
-
-
-def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """The config keys set by ``TUNED_<KEY>`` variables, typed and checked, and one
-    line per problem: a bad value names the variable and the allowed values; an
-    unknown TUNED_ variable names the closest one (:data:`OTHER_ENV` are not keys)."""
-    by_var = {env_name(k): k for k in FIELDS}
-    raw, problems = {}, []
-    for var in sorted(environ):
-        if not var.startswith(ENV_PREFIX) or var in OTHER_ENV:
-            continue
-        key = by_var.get(var)
-        if key is None:
-            problems.append(f"{clip_text(var)}: no such setting{did_you_mean(var, by_var)} "
-                            f"(a config key as TUNED_<KEY>: see `tuned check-config --explain`)")
-            continue
-        value, err = _env_value(key, var, environ[var])
-        if err:
-            problems.append(err)
-        else:
-            raw[key] = value
-    checked, bad = _checked_layer(raw, env_name)
-    return checked, problems + bad
-
-
-def _inline_label(key: str) -> str:
-    return f"additional_config.tuned.{key}"
-
-
-def _engine_text(key: str, engine: Mapping[str, Any]) -> str:
-    got, flag = engine.get(key), ENGINE_FLAGS[key]
-    if got is None:
-        return f"vLLM was started without {flag}"
-    shown = clip_path(got) if key == "model" else number_text(got)
-    given = engine.get("given")
-    if given is None or key in given:
-        return f"vLLM was given {flag} {shown}"
-    return f"vLLM runs {flag} {shown} (its default)"
-
-
-def _agrees(key: str, value: Any, engine: Mapping[str, Any]) -> bool:
-    """Whether a config's ``key`` says what the engine runs. 0 for max_model_len or
-    num_gpu_blocks means the engine's own choice, and a demo model is whatever folder
-    the engine was given: neither contradicts anything."""
-    got = engine.get(key)
-    if key in ("max_model_len", "num_gpu_blocks") and value == 0:
-        return True
-    if key == "model":
-        if got is None or str(value).startswith("demo:"):
-            return True
-        if Path(value).expanduser().is_dir():
-            return Path(value).expanduser().resolve() == Path(str(got)).expanduser().resolve()
-    return value == got
-
-
-def _from_engine(key: str, engine: Mapping[str, Any]) -> Any:
-    got = engine.get(key)
-    if key in ("max_model_len", "num_gpu_blocks"):
-        return int(got or 0)
-    return got
-
-
-def _refuse(found: list[tuple[str, str]]) -> None:
-    """Raise one :class:`ConfigError` for ``(source, line)`` pairs: under their source
-    when they share one (a file's problems read as `tuned check-config` prints them),
-    else each line under its own."""
-    if not found:
-        return
-    sources = {src for src, _ in found}
-    if len(sources) == 1:
-        raise ConfigError([line for _, line in found], sources.pop())
-    raise ConfigError([f"{src}: {line}" if src else line for src, line in found])
-
-
-def _layered(src: Sources) -> tuple[Config, tuple[str, ...]]:
-    toml: dict[str, Any] = {}
-    where = ""
-    if src.path:
-        p = Path(src.path)
-        where = str(p.resolve())
-        raw = read_toml(p)
-        found = [_unknown_key(k) for k in raw if k not in FIELDS]
-        toml, bad = _checked_layer({k: v for k, v in raw.items() if k in FIELDS},
-                                   lambda k: k)
-        _refuse([(where, line) for line in found + bad])
-        if toml.get("profile") and not Path(toml["profile"]).is_absolute():
-            toml["profile"] = str((p.resolve().parent / toml["profile"]).resolve())
-    env, bad = env_layer(src.env)
-    inline, bad_inline = _checked_layer(src.inline, _inline_label)
-    _refuse([("", line) for line in bad + bad_inline])
-    # precedence: --additional-config over TUNED_<KEY> over the TOML over the defaults;
-    # each layer: (its name for key, its values, how it says key, how to drop key)
-    layers = ((lambda k: where, toml, lambda k: "the config", "remove it from the config",
-               where),
-              (env_name, env, env_name, "unset it", ""),
-              (_inline_label, inline, lambda k: "--additional-config",
-               "remove it from --additional-config", ""))
-    merged: dict[str, Any] = {}
-    said: dict[str, tuple] = {}
-    overridden = []
-    for layer in layers:
-        for key, value in layer[1].items():
-            if key in merged and merged[key] != value:
-                overridden.append(f"{key}: {layer[0](key)} ({clip(value)}) overrides "
-                                  f"{said[key][0](key)} ({clip(merged[key])})")
-            merged[key], said[key] = value, layer
-    from_engine = set()
-    if src.engine is not None:
-        found = []
-        for key in ENGINE_KEYS:
-            if key in merged and not _agrees(key, merged[key], src.engine):
-                _, _, says, remove, origin = said[key]
-                shown = clip(merged[key]) if key == "model" else number_text(merged[key])
-                found.append((origin, f"{key}: {says(key)} says {shown}, "
-                                      f"{_engine_text(key, src.engine)}; {remove} or give "
-                                      "both the same value"))
-                continue
-            got = _from_engine(key, src.engine)
-            if got is not None:
-                merged[key] = got
-                from_engine.add(key)
-        _refuse(found)
-    # checked again only for what the engine gave: vLLM's ranges may be wider than tuned's
-    values, problems = _checked_layer(
-        merged, lambda k: f"{k} (vLLM's {ENGINE_FLAGS[k]})" if k in from_engine else k)
-    problems += policy_problems(values)
-    if not problems:
-        cfg = Config(**values, source_path=where, sources=src)
-        problems = cross_field_problems(cfg)
-    if problems:
-        raise ConfigError(problems, _describe(src, where))
-    return cfg, tuple(overridden)
-
-
-def _describe(src: Sources, where: str) -> str:
-    """The sources a merged config came from, for a problem no single one owns."""
-    parts = [where] if where else []
-    if src.env:
-        parts.append("TUNED_* variables")
-    if src.inline:
-        parts.append("--additional-config")
-    return " + ".join(parts)
-
-
-def engine_setup(additional: Any, environ: Mapping[str, str],
-                 engine: Mapping[str, Any] | None = None) -> EngineSetup:
-    """The config tuned's scheduler runs, from vLLM's ``additional_config``, the
-    engine's environment and (``engine``) the engine's own settings, under the config's
-    key names (:data:`ENGINE_KEYS`; ``given``: the keys the operator passed, when
-    known):
-
-    1. ``{"tuned": {"config": {...}}}``: the config `tuned serve` validated and shipped
-       (:func:`engine_handoff`), never a re-read of the file; with ``engine``, it is
-       held to the engine's arguments (:func:`engine_problems`);
-    2. otherwise tuned was dropped into your own vLLM command line, and its keys come
-       from, highest first: config keys beside ``config_path`` in
-       ``--additional-config '{"tuned": {...}}'``, ``TUNED_<KEY>`` variables, the TOML
-       file named by ``config_path`` or :data:`CONFIG_ENV`, the defaults. A key two
-       sources give takes the higher one's value (listed in ``overridden``). The
-       engine's settings (:data:`ENGINE_KEYS`) come from ``engine``; a source that
-       repeats one must say what the engine runs, or the config is refused. With no
-       source at all, tuned runs its defaults.
-
-    :class:`ConfigError` (one line per problem) for a bad config, a contradiction, an
-    ``additional_config`` entry of the wrong shape, or a path and :data:`CONFIG_ENV`
-    naming two different files."""
-    if additional is not None and not isinstance(additional, Mapping):
-        raise ConfigError([f"additional_config: must be a JSON object, got "
-                           f"{clip(additional)}"])
-    extra = (additional or {}).get("tuned")
-    if extra is None:
-        extra = {}
-    if not isinstance(extra, Mapping):
-        raise ConfigError([f"additional_config.tuned: must be a JSON object such as "
-                           f"{{\"config_path\": \"/etc/tuned/tuned.toml\"}}, got {clip(extra)}"])
-    unknown = sorted(set(extra) - set(_HANDOFF_KEYS) - set(FIELDS))
-    if unknown:
-        raise ConfigError([f"additional_config.tuned: unknown key {clip_text(unknown[0])}"
-                           f"{did_you_mean(unknown[0], [*FIELDS, 'config_path', 'serving_url'])}"
-                           f" (known: config_path, serving_url and the config's keys, see "
-                           f"`tuned check-config --explain`)"])
-    serving_url = extra.get("serving_url") or None
-    if serving_url is not None and not isinstance(serving_url, str):
-        raise ConfigError([f"additional_config.tuned.serving_url: must be a URL string, "
-                           f"got {clip(serving_url)}"])
-    if "config" in extra:
-        cfg, _ = from_engine_handoff(additional)
-        if engine is not None:
-            problems = model_problems(cfg) + engine_problems(cfg, engine)
-            if problems:
-                raise ConfigError(problems, cfg.source_path)
-        return EngineSetup(cfg, serving_url, reload_token_digest(additional))
-    path = extra.get("config_path") or ""
-    if not isinstance(path, str):
-        raise ConfigError([f"additional_config.tuned.config_path: must be a file path "
-                           f"string, got {clip(path)}"])
-    env_path = environ.get(CONFIG_ENV, "")
-    if path and env_path and Path(path).resolve() != Path(env_path).resolve():
-        raise ConfigError([f"config_path: additional_config names {clip_path(path)} and "
-                           f"{CONFIG_ENV} names {clip_path(env_path)}; give one"])
-    src = Sources(path=path or env_path,
-                  env={k: v for k, v in environ.items()
-                       if k.startswith(ENV_PREFIX) and k not in OTHER_ENV},
-                  inline={k: v for k, v in extra.items() if k not in _HANDOFF_KEYS},
-                  engine=None if engine is None else dict(engine))
-    cfg, overridden = src.build()
-    digest = hashlib.sha256(cfg.reload_token.encode()).hexdigest() if cfg.reload_token else ""
-    return EngineSetup(cfg, serving_url, digest, overridden)
-
-
-def reread(cfg: Config) -> Config:
-    """``cfg`` built again from where it came from, for a reload: a config dropped
-    into a vLLM command line from its file, its variables and ``--additional-config``
-    as they were at start and the engine's settings (:class:`Sources`); otherwise its
-    file, or the embedded default when it had none."""
-    if cfg.sources is not None:
-        return cfg.sources.build()[0]
-    return load(cfg.source_path) if cfg.source_path else default()
-
-
-def refusal_lines(e: ConfigError) -> list[str]:
-    """The lines that say, on stderr, why tuned refused to start the engine."""
-    where = f"{e.source}: " if e.source else ""
-    return [f"tuned: config refused: {where}{problem}" for problem in e.problems]
-
-
-def model_problems(cfg: Config) -> list[str]:
-    """``model`` as :func:`tuned.base.demo_model.model_form` reads it (a missing folder, an
-    unknown demo size, something that is no Hugging Face id): `tuned serve`,
-    `tuned check-config` and tuned's scheduler refuse the same settings."""
-    try:
-        model_form(cfg.model)
-    except ValueError as e:
-        return [f"model: {e}"]
-    return []
-
-
-def hf_cache_dir(environ: Mapping[str, str]) -> Path:
-    """Where Hugging Face's hub keeps downloaded models (``HF_HUB_CACHE``, else
-    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else
-    ``~/.cache/huggingface/hub``), as vLLM's downloader reads it."""
-    if environ.get("HF_HUB_CACHE"):
-        return Path(environ["HF_HUB_CACHE"]).expanduser()
-    if environ.get("HF_HOME"):
-        return Path(environ["HF_HOME"]).expanduser() / "hub"
-    xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
-
-
-def _offline(environ: Mapping[str, str]) -> bool:
-    return any(environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def hf_cache_findings(model: str, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """(problems, notes) about a Hugging Face id from the local cache alone (no
-    network): not cached while ``HF_HUB_OFFLINE`` is set is a problem (vLLM cannot
-    fetch it); not cached otherwise is a note (vLLM downloads it at start), with the
-    closest cached id when there is one (a misspelt id)."""
-    try:
-        if model_form(model) != "hf_id":
-            return [], []
-    except ValueError:
-        return [], []
-    cache = hf_cache_dir(environ)
-    try:
-        cached = sorted(p.name.removeprefix("models--").replace("--", "/")
-                        for p in cache.iterdir() if p.name.startswith("models--")
-                        and (p / "snapshots").is_dir())
-    except OSError:
-        cached = []
-    if model in cached:
-        return [], []
-    hint = did_you_mean(model, cached).replace("?", " (cached)?")
-    where = clip_path(cache)
-    if _offline(environ):
-        return [f"model: {clip_text(model)} is not in the Hugging Face cache ({where}) and "
-                f"HF_HUB_OFFLINE is set, so vLLM cannot fetch it{hint}"], []
-    return [], [f"model: {clip_text(model)} is not in the Hugging Face cache ({where}): "
-                f"vLLM downloads it at start{hint}"]
-
-
-def engine_problems(cfg: Config, engine: Mapping[str, Any]) -> list[str]:
-    """One line per setting where the engine's own arguments contradict the config.
-
-    ``engine`` holds what vLLM runs with, under the config's key names
-    (:data:`ENGINE_FLAGS`): ``max_num_seqs``, ``max_num_batched_tokens``,
-    ``max_model_len``, ``num_gpu_blocks`` (vLLM's override, None when unset) and
-    ``model``. ``max_model_len`` is compared when tuned would pass it
-    (:attr:`Config.effective_max_model_len`), ``num_gpu_blocks`` when the config sets
-    it, ``model`` when it is a folder (same folder) or a Hugging Face id (same id); a
-    demo model is whatever folder the engine was given."""
-    want: dict[str, Any] = {"max_num_seqs": cfg.max_num_seqs,
-                            "max_num_batched_tokens": cfg.max_num_batched_tokens}
-    if cfg.effective_max_model_len:
-        want["max_model_len"] = cfg.effective_max_model_len
-    if cfg.num_gpu_blocks:
-        want["num_gpu_blocks"] = cfg.num_gpu_blocks
-    problems = []
-    for key, value in want.items():
-        got, flag = engine.get(key), ENGINE_FLAGS[key]
-        if got is None:
-            problems.append(f"{key}: the config says {value}, the engine was started "
-                            f"without {flag}; pass {flag} {value} to vLLM")
-        elif got != value:
-            problems.append(f"{key}: the config says {value}, the engine runs {flag} {got}; "
-                            f"pass {flag} {value} to vLLM or set {key} = {got} in the config")
-    model = engine.get("model")
-    if not _agrees("model", cfg.model, engine):
-        problems.append(f"model: the config says {clip_text(cfg.model)}, the engine runs "
-                        f"--model {clip_path(model)}; give both the same model")
-    return problems
-
-
-def reload_token_digest(additional: dict | None) -> str:
-    """The sha256 hex digest of the reload token shipped by :func:`engine_handoff`
-    ('' when none is set)."""
-    return str(((additional or {}).get("tuned") or {}).get("reload_token_sha256") or "")
-
-
 def restart_changes(old: Config, new: Config) -> list[str]:
     """Fields that differ between two configs but cannot change on a live engine."""
     return [n for n in RESTART_FIELDS if getattr(old, n) != getattr(new, n)]
-
-
-def explain() -> str:
-    """The field table, one line per key: name, type, default, range, doc."""
-    lines = []
-    for name, f in FIELDS.items():
-        meta = f.metadata
-        rng = _range_text(meta)
-        flag = " [restart]" if meta["restart"] else ""
-        lines.append(f"{name} ({f.type}, default {meta['default']!r}{', ' + rng if rng else ''})"
-                     f"{flag}: {meta['doc']}")
-    lines += ["", "Policies (batch_policy, queue_policy) and their options (batch_options, "
-              "queue_options):", catalog.explain(),
-              "", f"Dropped into your own vLLM command line (--scheduler-cls "
-              f"tuned.engines.vllm.TunedScheduler), {', '.join(ENGINE_KEYS)} are read from "
-              f"vLLM's arguments (set here, they must agree with them) and every key may "
-              f"also be given as {ENV_PREFIX}<KEY> or in --additional-config "
-              f"'{{\"tuned\": {{...}}}}'."]
-    return "\n".join(lines)

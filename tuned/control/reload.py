@@ -14,6 +14,8 @@ import structlog
 
 from tuned import config as config_mod
 from tuned.config import Config, ConfigError
+from tuned.config.schema import restart_changes
+from tuned.config.sources import reread
 
 log = structlog.get_logger("tuned.controller")
 
@@ -46,8 +48,8 @@ class Reloader:
 
     def read_config_file(self) -> Config:
         """The running config's file, re-read (the embedded default when it had none);
-        dropped into a vLLM command line, its sources (:func:`tuned.config.reread`)."""
-        return config_mod.reread(self.target.cfg)
+        dropped into a vLLM command line, its sources (:func:`tuned.config.sources.reread`)."""
+        return reread(self.target.cfg)
 
     def reload(self) -> dict:
         with self.lock:
@@ -62,7 +64,7 @@ class Reloader:
         except Exception as e:  # an unreadable file that load() did not turn into problems
             return self._refuse(now, [f"{type(e).__name__}: {e}"])
         old = self.target.cfg
-        restart = config_mod.restart_changes(old, new)
+        restart = restart_changes(old, new)
         if restart:
             # Keep the running engine's values for fields that size the engine.
             new = dataclasses.replace(new, **{n: getattr(old, n) for n in restart})

@@ -61,7 +61,7 @@ def names_tuned(scheduler_cls: Any) -> bool:
 
 def engine_settings(vllm_config: Any, engine_args: Any = None) -> dict[str, Any]:
     """What the engine runs with, under tuned's config keys
-    (:data:`tuned.config.ENGINE_KEYS`); with ``engine_args``, also ``given``: the keys
+    (:data:`tuned.config.vllm_args.ENGINE_KEYS`); with ``engine_args``, also ``given``: the keys
     the operator set (vLLM leaves the others None and picks them itself)."""
     sc, mc = vllm_config.scheduler_config, vllm_config.model_config
     settings: dict[str, Any] = {

@@ -195,7 +195,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("field", "vllm.config:VllmConfig.cache_config", use=f"{_V}: engine settings"),
     Internal("field", "vllm.config:VllmConfig.parallel_config", use=f"{_V}"),
     Internal("field", "vllm.config:VllmConfig.additional_config",
-             use="tuned/config.py engine_setup: tuned's config hand-off"),
+             use="tuned/config/handoff.py engine_setup: tuned's config hand-off"),
     Internal("field", "vllm.config:SchedulerConfig.max_num_seqs", use=f"{_V}: engine settings"),
     Internal("field", "vllm.config:SchedulerConfig.max_num_batched_tokens",
              use=f"{_V}: the token budget's bound"),

@@ -41,7 +41,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tuned.config import ENGINE_FLAGS, Config, engine_handoff
+from tuned.config import Config, engine_handoff
+from tuned.config.vllm_args import ENGINE_FLAGS
 from tuned.core.refusal import refuses
 from tuned.base.netutil import connect_host
 

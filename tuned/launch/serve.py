@@ -37,6 +37,8 @@ from tuned import config as config_mod
 from tuned.launch import launcher
 from tuned.base import log as log_mod
 from tuned.config import Config, ConfigError
+from tuned.config.checks import service_problems
+from tuned.config.vllm_args import vllm_args_problems
 from tuned.base.inputs import UserError, clip_path
 
 log = structlog.get_logger("tuned.serve")
@@ -265,8 +267,8 @@ def cmd_serve(args) -> int:
     from tuned.control.sdnotify import watchdog_s
 
     # what would otherwise fail only after the model loaded (or be silently overridden)
-    problems = (config_mod.service_problems(cfg, watchdog_s(os.environ))
-                + config_mod.vllm_args_problems(extra, "arguments after --"))
+    problems = (service_problems(cfg, watchdog_s(os.environ))
+                + vllm_args_problems(extra, "arguments after --"))
     if problems:
         for p in problems:
             print(f"{cfg.source_path or 'config'}: {p}", file=sys.stderr)

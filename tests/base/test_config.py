@@ -3,7 +3,7 @@ per bad field (range, type, choice, unknown key with its did-you-mean, the secre
 echoed), the cross-field rules, reading a file, and the shipped example configs carried
 through every way a config travels (a TOML file written by bench, the hand-off into the
 engine) unchanged. The CLI's answer to the same mistakes (exit 2, one line) is in
-commands/test_ops.py and commands/test_cli_mistakes.py."""
+commands/test_check_config.py and commands/test_cli_mistakes.py."""
 
 from __future__ import annotations
 

@@ -246,7 +246,7 @@ def test_print_command_refusals(tmp_path, capsys):
 # ------------------------------------------------------------------ check-config and serve agree
 
 def test_check_config_reads_the_model_as_serve_does(tmp_path, capsys, monkeypatch):
-    from tuned.commands.ops import check_config
+    from tuned.commands.check_config import check_config
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
     hf = write(tmp_path, 'model = "meta-llama/Llama-2-7b-hf"\n', "hf.toml")

@@ -9,7 +9,7 @@ import pytest
 from tuned import config as config_mod
 from tuned.base.demo_model import model_form
 from tuned.config.checks import UNIT_WATCHDOG_S
-from tuned.commands.ops import config_problems
+from tuned.commands.check_config import config_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "systemd" / "examples").glob("*.toml"))

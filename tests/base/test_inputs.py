@@ -17,7 +17,7 @@ from fakes import run_main
 from tuned import config as config_mod
 from tuned.sim.engine import SimEngine, SimulationError
 from tuned.base.inputs import UserError, clip, clip_path, clip_text, read_text
-from tuned.commands.ops import check_config
+from tuned.commands.check_config import check_config
 from tuned.sim.hardware import gpu_hardware
 from tuned.base.workloads import RequestSpec, WorkloadError, parse_workload
 

@@ -15,7 +15,7 @@ import pytest
 from fakes import run_main
 from tuned.commands import cli
 from tuned import config as config_mod
-from tuned.commands.ops import check_config
+from tuned.commands.check_config import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -310,7 +310,7 @@ def test_controller_json_has_no_request_text(tmp_path):
     assert dec["current"] is not None and len(steps["samples"]) == 20
     assert text_keys(dec) == [] and text_keys(steps) == []
     strings = {v for doc in (dec, steps) for _, k, v in walk(doc) if isinstance(v, str)}
-    from tuned.commands.ops import REASONS
+    from tuned.commands.status import REASONS
 
     # whether the cap binds, in tuned's own words and counts (tuned.policies.explain)
     note = re.compile(r"the cap (binds|does not bind): \d+ running (at|under) cap \d+"

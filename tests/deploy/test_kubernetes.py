@@ -26,7 +26,7 @@ from prom_harness import PROMTOOL_BIN, ensure_prometheus
 from tuned import config as config_mod
 from tuned.config.checks import engine_problems
 from tuned.config.sources import CONFIG_ENV
-from tuned.commands.ops import config_problems
+from tuned.commands.check_config import config_problems
 
 BASE = ROOT / "deploy" / "kubernetes"
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"

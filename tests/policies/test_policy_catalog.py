@@ -201,11 +201,11 @@ def test_a_declaration_that_is_not_plain_data_is_refused_naming_the_module():
 
 
 def test_status_explains_every_declared_reason():
-    from tuned.commands import ops
+    from tuned.commands import status
 
     for reason, text in catalog.reasons().items():
-        assert ops.REASONS[reason] == text
-    assert ops.REASONS["trtllm"] == ("batch_policy = trtllm: TensorRT-LLM's dynamic "
+        assert status.REASONS[reason] == text
+    assert status.REASONS["trtllm"] == ("batch_policy = trtllm: TensorRT-LLM's dynamic "
                                         "batch-size tuner")
 
 

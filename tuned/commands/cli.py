@@ -24,8 +24,10 @@ from tuned.base.workloads import WorkloadError
 #: the errors that mean bad input, not a bug: one line and exit 2, never a traceback
 USER_ERRORS = (UserError, ConfigError, ProfileError, WorkloadError)
 
-SUBCOMMAND_MODULES = ("tuned.launch.serve", "tuned.commands.demo", "tuned.profiler", "tuned.commands.ops",
-                      "tuned.commands.simulate", "tuned.bench.command", "tuned.bench.recommend")
+SUBCOMMAND_MODULES = ("tuned.launch.serve", "tuned.commands.demo", "tuned.profiler",
+                      "tuned.commands.check_config", "tuned.commands.status",
+                      "tuned.commands.reload", "tuned.commands.simulate", "tuned.bench.command",
+                      "tuned.bench.recommend")
 
 
 class Parser(argparse.ArgumentParser):

@@ -9,7 +9,7 @@ controller runs inside vLLM's EngineCore process. It then:
 * on SIGHUP asks every engine rank's endpoint to reload the config (``POST
   /reload``); the engine validates it and keeps the old one when it is bad.
   ``systemctl reload`` does not signal: the unit's ExecReload runs ``tuned reload``
-  (:func:`tuned.commands.ops.reload`), which posts the same request and exits with the
+  (:func:`tuned.commands.reload.reload`), which posts the same request and exits with the
   outcome, so the reload fails when the config is refused;
 * on SIGTERM / SIGINT stops the server and waits for it;
 * exits with the server's exit code.

@@ -218,7 +218,9 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     it ends; the prompt tokens the running requests still owe and those of each
     waiting request ahead clear at T(b, c, kv) / c per token, as a backlog drains. A
     request's first token comes once it has a slot and its prompt and those ahead are
-    through, one step later. A request whose first token would come past the bound
+    through, and one decode step more (the step it comes out of, or the next check;
+    not a full token budget's step, which on a CPU host is a second or more and
+    refused requests a light load could serve). A request whose first token would come past the bound
     from its arrival takes neither a slot nor prefill from those behind it: it is
     refused. This is list scheduling with predicted lengths, not a queueing formula,
     so a burst's first seconds are seen at once, before any request has finished."""
@@ -232,8 +234,7 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     b = max(min(cap, b_now + len(waiting)), 1)
     decode_s = model.predict_step_s(b, 0.0, kv)
     c = ctx.token_budget - b_now
-    step_s = model.predict_step_s(b_now, c, kv)
-    per_token = step_s / c
+    per_token = model.predict_step_s(b_now, c, kv) / c
     slots = [0.0] * max(cap - len(running_left), 0) + sorted(
         max(int(n), 0) * decode_s for n in running_left)
     heapq.heapify(slots)
@@ -242,14 +243,14 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     for r in waiting:
         slot = slots[0] if slots else 0.0
         own = per_token * max(r.prompt_tokens, 0)
-        first = max(slot, prefill) + own + step_s
+        first = max(slot, prefill) + own + decode_s
         leads[r.request_id] = first
         if now_s - r.arrival_s + first >= bound_s:
             continue                      # refused: leaves the slot and the pace
         prefill = max(slot, prefill) + own
         if slots:
             heapq.heapreplace(slots, first + max(r.predicted_output - 1, 0) * decode_s)
-    door = max(slots[0] if slots else 0.0, prefill) + step_s
+    door = max(slots[0] if slots else 0.0, prefill) + decode_s
     return leads, door
 
 

@@ -90,6 +90,19 @@ class Server:
         return get_json(f"{self.api}/models")["data"][0]["id"]
 
 
+def one_at_a_time_refusing(model, bound_s: float) -> str:
+    """A config that runs one request at a time (cap 1, static) and refuses at a wait
+    bound of ``bound_s`` (TTFT target 1 s, no TPOT SLA: no step model, so a request
+    is refused when it has waited the bound): a burst is refused whatever the host's
+    speed."""
+    return (f'model = "{model}"\nmax_num_seqs = 4\nmax_num_batched_tokens = 512\n'
+            f"max_model_len = 512\nnum_gpu_blocks = 64\ninterval_s = 0.25\n"
+            f"b_min = 1\nb_max = 1\nfallback_cap = 1\nbatch_policy = \"static\"\n"
+            f"token_budget_policy = \"max\"\nadmission_guard = \"off\"\n"
+            f"ttft_sla_s = 1.0\nmax_wait_s = {bound_s}\non_max_wait = \"refuse\"\n"
+            f'log_level = "warning"\n')
+
+
 @contextmanager
 def tuned_serve(tmp_path: Path, config_text: str, env_extra: dict | None = None,
                 ready_timeout_s: float = 300.0):

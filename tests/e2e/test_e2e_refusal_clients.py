@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from serve_harness import metric_values, msum, tuned_serve
+from serve_harness import metric_values, msum, one_at_a_time_refusing, tuned_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -40,12 +40,7 @@ VLLM_BENCH_SERVE = ("import sys\n"
 
 
 def config(model) -> str:
-    return (f'model = "{model}"\nmax_num_seqs = 4\nmax_num_batched_tokens = 512\n'
-            f"max_model_len = 512\nnum_gpu_blocks = 64\ninterval_s = 0.25\n"
-            f"b_min = 1\nb_max = 1\nfallback_cap = 1\nbatch_policy = \"static\"\n"
-            f"token_budget_policy = \"max\"\nadmission_guard = \"off\"\n"
-            f"ttft_sla_s = 1.0\nmax_wait_s = {BOUND_S}\non_max_wait = \"refuse\"\n"
-            f'log_level = "warning"\n')
+    return one_at_a_time_refusing(model, BOUND_S)
 
 
 def test_vllm_bench_serve_and_the_openai_client_read_a_refusal(tmp_path, small_model):

@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from serve_harness import get_json, metric_values, mval, tuned_serve, wait_for
+from serve_harness import (get_json, metric_values, mval, one_at_a_time_refusing, tuned_serve,
+                           wait_for)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,12 +33,7 @@ MAX_TOKENS = 48
 
 
 def config(model) -> str:
-    return (f'model = "{model}"\nmax_num_seqs = 4\nmax_num_batched_tokens = 512\n'
-            f"max_model_len = 512\nnum_gpu_blocks = 64\ninterval_s = 0.25\n"
-            f"b_min = 1\nb_max = 1\nfallback_cap = 1\nbatch_policy = \"static\"\n"
-            f"token_budget_policy = \"max\"\nadmission_guard = \"off\"\n"
-            f"ttft_sla_s = 1.0\nmax_wait_s = {BOUND_S}\non_max_wait = \"refuse\"\n"
-            f'log_level = "warning"\n')
+    return one_at_a_time_refusing(model, BOUND_S)
 
 
 def test_a_backlog_past_the_bound_is_answered_served_or_refused(tmp_path, small_model):

@@ -214,7 +214,7 @@ def measure_static_caps(tmp_path, srv, small_model) -> StaticFidelity:
 
 def check_static_fidelity(f: StaticFidelity) -> None:
     """Print the live and simulated figures per cap side by side, then check the
-    issue's thresholds: throughput within 10 % and mean TPOT within 15 % per cap. Both
+    thresholds: throughput within 10 % and mean TPOT within 15 % per cap. Both
     are the engine's, what the simulator models: the throughput from the engine's step
     records (:func:`engine_tok_s`), the TPOT from vLLM's own per-request histogram
     (:func:`vllm_tpot_totals`). The client's, which add the API server's delivery, are

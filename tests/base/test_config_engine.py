@@ -1,4 +1,4 @@
-"""tuned inside your own vLLM command line (issue 22 parts 2 and 3): where the
+"""tuned inside your own vLLM command line: where the
 scheduler finds its config (tuned serve's hand-off, ``--additional-config``'s
 ``config_path``, ``TUNED_CONFIG``), the check of the engine's own arguments against
 it, ``max_model_len``'s default, and ``tuned serve --print-command``."""

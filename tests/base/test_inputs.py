@@ -1,4 +1,4 @@
-"""Bad input refused cleanly (issue 20, parts 3-5): check-config finds at start what
+"""Bad input refused cleanly: check-config finds at start what
 would fail later, every CLI input gives exit 0 or a one-line exit 2 (never a traceback
 or a hang), long values are cut, and the reload token is never written to a file."""
 

@@ -4,7 +4,7 @@ import pytest
 
 from tuned.control.sla import CHUNK_HEADROOM, sla_fitting_chunk
 
-# the burst fit of a sitting where a prompt token cost 0.37 ms (docs/results.md, f1)
+# a burst fit measured on the CPU engine, where a prompt token cost 0.37 ms
 FIT = {"a": 0.0068, "beta": 0.00054, "gamma": 0.00037}
 
 

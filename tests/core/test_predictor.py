@@ -66,7 +66,7 @@ def test_prompt_length_buckets_learn_separately_with_global_fallback():
 
 
 def test_prediction_has_real_resolution():
-    """Issue 10: 600 lognormal outputs growing with the prompt gave only {56, 58, 64}
+    """600 lognormal outputs growing with the prompt gave only {56, 58, 64}
     from one quantile per prompt bucket; the interpolated estimate moves with the
     prompt length."""
     import random

@@ -171,7 +171,7 @@ def test_fit_result_round_trip_and_predict():
 
 
 def test_kv_demand_is_the_controllers_moments_in_tokens():
-    # one definition of the demand moments (issue 8): population variance over the
+    # one definition of the demand moments: population variance over the
     # window, as the memory bound computes them, in tokens (block size 1)
     d = kv_demand([100, 200, 300, 400])
     assert d.mean == pytest.approx(250.0)

@@ -1,4 +1,4 @@
-"""tuned inside an operator's own vLLM command line, end to end (issue 22 part 2).
+"""tuned inside an operator's own vLLM command line, end to end.
 
 vLLM's OpenAI server is started as docs/kubernetes.md writes it (the documented
 arguments, with the demo model's folder and this test's config file in place of the

@@ -1,7 +1,7 @@
 """A real vLLM CPU engine under a fault in tuned's waiting queue and a log sink that
 refuses every write: every request completes.
 
-The fault is the one issue 20 names: a profile whose speed and USL fits are missing
+The fault: a profile whose speed and USL fits are missing
 (what ``fit_all`` writes when those fits fail), ``queue_policy = "saber"`` and
 requests with a deadline, so that SABER's ``speed_tok_s`` raises ``ProfileError``
 inside a method of the waiting queue vLLM calls. Once the server is up, stderr of

@@ -6,7 +6,7 @@ then the same open-loop workload runs through it at static caps 2, 4, 8, 16
 simulator runs the very same configs on the profile just measured, scaled to the speed
 the host's steps had during each run (measured from the engine's own step records; the
 unscaled figures are printed beside), on the arrivals as the client actually sent them.
-Thresholds are the issue's: throughput within 10 % and mean TPOT within 15 % for every
+The thresholds: throughput within 10 % and mean TPOT within 15 % for every
 cap. Both are the engine's: the throughput from its own step records, the TPOT from
 vLLM's own per-request histogram. A client's add the API server's delivery on two
 shared cores (tokens in bursts, the first often late, the last of a run up to a second

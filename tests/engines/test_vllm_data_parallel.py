@@ -1,4 +1,4 @@
-"""One controller per data-parallel rank, observable as one fleet (issue 22 part 4).
+"""One controller per data-parallel rank, observable as one fleet.
 
 In one process: two real vLLM schedulers (``TunedScheduler``), ranks 0 and 1 as vLLM
 0.32 builds them for a dense model (``data_parallel_rank`` 0 in both, the rank in

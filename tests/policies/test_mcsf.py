@@ -128,7 +128,7 @@ def test_lookahead_in_blocks_equals_brute_force():
 
 
 def test_plans_in_blocks_not_tokens():
-    """Issue 10: with 47 blocks of 128 tokens and 30 requests of prompt 100 and
+    """With 47 blocks of 128 tokens and 30 requests of prompt 100 and
     output 100 (exact predictions), planning in tokens admits all 30 (6000 <= 6016
     tokens) though they need 60 blocks; in blocks, 23 fit (2 blocks each)."""
     p = MCSFPolicy(reserve_fraction=0.0)

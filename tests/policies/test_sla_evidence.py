@@ -1,4 +1,4 @@
-"""Issue 10's defects of Algorithm 2 in a continuous-batching engine, each shown on the
+"""The defects of Algorithm 2 in a continuous-batching engine, each shown on the
 paper's version (``SlaBound``, ``sla_mode = "paper"``) and fixed by the default
 (``EvidenceSlaBound``), plus the SLA feasibility check and the token budget."""
 

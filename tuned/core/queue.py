@@ -529,7 +529,7 @@ class QueueCore(Generic[R]):
             info = self._make_info(req)
             self._infos[rid] = info
         if progress and req.num_output_tokens != info.output_tokens:
-            info = dataclasses.replace(info, output_tokens=req.num_output_tokens)
+            info = info.with_progress(req.num_output_tokens, info.started_s)
             self._infos[rid] = info
         return info
 

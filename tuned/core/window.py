@@ -131,6 +131,16 @@ def demand_moments(tokens_per_request: Sequence[int], block_size: int = 1) -> De
     return DemandMoments(mean, math.sqrt(var), n)
 
 
+def _block_sums(x: int, bs: int) -> tuple[int, int]:
+    """Sum over the token counts y in [1, x] of ceil(y / bs), and of its square: with
+    x = q bs + r, bs (1 + ... + q) + r (q + 1), and the same in squares. Exact
+    integers, in constant time (the controller sums them over every finished request
+    of its window on each tick)."""
+    q, r = divmod(x, bs)
+    return (bs * q * (q + 1) // 2 + r * (q + 1),
+            bs * q * (q + 1) * (2 * q + 1) // 6 + r * (q + 1) * (q + 1))
+
+
 def occupancy_moments(requests: Sequence[tuple[int, int]], block_size: int = 1) -> DemandMoments:
     """Mean and standard deviation of the KV blocks a running request holds at a random
     decode step: the demand Pang et al.'s memory bound sums over a continuous batch.
@@ -156,11 +166,11 @@ def occupancy_moments(requests: Sequence[tuple[int, int]], block_size: int = 1) 
             k = -(-p // bs)
             w, s1, s2 = w + 1, s1 + k, s2 + k * k
             continue
-        # tokens held while writing output token t: p + t + 1, for t in [0, o)
-        lo, hi = p + 1, p + o
-        for k in range(-(-lo // bs), -(-hi // bs) + 1):
-            cnt = min(hi, k * bs) - max(lo, (k - 1) * bs + 1) + 1
-            w, s1, s2 = w + cnt, s1 + k * cnt, s2 + k * k * cnt
+        # tokens held while writing output token t: p + t + 1, for t in [0, o), so the
+        # blocks of the tokens x in [p + 1, p + o]
+        hi1, hi2 = _block_sums(p + o, bs)
+        lo1, lo2 = _block_sums(p, bs)
+        w, s1, s2 = w + o, s1 + hi1 - lo1, s2 + hi2 - lo2
     if w == 0:
         return DemandMoments(None, None, n)
     mean = s1 / w

@@ -223,8 +223,9 @@ def test_the_decision_and_its_words_live_in_the_refusal_module_only():
 
 
 def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefill_pace():
-    """T(b, c) = 0.01 b + 0.001 c. Two running requests fill the cap of 2, with 10 and
-    30 decode steps left at T(2, 0) = 20 ms: slots free at 0.2 and 0.6 s. Prompts of 100
+    """T(b, c) = 0.01 b + 0.001 c. Two running requests fill the cap of 2, with 20 and
+    60 decode steps predicted left, counted at half (RUNNING_LEFT_SHARE), at T(2, 0) =
+    20 ms: slots free at 0.2 and 0.6 s. Prompts of 100
     tokens clear at T(2, 1000) / 1000 = 1.02 ms a token. A takes the slot at 0.2 s and
     has its first token at 0.2 + 0.102 + 0.02 = 0.322 s; B the one at 0.6 s, 0.722 s;
     C the slot A frees (0.322 + 19 decodes = 0.702 s), 0.824 s: past a bound of 0.8 s,
@@ -238,7 +239,7 @@ def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefil
     c = AdmitContext(now_s=5.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
                      cap=2, step_model=model, token_budget=1002, num_running=2)
     waiting = [ReqInfo(rid, 5.0, 100, 64, 20) for rid in "ABC"]
-    leads, door = first_token_leads(c, waiting, [10, 30], 5.0, 0.8)
+    leads, door = first_token_leads(c, waiting, [20, 60], 5.0, 0.8)
     assert leads == pytest.approx({"A": 0.322, "B": 0.722, "C": 0.824})
     assert door == pytest.approx(0.722)
     # no step model, or no token budget beyond the running requests: no prediction

@@ -205,6 +205,14 @@ class QueueRefusals(Generic[R]):
                 "door_wait_s": self.door_wait_s if b is not None else None}
 
 
+#: the share of a running request's predicted decode steps left that the slot it holds
+#: is counted busy for: a refusal is never undone while a request kept waiting can
+#: still be refused later, so the prediction leans early where it is least sure, the
+#: length of an answer already under way (a light-load request behind one whose
+#: answer ended sooner than predicted was refused that would have met its TTFT)
+RUNNING_LEFT_SHARE = 0.5
+
+
 def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
                       running_left: Sequence[int], now_s: float, bound_s: float
                       ) -> tuple[dict[str, float] | None, float | None]:
@@ -213,9 +221,9 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     without the step model the controller publishes or a token budget.
 
     The engine is a set of batch slots (the cap) and a prefill pace. A slot frees when
-    a running request ends (its predicted decode steps left at the decode step time of
-    the batch the queue keeps full, T(b, 0, kv)) and again when the request that took
-    it ends; the prompt tokens the running requests still owe and those of each
+    a running request ends (:data:`RUNNING_LEFT_SHARE` of its predicted decode steps
+    left, at the decode step time of the batch the queue keeps full, T(b, 0, kv)) and
+    again when the request that took it ends; the prompt tokens the running requests still owe and those of each
     waiting request ahead clear at T(b, c, kv) / c per token, as a backlog drains. A
     request's first token comes once it has a slot and its prompt and those ahead are
     through, and one decode step more (the step it comes out of, or the next check;
@@ -236,7 +244,7 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     c = ctx.token_budget - b_now
     per_token = model.predict_step_s(b_now, c, kv) / c
     slots = [0.0] * max(cap - len(running_left), 0) + sorted(
-        max(int(n), 0) * decode_s for n in running_left)
+        RUNNING_LEFT_SHARE * max(int(n), 0) * decode_s for n in running_left)
     heapq.heapify(slots)
     prefill = per_token * max(int(ctx.prefill_backlog_tokens), 0)
     leads: dict[str, float] = {}

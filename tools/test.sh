@@ -24,12 +24,16 @@ if [ "$#" -gt 0 ]; then
   "${pytest[@]}" "$@"
   rc=$?
 else
-  # the fast tests on every core (pytest-xdist), then the slow ones, which start the
-  # real engine, one at a time
+  # the fast tests on every core (pytest-xdist); the slow ones that start no engine
+  # (simulations) on every core too, a file per worker so that a module's fixture is
+  # built once; then the slow ones that start the real engine, one at a time
   "${pytest[@]}" -m "not slow" -n auto
   fast=$?
-  "${pytest[@]}" -m slow
+  "${pytest[@]}" -m "slow and simulation" -n auto --dist loadfile
+  sim=$?
+  "${pytest[@]}" -m "slow and not simulation"
   rc=$?
+  if [ "$sim" -ne 0 ]; then rc=$sim; fi
   if [ "$fast" -ne 0 ]; then rc=$fast; fi
 fi
 set -e

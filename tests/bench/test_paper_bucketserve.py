@@ -11,7 +11,8 @@ from fakes import TokenStepModel
 from tuned.bench.papers import bucketserve, run_paper
 from tuned.base.workloads import RequestSpec
 
-pytestmark = pytest.mark.usefixtures("quiet_logs")
+# every test here starts no engine: tools/test.sh runs the slow ones on every core
+pytestmark = [pytest.mark.usefixtures("quiet_logs"), pytest.mark.simulation]
 
 
 class TinyHardware:

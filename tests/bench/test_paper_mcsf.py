@@ -22,6 +22,9 @@ from tuned.bench.papers.mcsf import (
     total_latency,
 )
 
+# every test here starts no engine: tools/test.sh runs the slow ones on every core
+pytestmark = pytest.mark.simulation
+
 
 def inst(m, *rows):
     """rows: (arrival, s, o)."""

@@ -10,7 +10,8 @@ from tuned.bench.papers import multibin as mb
 from tuned.policies.multibin import expected_latency
 from tuned.core.queue_policy import AdmitContext, ReqInfo
 
-pytestmark = pytest.mark.usefixtures("quiet_logs")
+# every test here starts no engine: tools/test.sh runs the slow ones on every core
+pytestmark = [pytest.mark.usefixtures("quiet_logs"), pytest.mark.simulation]
 
 
 def test_stratified_service_times_hold_one_draw_per_stratum():

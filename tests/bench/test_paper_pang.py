@@ -8,7 +8,8 @@ from tuned.bench.papers import pang
 from tuned.bench.papers.pang_patch import patch_max_num_seqs
 from tuned.core.ring import StepSample
 
-pytestmark = pytest.mark.usefixtures("quiet_logs")
+# every test here starts no engine: tools/test.sh runs the slow ones on every core
+pytestmark = [pytest.mark.usefixtures("quiet_logs"), pytest.mark.simulation]
 
 
 def test_pang_lognormal_has_the_papers_mean_and_cv_half():

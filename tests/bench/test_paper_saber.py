@@ -10,6 +10,9 @@ import pytest
 from tuned.bench.papers import saber, saber_authors as sa
 from tuned.sim.stepmodel import StepShape
 
+# every test here starts no engine: tools/test.sh runs the slow ones on every core
+pytestmark = pytest.mark.simulation
+
 
 def test_step_model_follows_the_measured_speeds():
     m = sa.AuthorsStepModel()

@@ -16,7 +16,8 @@ from tuned.bench.papers import multibin as mb
 from tuned.bench.papers import pang, saber
 from tuned.base.workloads import RequestSpec
 
-pytestmark = pytest.mark.usefixtures("quiet_logs")
+# every test here starts no engine: tools/test.sh runs the slow ones on every core
+pytestmark = [pytest.mark.usefixtures("quiet_logs"), pytest.mark.simulation]
 
 
 # ------------------------------------------------------------------ dispatcher

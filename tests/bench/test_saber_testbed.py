@@ -7,7 +7,8 @@ from tuned.bench.papers import saber
 from tuned.sim.hardware import gpu_hardware
 from tuned.sim.stepmodel import StepShape
 
-pytestmark = pytest.mark.usefixtures("quiet_logs")
+# every test here starts no engine: tools/test.sh runs the slow ones on every core
+pytestmark = [pytest.mark.usefixtures("quiet_logs"), pytest.mark.simulation]
 
 
 def test_testbed_is_the_hardware_with_fewer_layers_and_the_same_one_request_step():

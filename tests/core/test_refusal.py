@@ -223,14 +223,14 @@ def test_the_decision_and_its_words_live_in_the_refusal_module_only():
 
 
 def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefill_pace():
-    """T(b, c) = 0.01 b + 0.001 c. Two running requests fill the cap of 2, with 20 and
-    60 decode steps predicted left, counted at half (RUNNING_LEFT_SHARE), at T(2, 0) =
-    20 ms: slots free at 0.2 and 0.6 s. Prompts of 100
-    tokens clear at T(2, 1000) / 1000 = 1.02 ms a token. A takes the slot at 0.2 s and
-    has its first token at 0.2 + 0.102 + 0.02 = 0.322 s; B the one at 0.6 s, 0.722 s;
-    C the slot A frees (0.322 + 19 decodes = 0.702 s), 0.824 s: past a bound of 0.8 s,
-    so it takes nothing from a request arriving now, whose first token comes at the
-    next free slot, 0.702 s, one decode step later."""
+    """T(b, c) = 0.01 b + 0.001 c. Two running requests fill the cap of 2, with 10 and
+    30 decode steps left at T(2, 0) = 20 ms: slots free at 0.2 and 0.6 s. Prompts of 100
+    tokens clear at T(2, 1000) / 1000 = 1.02 ms a token, and a first token comes out of
+    a step carrying the 300 prompt tokens pending, T(2, 300) = 0.32 s. A takes the slot
+    at 0.2 s: 0.2 + 0.102 + 0.32 = 0.622 s; B the one at 0.6 s: 1.022 s; C the slot A
+    frees (0.622 + 19 decodes = 1.002 s): 1.424 s, past a bound of 1.2 s, so it takes
+    nothing from a request arriving now, whose first token comes at the next free
+    slot, 1.002 s, and one such step later."""
     from tuned.core.queue_policy import ReqInfo
     from tuned.core.refusal import first_token_leads
     from tuned.curves.online import LinearStepModel
@@ -239,12 +239,12 @@ def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefil
     c = AdmitContext(now_s=5.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
                      cap=2, step_model=model, token_budget=1002, num_running=2)
     waiting = [ReqInfo(rid, 5.0, 100, 64, 20) for rid in "ABC"]
-    leads, door = first_token_leads(c, waiting, [20, 60], 5.0, 0.8)
-    assert leads == pytest.approx({"A": 0.322, "B": 0.722, "C": 0.824})
-    assert door == pytest.approx(0.722)
+    leads, door = first_token_leads(c, waiting, [10, 30], 5.0, 1.2)
+    assert leads == pytest.approx({"A": 0.622, "B": 1.022, "C": 1.424})
+    assert door == pytest.approx(1.322)
     # no step model, or no token budget beyond the running requests: no prediction
     import dataclasses
     assert first_token_leads(dataclasses.replace(c, step_model=None), waiting, [10, 30],
-                             5.0, 0.8) == (None, None)
+                             5.0, 1.2) == (None, None)
     assert first_token_leads(dataclasses.replace(c, token_budget=2), waiting, [10, 30],
-                             5.0, 0.8) == (None, None)
+                             5.0, 1.2) == (None, None)

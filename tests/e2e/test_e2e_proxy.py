@@ -1,4 +1,4 @@
-"""Behind a proxy, as fleets run it (issue 30): nginx in front of two `tuned serve`
+"""Behind a proxy, as fleets run it: nginx in front of two `tuned serve`
 engines retries on the overloaded one's 429 and the other serves the request; none
 lost, none served twice.
 

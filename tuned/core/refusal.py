@@ -205,14 +205,6 @@ class QueueRefusals(Generic[R]):
                 "door_wait_s": self.door_wait_s if b is not None else None}
 
 
-#: the share of a running request's predicted decode steps left that the slot it holds
-#: is counted busy for: a refusal is never undone while a request kept waiting can
-#: still be refused later, so the prediction leans early where it is least sure, the
-#: length of an answer already under way (a light-load request behind one whose
-#: answer ended sooner than predicted was refused that would have met its TTFT)
-RUNNING_LEFT_SHARE = 0.5
-
-
 def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
                       running_left: Sequence[int], now_s: float, bound_s: float
                       ) -> tuple[dict[str, float] | None, float | None]:
@@ -221,14 +213,17 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     without the step model the controller publishes or a token budget.
 
     The engine is a set of batch slots (the cap) and a prefill pace. A slot frees when
-    a running request ends (:data:`RUNNING_LEFT_SHARE` of its predicted decode steps
-    left, at the decode step time of the batch the queue keeps full, T(b, 0, kv)) and
-    again when the request that took it ends; the prompt tokens the running requests still owe and those of each
+    a running request ends (its predicted decode steps left at the decode step time of
+    the batch the queue keeps full, T(b, 0, kv)) and again when the request that took
+    it ends; the prompt tokens the running requests still owe and those of each
     waiting request ahead clear at T(b, c, kv) / c per token, as a backlog drains. A
     request's first token comes once it has a slot and its prompt and those ahead are
-    through, and one decode step more (the step it comes out of, or the next check;
-    not a full token budget's step, which on a CPU host is a second or more and
-    refused requests a light load could serve). A request whose first token would come past the bound
+    through, and one step more: the step it comes out of, carrying the prefill pending
+    now (the running requests' and the waiting ones', up to the token budget). Under a
+    burst that is a full budget's step, a second or more on a CPU host, which also
+    covers what the model does not see (the API server's own work under the burst);
+    under a light load it is the one prompt's, so a request behind a running one is
+    not refused that can still make it. A request whose first token would come past the bound
     from its arrival takes neither a slot nor prefill from those behind it: it is
     refused. This is list scheduling with predicted lengths, not a queueing formula,
     so a burst's first seconds are seen at once, before any request has finished."""
@@ -243,22 +238,25 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     decode_s = model.predict_step_s(b, 0.0, kv)
     c = ctx.token_budget - b_now
     per_token = model.predict_step_s(b_now, c, kv) / c
+    pending = max(int(ctx.prefill_backlog_tokens), 0) + sum(
+        max(r.prompt_tokens, 0) for r in waiting)
+    step_s = model.predict_step_s(b_now, min(c, pending), kv)
     slots = [0.0] * max(cap - len(running_left), 0) + sorted(
-        RUNNING_LEFT_SHARE * max(int(n), 0) * decode_s for n in running_left)
+        max(int(n), 0) * decode_s for n in running_left)
     heapq.heapify(slots)
     prefill = per_token * max(int(ctx.prefill_backlog_tokens), 0)
     leads: dict[str, float] = {}
     for r in waiting:
         slot = slots[0] if slots else 0.0
         own = per_token * max(r.prompt_tokens, 0)
-        first = max(slot, prefill) + own + decode_s
+        first = max(slot, prefill) + own + step_s
         leads[r.request_id] = first
         if now_s - r.arrival_s + first >= bound_s:
             continue                      # refused: leaves the slot and the pace
         prefill = max(slot, prefill) + own
         if slots:
             heapq.heapreplace(slots, first + max(r.predicted_output - 1, 0) * decode_s)
-    door = max(slots[0] if slots else 0.0, prefill) + decode_s
+    door = max(slots[0] if slots else 0.0, prefill) + step_s
     return leads, door
 
 

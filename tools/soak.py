@@ -153,7 +153,8 @@ class Req:
     prompt: list[int]
     output_tokens: int
     cancel_after: int | None        # close the stream after this many tokens
-    outcome: str = "pending"        # completed | cancelled | failed
+    outcome: str = "pending"        # completed | cancelled | refused | failed
+    at_door: bool = False           # refused by the gateway before reaching the engine
     tokens: int = 0
     error: str = ""
 
@@ -435,8 +436,12 @@ class Soak:
         try:
             async with http.stream("POST", f"{self.api}/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
-                    r.outcome, r.error = "failed", f"HTTP {resp.status_code}: " + (
-                        (await resp.aread()).decode(errors="replace")[:200])
+                    text = (await resp.aread()).decode(errors="replace")[:200]
+                    # tuned's refusal (the wait bound: at the door, or in the queue and
+                    # answered 429 by the gateway): a clean answer, not a failure
+                    r.outcome = "refused" if resp.status_code == 429 else "failed"
+                    r.error = f"HTTP {resp.status_code}: {text}"
+                    r.at_door = resp.status_code == 429 and "overloaded" in text
                     return
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
@@ -580,7 +585,8 @@ class Soak:
 
     def report(self, reqs, duration, idle, v0, v1, samples, t_start, warmup_s, alive) -> dict:
         count = {k: sum(1 for r in reqs if r.outcome == k)
-                 for k in ("completed", "cancelled", "failed", "pending")}
+                 for k in ("completed", "cancelled", "refused", "failed", "pending")}
+        at_door = sum(1 for r in reqs if r.at_door)
         meant_cancel = sum(1 for r in reqs if r.cancel_after is not None)
         finished = mval(v1, "tuned_requests_finished_total") - \
             mval(v0, "tuned_requests_finished_total")
@@ -596,8 +602,9 @@ class Soak:
         criteria = {
             "server_alive": alive,
             "requests": count["failed"] == 0 and count["pending"] == 0
-            and count["completed"] + count["cancelled"] == len(reqs),
-            "engine_finished_all": finished == len(reqs),
+            and count["completed"] + count["cancelled"] + count["refused"] == len(reqs),
+            # every request the gateway let in finished in the engine
+            "engine_finished_all": finished == len(reqs) - at_door,
             "kv_idle_zero": kv_idle == 0.0 and idle.get("kv_usage") == 0.0
             and idle.get("running") == 0,
             "rss_growth": all(rss[r]["growth"] is not None and rss[r]["growth"] < RSS_GROWTH_MAX
@@ -610,7 +617,7 @@ class Soak:
             "config": self.args.config or "embedded default",
             "vllm_args": self.extra, "out": str(self.out),
             "requests": {"submitted": len(reqs), **count, "meant_to_cancel": meant_cancel,
-                         "engine_finished": finished,
+                         "engine_finished": finished, "refused_at_door": at_door,
                          "failures": [r.error for r in reqs if r.outcome == "failed"][:10]},
             "duration_s": round(duration, 1),
             "rate_per_s": round(len(reqs) / self.args.duration_s, 3),
@@ -641,7 +648,8 @@ def print_report(doc: dict) -> None:
     print(f"soak: {r['submitted']} requests over {doc['duration_s']} s "
           f"({doc['rate_per_s']}/s), config {doc['config']}, out {doc['out']}")
     print(f"requests     submitted {r['submitted']}  completed {r['completed']}  cancelled "
-          f"{r['cancelled']} (of {r['meant_to_cancel']} meant)  failed {r['failed']}  "
+          f"{r['cancelled']} (of {r['meant_to_cancel']} meant)  refused {r['refused']} "
+          f"({r['refused_at_door']} at the door)  failed {r['failed']}  "
           f"[{mark(c['requests'])}]")
     print(f"engine       finished {r['engine_finished']:.0f} of {r['submitted']} sent  "
           f"[{mark(c['engine_finished_all'])}]; tokens {doc['tokens_generated']:.0f}, "

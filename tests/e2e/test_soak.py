@@ -37,9 +37,10 @@ def test_short_soak_meets_every_criterion(tmp_path, tiny_model):
     assert doc is not None, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     req = doc["requests"]
     assert req["failed"] == 0 and req["pending"] == 0, req
-    assert req["completed"] + req["cancelled"] == req["submitted"] == REQUESTS
+    # a refusal at the wait bound (HTTP 429) is a clean answer, counted apart
+    assert req["completed"] + req["cancelled"] + req["refused"] == req["submitted"] == REQUESTS
     assert req["cancelled"] >= 1 and req["completed"] >= REQUESTS * 0.8
-    assert req["engine_finished"] == REQUESTS
+    assert req["engine_finished"] == REQUESTS - req["refused_at_door"]
     assert doc["kv_usage_idle"] == 0.0 and doc["idle_telemetry"]["kv_usage"] == 0.0
     for role in ("supervisor", "api_server", "engine_core", "server_total"):
         assert doc["rss"][role]["growth"] < 0.05, (role, doc["rss"][role])

@@ -37,6 +37,20 @@ def dtype_args() -> list[str]:
     return ["--dtype", engine_dtype()]
 
 
+#: set to 1 to run the slow tests' engines compiled, as vLLM runs by default
+COMPILE_ENV = "TUNED_TEST_COMPILE"
+
+
+def engine_args() -> list[str]:
+    """vLLM arguments for every engine the slow tests start: :func:`dtype_args` and
+    ``--enforce-eager`` (unless ``TUNED_TEST_COMPILE=1``). vLLM 0.32's CPU build
+    compiles the model at every start (20-40 s here: its compile cache fails to load,
+    "'function' object has no attribute 'finalize_loading'"), and nothing tuned does
+    depends on it; the demo and the README's commands run compiled."""
+    eager = [] if os.environ.get(COMPILE_ENV, "").strip() == "1" else ["--enforce-eager"]
+    return dtype_args() + eager
+
+
 def _get(url: str, timeout: float) -> bytes:
     """GET ``url``; a connection dropped without an answer is retried once, as a
     scraper does (said on stderr): a read-only GET, and tuned's endpoint answers its
@@ -107,7 +121,7 @@ def one_at_a_time_refusing(model, bound_s: float) -> str:
 def tuned_serve(tmp_path: Path, config_text: str, env_extra: dict | None = None,
                 ready_timeout_s: float = 300.0):
     """Start ``python -m tuned serve --config`` with ``config_text`` (ports are added,
-    and ``--dtype`` from :func:`dtype_args`), wait until the API answers and the
+    and :func:`engine_args`), wait until the API answers and the
     controller has decided, yield a Server, then stop it with SIGTERM and check it
     exits.
 
@@ -169,7 +183,7 @@ def start_server(tmp_path: Path, config_text: str, env: dict, *, port: int | Non
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as logf:
         proc = subprocess.Popen([sys.executable, "-m", "tuned", "serve", "--config", str(cfg),
-                                 "--", *dtype_args()],
+                                 "--", *engine_args()],
                                 stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     return Server(proc, port, mport, log_path, cfg)
 

@@ -98,6 +98,21 @@ def test_malformed_additional_config(additional, problem):
     assert problems_of(lambda: engine_setup(additional, {})) == [problem]
 
 
+def test_the_hand_off_in_the_environment_and_a_broken_one():
+    """`tuned serve` hands its validated config over in TUNED_HANDOFF; a drop-in's own
+    ``--additional-config`` tuned entry stands over it; text that is no JSON object is
+    refused naming the variable."""
+    cfg = config_mod.validate({"max_num_seqs": 12, "interval_s": 0.75})
+    env = {"TUNED_HANDOFF": json.dumps(config_mod.engine_handoff(cfg, "http://h:1/health")
+                                       ["tuned"])}
+    setup = engine_setup({}, env)
+    assert (setup.cfg.max_num_seqs, setup.cfg.interval_s, setup.serving_url) == \
+        (12, 0.75, "http://h:1/health")
+    assert engine_setup({"tuned": {"interval_s": 2.0}}, env).cfg.interval_s == 2.0
+    assert problems_of(lambda: engine_setup({}, {"TUNED_HANDOFF": "{max_num_seqs"})) == [
+        "TUNED_HANDOFF: must be the JSON object `tuned serve` writes, got '{max_num_seqs'"]
+
+
 def test_a_bad_file_is_refused_as_check_config_refuses_it(tmp_path):
     path = write(tmp_path, "max_num_seqs = 0\n")
     assert problems_of(lambda: engine_setup({}, {CONFIG_ENV: str(path)})) == [

@@ -412,13 +412,13 @@ def test_static_and_tuned_contenders_run_the_same_workload(tiny_model, tmp_path)
         [(r.arrival_s, r.output_tokens) for r in workload]
     cfg = validate({"num_gpu_blocks": 32})
     model = str(tiny_model)
-    from serve_harness import dtype_args  # TUNED_TEST_DTYPE, else this CPU's choice
+    from serve_harness import engine_args  # this CPU's dtype, eager
 
-    dtype = dtype_args()
+    args = engine_args()
 
     progress: list[tuple[int, int]] = []
     static = run_live(Contender("static-4", "static", cfg, cap=4), cut_workload,
-                      model_path=model, log_dir=tmp_path, extra_vllm_args=dtype,
+                      model_path=model, log_dir=tmp_path, extra_vllm_args=args,
                       progress=lambda d, n: progress.append((d, n)))
     _check_results(static, cut_workload)
     assert static.cap_timeline == [(0.0, 4), (static.duration_s, 4)]
@@ -429,7 +429,7 @@ def test_static_and_tuned_contenders_run_the_same_workload(tiny_model, tmp_path)
 
     assert static.pace_s == (None, None)                 # no probe unless asked
     tuned = run_live(Contender("tuned", "tuned", cfg), workload, model_path=model,
-                     log_dir=tmp_path, extra_vllm_args=dtype, pace=True)
+                     log_dir=tmp_path, extra_vllm_args=args, pace=True)
     _check_results(tuned, workload)
     # the pace probe alone before and after the run: a batch-1 step each, whose own
     # steps are not the run's (None where a host stall bunched that probe's tokens in
@@ -533,13 +533,13 @@ def test_the_batch1_step_is_measured_as_the_demo_derives_its_sla(tiny_model, tmp
     """`tuned bench --slo tpot=2.5x` on the real engine: once the controller has derived
     its SLA under the calibration load, the step is the lone probes' median, the SLA
     the factor asked for times it (states only: the step's value is this host's)."""
-    from serve_harness import dtype_args
+    from serve_harness import engine_args
 
     from tuned.bench.live import measure_batch1_step
 
     cfg = validate({"num_gpu_blocks": 32, "tbt_sla_s": 0.05})   # the file's SLA is set aside
     d = measure_batch1_step(cfg, model_path=str(tiny_model), log_dir=tmp_path, factor=3.0,
-                            extra_vllm_args=dtype_args())
+                            extra_vllm_args=engine_args())
     assert d["factor"] == 3.0 and d["step_s_batch1"] > 0
     assert d["sla_s"] == round(3.0 * d["step_s_batch1"], 4)
     # the step is the lone requests' median where one gave a figure, the fit's beside it
@@ -671,12 +671,12 @@ def test_the_demo_burst_spans_batches_on_the_real_engine(tiny_model, tmp_path):
     least three batches, one of 4 or more, each with enough decode-only steps to join
     the line (states only: the step times, and whether the tiny model's near-flat
     steps give a line with a cost a sequence, are this host's)."""
-    from serve_harness import dtype_args
+    from serve_harness import engine_args
 
     cfg = validate({"num_gpu_blocks": 64, "tbt_sla_auto": 2.5})
     wl = parse_workload(live.PROBE_WORKLOAD, 0, max_model_len=cfg.effective_max_model_len)
     with live.LiveServer(Contender("probe", "tuned", cfg), model_path=str(tiny_model),
-                         log_dir=tmp_path, extra_vllm_args=dtype_args()) as srv:
+                         log_dir=tmp_path, extra_vllm_args=engine_args()) as srv:
         steps = srv.drive(wl).steps
     counts: dict[int, int] = {}
     for s in steps:

@@ -20,7 +20,8 @@ from tuned.base import log as log_mod
 from tuned.control.controller import Controller
 from tuned.control.metrics import Endpoint, Metrics, is_loopback_peer, reload_refusal, token_sha256
 from tuned.core.queue_policy import ReqInfo
-from tuned.launch.serve import additional_config, post_reload
+from tuned.launch.launcher import scheduler_env
+from tuned.launch.serve import post_reload
 from tuned.core.ring import FinishedRequest, StepSample
 
 TOKEN = "s3cret-token-value"
@@ -106,8 +107,11 @@ def test_reload_token_is_never_shown():
     cfg = config.validate({"reload_token": TOKEN})
     assert cfg.reload_token == TOKEN
     assert TOKEN not in repr(cfg)
-    # vLLM logs its non-default args; EngineCore reads the token from the config file
-    assert TOKEN not in json.dumps(additional_config(cfg))
+    # the engine's environment carries the token's digest (the engine compares
+    # digests), never the token
+    env = scheduler_env(cfg, {})
+    assert TOKEN not in json.dumps(env)
+    assert config.engine_setup({}, env).reload_token_sha256 == token_sha256(TOKEN)
     with pytest.raises(config.ConfigError) as e:
         config.validate({"reload_token": 31337})
     assert e.value.problems == ["reload_token: must be a string (value not shown)"]
@@ -212,7 +216,7 @@ def test_non_loopback_peer_forbidden_without_token(outside):
 
 @pytest.mark.parametrize("shipped", ["clear", "digest"])
 def test_non_loopback_peer_needs_the_right_token(outside, shipped):
-    # the engine gets the token's digest through vLLM's additional_config
+    # the engine gets the token's digest in tuned serve's hand-off
     handoff = config.engine_handoff(config.validate({"reload_token": TOKEN}))
     assert TOKEN not in json.dumps(handoff)
     kw = ({"token": TOKEN} if shipped == "clear" else

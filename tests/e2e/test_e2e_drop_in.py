@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from serve_harness import dtype_args, get_json, get_text, mval, parse_metric_values
+from serve_harness import engine_args, get_json, get_text, mval, parse_metric_values
 from tuned.launch import launcher
 from tuned.base.netutil import free_port
 
@@ -40,7 +40,7 @@ def _command(model, port: int, max_num_seqs: int, additional: dict | None = None
            "--scheduler-cls", "tuned.engines.vllm.TunedScheduler",
            "--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(BATCHED_TOKENS),
            "--max-model-len", "256", "--host", "127.0.0.1", "--port", str(port),
-           *dtype_args(), "--enforce-eager"]
+           *engine_args()]
     if additional is not None:
         cmd += ["--additional-config", json.dumps(additional)]
     return cmd

@@ -29,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from serve_harness import dtype_args, get_json
+from serve_harness import dtype_args, engine_args, get_json
 from doc_readers import documented_command
 from tuned.launch import launcher
 from tuned.base.netutil import free_port
@@ -55,7 +55,7 @@ def _local(cmd: list[str], port: int) -> list[str]:
     # the documented `python` is the one vLLM and tuned are installed in
     assert cmd[0] == "python"
     return [sys.executable, *cmd[1:], "--host", "127.0.0.1", "--port", str(port),
-            *dtype_args(), "--enforce-eager"]
+            *engine_args()]
 
 
 def _complete(base: str, model: str, i: int, out: list) -> None:

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from serve_harness import dtype_args
+from serve_harness import engine_args
 from tuned.curves.profile import load_profile
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ GIVE_UP_S = 1200
 def test_quick_profile_on_tiny_model(tmp_path, tiny_model):
     out = tmp_path / "profiles" / "tiny.json"
     cmd = [sys.executable, "-m", "tuned", "profile", "--model", str(tiny_model),
-           "--out", str(out), "--quick", "--startup-timeout", "600", "--", *dtype_args()]
+           "--out", str(out), "--quick", "--startup-timeout", "600", "--", *engine_args()]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=GIVE_UP_S)
     assert r.returncode == 0, r.stderr[-3000:]
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from serve_harness import ROOT, dtype_args
+from serve_harness import ROOT, engine_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -30,7 +30,7 @@ def test_short_soak_meets_every_criterion(tmp_path, tiny_model):
     out = tmp_path / "soak"
     cmd = [sys.executable, str(ROOT / "tools" / "soak.py"), "--config", str(cfg),
            "--requests", str(REQUESTS), "--duration-s", str(DURATION_S),
-           "--reload-every-s", str(RELOAD_EVERY_S), "--out", str(out), "--", *dtype_args()]
+           "--reload-every-s", str(RELOAD_EVERY_S), "--out", str(out), "--", *engine_args()]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     print(r.stdout)
     doc = json.loads((out / "soak.json").read_text()) if (out / "soak.json").exists() else None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tuned.launch import launcher
-from tuned.config import Config, validate
+from tuned.config import Config, engine_handoff, validate
 from tuned.launch.launcher import EngineError
 
 
@@ -44,15 +44,36 @@ def test_scheduler_command_embeds_tuned_with_its_config():
                     "max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 256,
                     "num_gpu_blocks": 40, "vllm_args": ["--enforce-eager"]})
     cmd = launcher.scheduler_command(cfg, "/resolved", extra=["--seed", "2"], python="py")
-    i = cmd.index("--additional-config")
-    handoff = json.loads(cmd[i + 1])
-    assert cmd[:i] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/resolved",
-                       "--host", "0.0.0.0", "--port", "8100", "--max-num-seqs", "16",
-                       "--max-num-batched-tokens", "512", "--max-model-len", "256",
-                       "--num-gpu-blocks-override", "40",
-                       "--scheduler-cls", "tuned.engines.vllm.TunedScheduler"]
-    assert cmd[i + 2:] == ["--enforce-eager", "--seed", "2"]
-    assert handoff == launcher.engine_handoff(cfg, "http://127.0.0.1:8100/health")
+    assert cmd == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/resolved",
+                   "--host", "0.0.0.0", "--port", "8100", "--max-num-seqs", "16",
+                   "--max-num-batched-tokens", "512", "--max-model-len", "256",
+                   "--num-gpu-blocks-override", "40",
+                   "--scheduler-cls", "tuned.engines.vllm.TunedScheduler",
+                   "--enforce-eager", "--seed", "2"]
+    env = launcher.scheduler_env(cfg, {"PATH": "/bin"})
+    assert env["PATH"] == "/bin" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert json.loads(env["TUNED_HANDOFF"]) == \
+        engine_handoff(cfg, "http://127.0.0.1:8100/health")["tuned"]
+
+
+def test_the_config_rides_in_the_environment_not_in_vllms_compile_cache_key():
+    """vLLM hashes ``additional_config`` into the key of its compile cache
+    (``VllmConfig.compute_hash``), the API server's port not: two configs that differ
+    in a tuned key and in their ports give the same engine arguments but the port, and
+    the engine reads each one's own config from its environment."""
+    from tuned.config import engine_setup
+
+    a = validate({"model": "/m", "interval_s": 0.5, "port": 8100, "metrics_port": 9100})
+    b = validate({"model": "/m", "interval_s": 1.0, "port": 8200, "metrics_port": 9200})
+    cmd_a, cmd_b = (launcher.scheduler_command(c, "/m", python="py") for c in (a, b))
+    assert "--additional-config" not in cmd_a
+    assert [x if x != "8100" else "PORT" for x in cmd_a] == \
+        [x if x != "8200" else "PORT" for x in cmd_b]
+    for cfg in (a, b):
+        setup = engine_setup({}, launcher.scheduler_env(cfg, {}))
+        assert (setup.cfg.interval_s, setup.cfg.metrics_port) == (cfg.interval_s,
+                                                                   cfg.metrics_port)
+        assert setup.serving_url == f"http://127.0.0.1:{cfg.port}/health"
 
 
 def test_the_429_gateway_rides_along_where_the_wait_bound_refuses():
@@ -85,7 +106,7 @@ def test_serve_uses_the_launcher():
     cfg = Config(model="/models/x")
     assert serve.server_command(cfg, "/m", ["--x"]) == launcher.scheduler_command(cfg, "/m",
                                                                                 ["--x"])
-    assert serve.build_env({}) == launcher.child_env({})
+    assert serve.build_env(cfg, {}) == launcher.scheduler_env(cfg, {})
 
 
 def test_one_kv_cache_default_that_the_operator_overrides():

@@ -16,12 +16,12 @@ from typing import Any
 from tuned.config import schema
 from tuned.config.checks import refusal_lines
 from tuned.config.files import EMBEDDED_DEFAULT, default, load, read_toml
-from tuned.config.handoff import EngineSetup, engine_handoff, engine_setup
+from tuned.config.handoff import EngineSetup, engine_handoff, engine_setup, handoff_env
 from tuned.config.manual import explain
 from tuned.config.schema import FIELDS, Config, ConfigError, validate
 
 __all__ = ["EMBEDDED_DEFAULT", "FIELDS", "Config", "ConfigError", "EngineSetup", "default",
-           "engine_handoff", "engine_setup", "explain", "load", "read_toml",
+           "engine_handoff", "engine_setup", "explain", "handoff_env", "load", "read_toml",
            "refusal_lines", "validate"]
 
 

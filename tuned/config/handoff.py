@@ -1,5 +1,5 @@
 """The config tuned's scheduler starts from inside vLLM's EngineCore: the one `tuned
-serve` validated and shipped in ``--additional-config`` (:func:`engine_handoff`), or
+serve` validated and shipped in the engine's environment (:func:`handoff_env`), or
 one layered from the sources of your own vLLM command line
 (:class:`~tuned.config.sources.Sources`), held to the engine's own settings
 (:func:`engine_setup`)."""
@@ -7,6 +7,7 @@ one layered from the sources of your own vLLM command line
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 from tuned.base.inputs import clip, clip_path, clip_text
 from tuned.config.checks import engine_problems, model_problems
 from tuned.config.schema import FIELDS, Config, ConfigError, did_you_mean, validate
-from tuned.config.sources import CONFIG_ENV, ENV_PREFIX, OTHER_ENV, Sources
+from tuned.config.sources import CONFIG_ENV, ENV_PREFIX, HANDOFF_ENV, OTHER_ENV, Sources
 
 #: what ``additional_config["tuned"]`` may hold besides config keys
 _HANDOFF_KEYS = ("config", "config_path", "serving_url", "reload_token_sha256")
@@ -35,8 +36,9 @@ class EngineSetup:
 
 
 def engine_handoff(cfg: Config, serving_url: str | None = None) -> dict:
-    """vLLM's ``additional_config`` entry that carries a validated config into the
-    EngineCore process (`tuned serve` -> engine); :func:`from_engine_handoff` reads it."""
+    """The entry that carries a validated config into the EngineCore process (`tuned
+    serve` -> engine), shaped as vLLM's ``additional_config``; :func:`handoff_env`
+    puts it in the engine's environment, :func:`from_engine_handoff` reads it."""
     d = cfg.to_dict()
     d.pop("source_path", None)
     # vLLM logs its non-default arguments: the reload secret travels as a digest
@@ -45,6 +47,27 @@ def engine_handoff(cfg: Config, serving_url: str | None = None) -> dict:
     digest = hashlib.sha256(token.encode()).hexdigest() if token else ""
     return {"tuned": {"config": d, "config_path": cfg.source_path,
                       "serving_url": serving_url, "reload_token_sha256": digest}}
+
+
+def handoff_env(cfg: Config, serving_url: str | None = None) -> dict[str, str]:
+    """The engine's environment entry (:data:`HANDOFF_ENV`) carrying
+    :func:`engine_handoff`. Not ``--additional-config``: vLLM hashes that into the key of
+    its compile cache, so each new port or tuned key would compile the model afresh."""
+    return {HANDOFF_ENV: json.dumps(engine_handoff(cfg, serving_url)["tuned"])}
+
+
+def _with_env_handoff(additional: Any, environ: Mapping[str, str]) -> Any:
+    """``additional`` with the hand-off of :data:`HANDOFF_ENV` as its ``tuned`` entry,
+    when the environment carries one and ``additional`` has no ``tuned`` entry."""
+    text = environ.get(HANDOFF_ENV, "")
+    if not text or (isinstance(additional, Mapping) and "tuned" in additional):
+        return additional
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        raise ConfigError([f"{HANDOFF_ENV}: must be the JSON object `tuned serve` writes, "
+                           f"got {clip(text)}"]) from None
+    return {**(additional if isinstance(additional, Mapping) else {}), "tuned": entry}
 
 
 def from_engine_handoff(additional: dict | None) -> tuple[Config, str | None]:
@@ -64,7 +87,7 @@ def engine_setup(additional: Any, environ: Mapping[str, str],
     known):
 
     1. ``{"tuned": {"config": {...}}}``: the config `tuned serve` validated and shipped
-       (:func:`engine_handoff`), never a re-read of the file; with ``engine``, it is
+       (:func:`engine_handoff`, in :data:`HANDOFF_ENV`), never a re-read of the file; with ``engine``, it is
        held to the engine's arguments (:func:`engine_problems`);
     2. otherwise tuned was dropped into your own vLLM command line, and its keys come
        from, highest first: config keys beside ``config_path`` in
@@ -81,6 +104,7 @@ def engine_setup(additional: Any, environ: Mapping[str, str],
     if additional is not None and not isinstance(additional, Mapping):
         raise ConfigError([f"additional_config: must be a JSON object, got "
                            f"{clip(additional)}"])
+    additional = _with_env_handoff(additional, environ)
     extra = (additional or {}).get("tuned")
     if extra is None:
         extra = {}

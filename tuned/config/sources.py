@@ -22,12 +22,17 @@ from tuned.config.vllm_args import ENGINE_FLAGS, ENGINE_KEYS
 #: the environment variable naming the config file of a vLLM command line that runs
 #: tuned's scheduler (the alternative to ``--additional-config``'s ``config_path``)
 CONFIG_ENV = "TUNED_CONFIG"
+#: the environment variable that carries the config `tuned serve` validated into its
+#: engine (JSON, :func:`tuned.config.handoff.handoff_env`): not ``--additional-config``,
+#: which vLLM hashes into its compile-cache key, so that a change of a tuned key (or of
+#: a port) does not cost the engine a fresh compile at its next start
+HANDOFF_ENV = "TUNED_HANDOFF"
 #: ``TUNED_<KEY>`` sets a config key from the engine's environment (TUNED_QUEUE_POLICY=mcsf)
 ENV_PREFIX = "TUNED_"
-#: TUNED_ variables that are no config key: the config file, the 429 gateway's URL, the
-#: installer's extras (tools/setup.sh) and the test suite's own
-OTHER_ENV = (CONFIG_ENV, "TUNED_ADMISSION_URL", "TUNED_EXTRA", "TUNED_FAULT_MODE_FILE",
-             "TUNED_TEST_DTYPE", "TUNED_TEST_STDERR_FULL_TRIGGER")
+#: TUNED_ variables that are no config key: the config file, `tuned serve`'s hand-off,
+#: the 429 gateway's URL, the installer's extras (tools/setup.sh) and the test suite's own
+OTHER_ENV = (CONFIG_ENV, HANDOFF_ENV, "TUNED_ADMISSION_URL", "TUNED_EXTRA",
+             "TUNED_FAULT_MODE_FILE", "TUNED_TEST_DTYPE", "TUNED_TEST_STDERR_FULL_TRIGGER")
 
 
 @dataclass(frozen=True)

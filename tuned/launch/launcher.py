@@ -7,8 +7,8 @@ and ``tuned demo`` all build their command here:
 - :func:`static_command`: a plain vLLM OpenAI server with a fixed ``--max-num-seqs``
   and the config's other engine settings (a static contender);
 - :func:`scheduler_command`: the same server with tuned's scheduler embedded
-  (``--scheduler-cls tuned.engines.vllm.TunedScheduler --additional-config``), what
-  ``tuned serve`` runs as its child;
+  (``--scheduler-cls tuned.engines.vllm.TunedScheduler``), what ``tuned serve`` runs
+  as its child, in the environment of :func:`scheduler_env` (which carries the config);
 - :func:`own_command`: the same with the config named by its path, for an operator's
   own unit or container (``tuned serve --print-command`` prints it with
   :func:`shell_command`);
@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tuned.config import Config, engine_handoff
+from tuned.config import Config, handoff_env
 from tuned.config.vllm_args import ENGINE_FLAGS
 from tuned.core.refusal import refuses
 from tuned.base.netutil import connect_host
@@ -118,9 +118,11 @@ def _serving_url(cfg: Config) -> str:
     return f"http://{connect_host(cfg.host)}:{cfg.port}/health"
 
 
-def _with_scheduler(cfg: Config, model_path: str, additional: dict, extra: Sequence[str],
-                    python: str) -> list[str]:
-    tuned_args = ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional)]
+def _with_scheduler(cfg: Config, model_path: str, additional: dict | None,
+                    extra: Sequence[str], python: str) -> list[str]:
+    tuned_args = ["--scheduler-cls", SCHEDULER_CLS]
+    if additional:
+        tuned_args += ["--additional-config", json.dumps(additional)]
     if refuses(cfg.wait_bound_spec()):
         # the queue may refuse: the API server answers 429 while it does
         tuned_args += ["--middleware", GATEWAY_MIDDLEWARE]
@@ -135,10 +137,15 @@ def _with_scheduler(cfg: Config, model_path: str, additional: dict, extra: Seque
 
 def scheduler_command(cfg: Config, model_path: str, extra: Sequence[str] = (),
                       python: str = sys.executable) -> list[str]:
-    """vLLM on the config's host and port with tuned's scheduler embedded: the
-    config travels in ``--additional-config`` (:func:`tuned.config.engine_handoff`)."""
-    return _with_scheduler(cfg, model_path, engine_handoff(cfg, _serving_url(cfg)), extra,
-                           python)
+    """vLLM on the config's host and port with tuned's scheduler embedded; the config
+    travels in the environment of :func:`scheduler_env`, which the command needs."""
+    return _with_scheduler(cfg, model_path, None, extra, python)
+
+
+def scheduler_env(cfg: Config, base: dict[str, str] | None = None) -> dict[str, str]:
+    """:func:`child_env` of ``base`` carrying ``cfg`` to :func:`scheduler_command`'s
+    engine (:func:`tuned.config.handoff_env`)."""
+    return {**child_env(base), **handoff_env(cfg, _serving_url(cfg))}
 
 
 def own_command(cfg: Config, model_path: str, extra: Sequence[str] = (),

@@ -81,9 +81,6 @@ def resolve_model(cfg: Config, cache_dir: Path) -> str:
 server_command = launcher.scheduler_command
 
 
-#: vLLM's ``additional_config`` entry carrying tuned's config (see tuned.config)
-additional_config = config_mod.engine_handoff
-
 
 _connect_host = launcher.connect_host  # one definition: tuned.base.netutil
 
@@ -229,8 +226,9 @@ class Supervisor:
             time.sleep(0.5)
 
 
-#: the engine's environment (tuned.launch.launcher.child_env: the KV-cache space default)
-build_env = launcher.child_env
+#: the engine's environment (tuned.launch.launcher.scheduler_env: the config's hand-off
+#: and the KV-cache space default)
+build_env = launcher.scheduler_env
 
 
 def _config_path(args) -> str | None:
@@ -289,5 +287,5 @@ def cmd_serve(args) -> int:
     if printing:
         print(launcher.shell_command(launcher.own_command(cfg, model_path, extra)))
         return 0
-    sup = Supervisor(cfg, server_command(cfg, model_path, extra), build_env())
+    sup = Supervisor(cfg, server_command(cfg, model_path, extra), build_env(cfg))
     return sup.run()

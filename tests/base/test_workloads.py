@@ -372,3 +372,51 @@ def test_profiler_uses_the_shared_distributions():
     assert w.describe()["prompt"] == "N(50,5)" and w.describe()["output"] == "Exp(20)"
     with pytest.raises(WorkloadError, match="unknown distribution 'Q'"):
         parse_sweep_workload("synthetic:prompt=Q(1),output=4")
+
+
+def test_rates_relative_to_the_hosts_capacity_are_sized_per_part():
+    """``rate=Kx`` is K times the capacity the caller gives for the part's lengths (its
+    means), ``s=S`` becomes n = rate x S; parts without one are kept as written."""
+    from tuned.base.workloads import has_relative_rates, sized_workload
+
+    seen = []
+
+    def capacity(prompt, output):
+        seen.append((prompt.mean, output.mean))
+        return 2.0
+
+    spec = ("phases:poisson:rate=10x,prompt=U(26,486),output=U(13,243),s=20;"
+            "gamma:rate=0.25x,cv=2,prompt=64,output=Exp(32),n=20;"
+            "poisson:rate=1,prompt=8,output=8,n=3")
+    assert has_relative_rates(spec) and not has_relative_rates("poisson:rate=1,prompt=8,"
+                                                               "output=8,n=3")
+    assert sized_workload(spec, capacity) == (
+        "phases:poisson:rate=20,prompt=U(26,486),output=U(13,243),n=400;"
+        "gamma:rate=0.5,cv=2,prompt=64,output=Exp(32),n=20;"
+        "poisson:rate=1,prompt=8,output=8,n=3")
+    assert seen == [(256.0, 128.0), (64.0, 32.0)]
+    wl = parse_workload(sized_workload(spec, capacity), 0)
+    assert [sum(1 for r in wl if r.phase == p) for p in ("p0", "p1", "p2")] == [400, 20, 3]
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ("poisson:rate=3x,prompt=8,output=8,n=3,s=2", "give n= or s=, not both"),
+    ("trace:azure_conv_2023,rate=2x", "rate=Kx (K times this host's capacity) is for "
+                                       "poisson and gamma parts, not 'trace'"),
+    ("poisson:rate=2x,prompt=8,output=8,s=-1", "s='-1' must be seconds in (0, 2.592e+06]"),
+])
+def test_a_bad_relative_rate_names_the_field(spec, problem):
+    from tuned.base.workloads import sized_workload
+
+    with pytest.raises(WorkloadError) as e:
+        sized_workload(spec, lambda prompt, output: 1.0)
+    assert str(e.value).endswith(problem)
+
+
+def test_a_relative_rate_outside_the_bench_says_where_it_belongs():
+    with pytest.raises(WorkloadError) as e:
+        parse_workload("poisson:rate=2x,prompt=8,output=8,n=3", 0)
+    assert str(e.value) == (
+        "workload 'poisson:rate=2x,prompt=8,output=8,n=3': rate='2x' must be a number > 0 "
+        "(rate=Kx, K times this host's capacity, is for `tuned bench --engine vllm` with a "
+        "relative --slo such as tpot=2.5x)")

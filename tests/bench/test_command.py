@@ -57,6 +57,30 @@ def test_a_bad_relative_slo_is_one_line_before_any_engine(tmp_path, slo, want):
         assert (code, out, err) == (2, "", f"tuned bench: {want}\n")
 
 
+SIZED = "phases:poisson:rate=10x,prompt=U(26,486),output=U(13,243),s=20;" \
+        "poisson:rate=0.25x,prompt=U(26,486),output=U(13,243),n=20"
+
+
+@pytest.mark.parametrize("workload, engine, slo, want", [
+    (SIZED, ["--hardware", "a100-llama2-7b"], "ttft=3,tpot=2.5x",
+     "--workload: a rate in x (K times this host's capacity) is sized from the engine's "
+     "measured step: it needs --engine vllm and a relative --slo such as tpot=2.5x (got "
+     "--engine sim --slo ttft=3,tpot=2.5x)"),
+    (SIZED, ["--engine", "vllm", "--model", "demo:tiny"], "ttft=3,tpot=0.05",
+     "--workload: a rate in x (K times this host's capacity) is sized from the engine's "
+     "measured step: it needs --engine vllm and a relative --slo such as tpot=2.5x (got "
+     "--engine vllm --slo ttft=3,tpot=0.05)"),
+    ("poisson:rate=2x,prompt=8,output=8", ["--engine", "vllm", "--model", "demo:tiny"],
+     "ttft=3,tpot=2.5x", "--workload: workload 'poisson:rate=2x,prompt=8,output=8': "
+     "missing n= or s= (requests, or seconds at the rate)"),
+])
+def test_a_workload_sized_to_the_host_is_checked_before_any_engine(tmp_path, workload,
+                                                                   engine, slo, want):
+    code, out, err = run_main(["bench", "--out", str(tmp_path / "o"), "--workload", workload,
+                               *engine, "--slo", slo])
+    assert (code, out, err) == (2, "", f"tuned bench: {want}\n")
+
+
 def test_the_repeats_default_to_three_on_the_real_engine_and_one_on_the_simulator():
     from argparse import Namespace
 

@@ -495,7 +495,7 @@ def test_a_429_or_503_is_a_refusal_timed_when_it_came_back(status):
     r, _ = srv.send(RequestSpec("r1", 0.5, 8, 4, 4), [1] * 8)
     assert not r.failed and r.refused
     assert r.refused_s == pytest.approx(0.75) and r.first_response_s == pytest.approx(0.25)
-    assert r.error == f"refused: HTTP {status}"
+    assert r.error == f"refused: HTTP {status}: bad prompt"     # what the server said
     assert r.first_token_s is None and r.finish_s is None
 
 
@@ -687,3 +687,15 @@ def test_the_demo_burst_spans_batches_on_the_real_engine(tiny_model, tmp_path):
     fit = live.burst_step_fit(steps)
     if fit is not None:
         assert fit["beta"] > 0 and fit["batch_max"] == full[-1]
+
+
+def test_the_capacity_within_the_tpot_sla_from_a_step_fit():
+    """T(b, c) = 2 ms + 1 ms b + 0.1 ms c, SLA 10 ms: the SLA holds to b = 8 decodes; a
+    request of 100 prompt and 50 output tokens costs 10 ms of prefill and 50 steps of
+    10 ms shared by 8: 1 / (0.01 + 0.0625) = 13.79 req/s. The batch stays in [2, the
+    ceiling]."""
+    fit = {"a": 0.002, "beta": 0.001, "gamma": 0.0001}
+    mu, b = live.sla_capacity(fit, 0.010, 100, 50)
+    assert b == 8 and mu == pytest.approx(1 / 0.0725)
+    assert live.sla_capacity(fit, 0.010, 100, 50, ceiling=4)[1] == 4
+    assert live.sla_capacity(fit, 0.0025, 100, 50)[1] == 2

@@ -248,3 +248,26 @@ def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefil
                              5.0, 1.2) == (None, None)
     assert first_token_leads(dataclasses.replace(c, token_budget=2), waiting, [10, 30],
                              5.0, 1.2) == (None, None)
+
+
+def test_a_refusal_by_prediction_carries_the_prediction_and_what_it_read():
+    """The same queue as above, bound 1.2 s: C (predicted 1.424 s) is refused at once;
+    its event carries the predicted first token from its arrival and the cap, running
+    requests, token budget, prefill backlog and KV tokens the prediction read, which
+    the engine's ``requests_refused`` log line prints."""
+    from tuned.core.queue_policy import ReqInfo
+    from tuned.core.wait_bound import WaitBound
+    from tuned.curves.online import LinearStepModel
+
+    c = AdmitContext(now_s=5.0, kv_capacity_tokens=1000, kv_free_tokens=600, cap=2,
+                     step_model=LinearStepModel(a=0.0, beta=0.01, gamma=0.001),
+                     token_budget=1002, num_running=2, prefill_backlog_tokens=0)
+    r = QueueRefusals(WaitBound(1.2, True, 0.6))
+    infos = {rid: ReqInfo(rid, 5.0, 100, 64, 20) for rid in "ABC"}
+    for info in infos.values():
+        r.join(info)
+    assert r.due(c, infos, [10, 30]) == ["C"]
+    event = r.refused(object(), "C", 5.0, 5.0)
+    assert event.waited_s == 0.0 and event.predicted_s == pytest.approx(1.424)
+    assert event.seen == {"cap": 2, "running": 2, "token_budget": 1002,
+                          "prefill_backlog_tokens": 0, "kv_resident_tokens": 400}

@@ -91,6 +91,14 @@ grammar without arrival times, drawn for as long as a sweep level runs:
     least 1). ``trace:PATH:scale=Y``, the profiler's older spelling, is read as
     ``length_scale=Y``.
 
+Rates relative to the host (``tuned bench --engine vllm`` with a relative SLO):
+in a ``poisson`` or ``gamma`` spec, alone or as a phase, ``rate=Kx`` is K times the
+engine's capacity within the SLOs for that spec's lengths, as measured on this host
+(:func:`sized_workload`), and ``s=S`` may stand for ``n``: the phase lasts S seconds
+(n = rate x S). ``phases:poisson:rate=10x,prompt=U(26,486),output=U(13,243),s=20;
+poisson:rate=0.25x,prompt=U(26,486),output=U(13,243),n=20`` is a burst at ten times
+capacity for 20 s, then a light load at a quarter of it.
+
 Every kind also takes ``max_tokens=M``: requests send ``max_tokens`` M and their
 output is cut to at most M (by default ``max_tokens`` equals the output length).
 With ``max_model_len`` the lengths are clamped so that prompt + output ≤
@@ -123,7 +131,7 @@ from tuned.data import trace_path
 from tuned.base.inputs import CLIP_CHARS, UserError, clip, clip_path, clip_text, read_text
 
 __all__ = ["RequestSpec", "Workload", "WorkloadError", "Dist", "LengthSource", "parse_dist",
-           "parse_lengths", "parse_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
+           "parse_lengths", "parse_workload", "has_relative_rates", "sized_workload", "load_trace", "trace_file", "SABER_TASKS", "SABER_MIXES", "SABER_LENGTH_CV",
            "LMSYS_PROMPT", "LMSYS_OUTPUT", "KINDS"]
 
 KINDS = ("trace", "poisson", "gamma", "saber", "lmsys", "phases", "phase-shift")
@@ -474,6 +482,9 @@ class _Fields:
             x = math.nan
         if not (math.isfinite(x) and x > 0 and x <= hi):
             allowed = "a number > 0" if hi == math.inf else f"a number in (0, {hi:g}]"
+            if key == "rate" and v.rstrip().endswith("x"):
+                allowed += (" (rate=Kx, K times this host's capacity, is for `tuned bench "
+                            "--engine vllm` with a relative --slo such as tpot=2.5x)")
             raise self.error(f"{key}={clip(v)} must be {allowed}")
         return x
 
@@ -510,6 +521,64 @@ _REQUIRED_FIELDS = {
     "gamma": ("rate", "cv", "prompt", "output", "n"), "saber": ("mix", "rate", "n"),
     "lmsys": ("rate", "n"), "phase-shift": (), "synthetic": ("prompt", "output"),
 }
+
+
+_RELATIVE = re.compile(r"(?<![A-Za-z_])rate=\s*([0-9]*\.?[0-9]+)\s*x\b")
+
+
+def has_relative_rates(spec: str) -> bool:
+    """Whether ``spec`` gives a rate relative to the host's capacity (``rate=Kx``)."""
+    return bool(_RELATIVE.search(spec))
+
+
+def sized_workload(spec: str, capacity_rps: Callable[[Dist, Dist], float]) -> str:
+    """``spec`` with each ``rate=Kx`` made K x ``capacity_rps(prompt, output)`` req/s
+    (that part's length distributions) and each ``s=S`` beside it made ``n`` = the
+    rate x S (at least 1); other parts unchanged. A :class:`WorkloadError` names a
+    relative rate outside a ``poisson``/``gamma`` part, a part with both ``n`` and
+    ``s``, or one with neither."""
+    kind, _, body = spec.strip().partition(":")
+    if kind.strip() == "phases":
+        return "phases:" + ";".join(_sized_part(spec, sub.strip(), capacity_rps)
+                                    for sub in _split_top(body, ";"))
+    return _sized_part(spec, spec.strip(), capacity_rps)
+
+
+def _sized_part(spec: str, part: str, capacity_rps) -> str:
+    kind, _, body = part.partition(":")
+    kind = kind.strip()
+    if not _RELATIVE.search(part):
+        return part
+    if kind not in ("poisson", "gamma"):
+        raise WorkloadError(f"workload {_spec(spec)}: rate=Kx (K times this host's "
+                            f"capacity) is for poisson and gamma parts, not {clip(kind)}")
+    items = [i.strip() for i in _split_top(body, ",")]
+    fields = dict(i.partition("=")[::2] for i in items)
+    f = _Fields(part, kind, [i for i in items if not i.startswith(("rate=", "s="))],
+                _ALLOWED[kind] + ("s",))
+    k = float(_RELATIVE.search(part).group(1))
+    if not 0 < k <= 1e6:
+        raise f.error(f"rate={clip(fields.get('rate', ''))} must be K x capacity with K "
+                      f"in (0, 1e6]")
+    rate = k * capacity_rps(f.dist("prompt"), f.dist("output"))
+    if not (math.isfinite(rate) and rate > 0):
+        raise f.error(f"the host's capacity for these lengths is {rate!r} req/s")
+    if "s" in fields and "n" in fields:
+        raise f.error("give n= or s=, not both")
+    if "s" in fields:
+        try:
+            secs = float(fields["s"])
+        except ValueError:
+            secs = math.nan
+        if not (math.isfinite(secs) and 0 < secs <= MAX_ARRIVAL_S):
+            raise f.error(f"s={clip(fields['s'])} must be seconds in (0, {MAX_ARRIVAL_S:g}]")
+        n = max(round(rate * secs), 1)
+    elif "n" in fields:
+        n = f.count("n", hi=MAX_REQUESTS)
+    else:
+        raise f.error("missing n= or s= (requests, or seconds at the rate)")
+    kept = [i for i in items if not i.startswith(("rate=", "s=", "n="))]
+    return f"{kind}:" + ",".join([f"rate={rate:.4g}", *kept, f"n={n}"])
 
 
 def parse_workload(spec: str, seed: int = 0, *, max_model_len: int | None = None) -> Workload:

@@ -169,6 +169,7 @@ class _Target:
     base: config_mod.Config
     name: str
     step: dict | None = None        # how a relative SLO's batch-1 step was found
+    sized: dict | None = None       # a workload's rate=Kx made req/s, and from what
 
 
 def cmd_bench(args) -> int:
@@ -197,6 +198,7 @@ def prepare(args) -> tuple["_Target", Any, Any, list, list]:
     simulator part): the target, the SLO in seconds, the workload, one workload per
     repeat and the contenders; :class:`_Refused` with the one line a bad argument
     prints, before any engine starts."""
+    from tuned.base.workloads import has_relative_rates
     from tuned.bench.metrics import SloSpec
 
     try:
@@ -205,15 +207,65 @@ def prepare(args) -> tuple["_Target", Any, Any, list, list]:
         raise _Refused(f"--sla: {e}") from None
     # the keys in seconds first: every argument is checked before any engine starts
     slo = SloSpec(spec.seconds, {}, args.slo).resolve(None)
+    sized = has_relative_rates(args.workload or "")
+    if sized:
+        _check_sized(args, spec)
     target = _sim_target(args, slo) if args.engine == "sim" else _vllm_target(args, slo)
-    wl, wls, field = _field(args, target)
+    if not sized:
+        wl, wls, field = _field(args, target)
     if spec.relative:
-        slo = _relative_slo(args, spec, target)
+        slo = _relative_slo(args, spec, target, step_fit=sized)
+        if sized:
+            _size_workload(args, target, slo)
         wl, wls, field = _field(args, target)
     return target, slo, wl, wls, field
 
 
-def _relative_slo(args, spec, target: "_Target"):
+def _check_sized(args, spec) -> None:
+    """A workload with ``rate=Kx`` checked before any engine starts: the engine and
+    SLO it needs, and its grammar (sized at 1 req/s a capacity)."""
+    from tuned.base.workloads import WorkloadError, parse_workload, sized_workload
+
+    if args.engine != "vllm" or "tpot" not in spec.multiples:
+        raise _Refused(f"--workload: a rate in x (K times this host's capacity) is sized "
+                       f"from the engine's measured step: it needs --engine vllm and a "
+                       f"relative --slo such as tpot=2.5x (got --engine {args.engine} "
+                       f"--slo {args.slo})")
+    try:
+        parse_workload(sized_workload(args.workload, lambda prompt, output: 1.0), args.seed)
+    except WorkloadError as e:
+        raise _Refused(f"--workload: {clip_text(str(e), 4 * CLIP_CHARS)}") from None
+
+
+def _size_workload(args, target: "_Target", slo) -> None:
+    """``args.workload`` with its ``rate=Kx`` made req/s: K x this host's capacity
+    within the TPOT SLO for each part's lengths (:func:`tuned.bench.live.sla_capacity`
+    on the step fit measured with the batch-1 step); ``target.sized`` records it."""
+    from tuned.base.workloads import WorkloadError, sized_workload
+    from tuned.bench.live import sla_capacity
+
+    fit = target.step.get("fit") or {}
+    ceiling = target.base.max_num_seqs
+    caps: list[dict] = []
+
+    def capacity(prompt, output) -> float:
+        mu, b_sla = sla_capacity(fit, slo.tpot_s, prompt.mean, output.mean, ceiling=ceiling)
+        caps.append({"prompt_mean": round(prompt.mean, 1), "output_mean": round(output.mean, 1),
+                     "capacity_rps": round(mu, 4), "batch_at_sla": round(b_sla, 2)})
+        return mu
+
+    given = args.workload
+    try:
+        args.workload = sized_workload(given, capacity)
+    except WorkloadError as e:
+        raise _Refused(f"--workload: {clip_text(str(e), 4 * CLIP_CHARS)}") from None
+    target.sized = {"given": given, "sized": args.workload, "fit": fit, "parts": caps}
+    print(f"tuned bench: --workload sized to this host: {args.workload} (capacity "
+          + ", ".join(f"{c['capacity_rps']:g} req/s" for c in caps) + ")",
+          file=sys.stderr, flush=True)
+
+
+def _relative_slo(args, spec, target: "_Target", step_fit: bool = False):
     """``--slo tpot=2.5x``: the batch-1 decode step (measured on the real engine, the
     step model's on the simulator), the SLO in seconds, and tuned's base config
     rebuilt on it; ``target.step`` records how it was made."""
@@ -234,7 +286,8 @@ def _relative_slo(args, spec, target: "_Target"):
         log_dir.mkdir(parents=True, exist_ok=True)
         derived = measure_batch1_step(target.base, model_path=_model_path(args),
                                       log_dir=log_dir, seed=args.seed,
-                                      factor=spec.multiples.get("tpot", 2.5))
+                                      factor=spec.multiples.get("tpot", 2.5),
+                                      step_fit=step_fit)
         step = derived["step_s_batch1"]
         how = ("measured on this engine before the contenders, the median of lone "
                "requests' steps (as tuned demo does)" if derived.get("step_source") == "probe"
@@ -250,6 +303,8 @@ def _relative_slo(args, spec, target: "_Target"):
     except config_mod.ConfigError as e:
         raise _Refused(clip_text(str(e), 4 * CLIP_CHARS)) from None
     target.step = {"spec": str(spec), "step_s_batch1": step, "source": how}
+    if args.engine == "vllm" and step_fit:
+        target.step["fit"] = derived.get("burst_fit") or derived.get("fit") or {}
     print(f"tuned {getattr(args, 'command', None) or 'bench'}: --sla {spec} -> {slo} "
           f"(batch-1 step {step * 1e3:.2f} ms, {how})",
           file=sys.stderr, flush=True)
@@ -396,6 +451,8 @@ def _write_report(args, target: _Target, wl, slo, results, t0: float) -> None:
     report = _report(args, target.name, wl, slo, runs, cap, default_budget)
     if target.step:
         report["slo_relative"] = target.step
+    if target.sized:
+        report["workload_sized"] = target.sized
     out = Path(args.out)
     report_mod.write(report, out)
     pngs = report_mod.plots(report, timelines, probes, out)

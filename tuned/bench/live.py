@@ -395,9 +395,12 @@ class _Client:
         except Exception as e:  # any failure: record it, the run goes on
             refused = client_refusal(getattr(e, "status_code", None))
             if refused is not None:
-                # an overloaded server's clean answer: refused, not failed
+                # an overloaded server's clean answer: refused, not failed; what it
+                # said beside (tuned's door: "overloaded: ..."; its queue: "refused
+                # (max_wait) after waiting ...")
                 res.refused_s = self.now()
-                res.error = refused
+                said = _error_message(e)
+                res.error = f"{refused}: {said}" if said else refused
             else:
                 res.failed = True
                 res.error = f"{type(e).__name__}: {e}"
@@ -883,14 +886,45 @@ def burst_step_fit(steps: Sequence[dict]) -> dict | None:
             "n_samples": sum(len(by_batch[b]) for b in batches), "batch_max": batches[-1]}
 
 
+def sla_capacity(fit: dict, sla_s: float, prompt_mean: float, output_mean: float, *,
+                 ceiling: int = 32, context_tokens: float = 160.0) -> tuple[float, float]:
+    """Requests a second the engine serves within the TPOT SLA ``sla_s``, and the
+    batch that holds it, from a fitted step model T(b, c) = a + beta*b + gamma*c
+    (+ eta*kv; ``fit``'s keys): the SLA holds up to b_sla = (SLA - a) / (beta +
+    eta*ctx) decodes (2 to ``ceiling``); a request costs prompt_mean*gamma of prefill
+    plus output_mean decode steps shared with b_sla - 1 others, so
+    mu = 1 / (prompt_mean*gamma + output_mean*SLA/b_sla). It counts decodes at the
+    SLA's batch as if no prefill shared their steps: an upper estimate."""
+    a, beta, gamma, eta = (float(fit.get(k, 0.0) or 0.0) for k in ("a", "beta", "gamma", "eta"))
+    per_seq = max(beta + eta * context_tokens, 1e-6)
+    b_sla = min(max((sla_s - a) / per_seq, 2.0), float(ceiling))
+    return 1.0 / (prompt_mean * max(gamma, 0.0) + output_mean * sla_s / b_sla), b_sla
+
+
 def measure_batch1_step(base: Config, *, model_path: str, log_dir: Path, seed: int = 0,
                         factor: float = 2.5, startup_timeout_s: float = 600.0,
-                        extra_vllm_args: Sequence[str] = ()) -> dict:
+                        extra_vllm_args: Sequence[str] = (), step_fit: bool = False) -> dict:
     """This host's decode step at batch 1, measured as `tuned demo` measures it: tuned
     serve on ``base`` with the SLA left to ``tbt_sla_auto`` = ``factor``, the
-    calibration load, the derived SLA (:func:`calibrate`); the server stops after."""
+    calibration load, the derived SLA (:func:`calibrate`); with ``step_fit``, also the
+    demo's burst and its step fit (:func:`measure_step_fit`) as ``burst_fit`` (None
+    when the steps give none); the server stops after."""
     cfg = dataclasses.replace(base, tbt_sla_s=0.0, tbt_sla_auto=factor)
     with LiveServer(Contender("calibration", "tuned", cfg), model_path=model_path,
                     log_dir=log_dir, seed=seed, startup_timeout_s=startup_timeout_s,
                     extra_vllm_args=extra_vllm_args) as srv:
-        return calibrate(srv, cfg)
+        derived = calibrate(srv, cfg)
+        if step_fit:
+            derived["burst_fit"] = measure_step_fit(srv, cfg)
+        return derived
+
+
+def _error_message(e: BaseException) -> str:
+    """The message of an OpenAI-style error body (``{"error": {"message": ...}}``)
+    an HTTP error carried, on one line, at most 160 characters ('' when none)."""
+    body = getattr(e, "body", None)
+    msg = ""
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        msg = str(err.get("message", "")) if isinstance(err, dict) else ""
+    return " ".join(msg.split())[:160]

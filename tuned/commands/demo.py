@@ -144,11 +144,10 @@ def demo_workload(sla_s: float, fit: dict, *, seed: int, max_model_len: int | No
     """
     from tuned.base.workloads import parse_workload
 
-    a, beta, gamma, eta = (fit.get(k, 0.0) for k in ("a", "beta", "gamma", "eta"))
-    ctx = 160.0
-    per_seq = max(beta + eta * ctx, 1e-6)
-    b_sla = min(max((sla_s - a) / per_seq, 2.0), float(ceiling))
-    mu = 1.0 / (80.0 * max(gamma, 0.0) + 64.0 * sla_s / b_sla)
+    from tuned.bench.live import sla_capacity
+
+    mu, b_sla = sla_capacity(fit, sla_s, 80.0, 64.0, ceiling=ceiling)
+    gamma = fit.get("gamma", 0.0)
 
     def chat(load: float) -> tuple[float, int]:
         r = max(load * mu, 0.05)

@@ -98,6 +98,11 @@ class Refusal:
     waited_s: float | None = None
     bound_s: Any = None
     retry_after_s: int | None = None
+    #: queue refusals by prediction: its first token's predicted time from its
+    #: arrival, and what the prediction read (cap, running, token budget, prompt
+    #: tokens still to prefill, KV tokens resident) -- for the operator's log line
+    predicted_s: float | None = None
+    seen: dict | None = None
 
     @property
     def message(self) -> str:
@@ -132,6 +137,8 @@ class QueueRefusals(Generic[R]):
         #: predicted time to the first token of a request arriving now (None: no
         #: prediction), what the door decides a new request by
         self.door_wait_s: float | None = None
+        self._leads: dict[str, float] = {}
+        self._seen: dict | None = None
 
     def set_bound(self, spec: tuple | None, waiting: Iterable[ReqInfo]) -> None:
         """``spec``: ``(bound_s, refuse[, age_after_s])`` (:func:`bound_spec`) or None;
@@ -169,8 +176,13 @@ class QueueRefusals(Generic[R]):
             return []
         leads, self.door_wait_s = first_token_leads(
             ctx, infos.values(), running_left, ctx.now_s, self.bound.bound_s)
+        self._leads = leads or {}
         if leads is None:
             return self.bound.due(ctx.now_s)
+        self._seen = {"cap": int(ctx.cap), "running": int(ctx.num_running),
+                      "token_budget": int(ctx.token_budget),
+                      "prefill_backlog_tokens": int(ctx.prefill_backlog_tokens),
+                      "kv_resident_tokens": int(ctx.kv_resident_tokens or 0)}
         lead_max = max(leads.values(), default=0.0)
         return self.bound.due(ctx.now_s, lambda rid: leads.get(rid, 0.0), lead_max)
 
@@ -178,8 +190,12 @@ class QueueRefusals(Generic[R]):
                 arrival_s: float | None, reason: str = REASON_MAX_WAIT) -> Refusal:
         """``request`` was taken out of the queue, refused: counted, and kept for the
         engine's answer (:meth:`take`)."""
-        event = Refusal(reason, now_s, request_id,
-                        now_s - arrival_s if arrival_s is not None else None)
+        waited = now_s - arrival_s if arrival_s is not None else None
+        lead = self._leads.get(request_id)
+        event = Refusal(reason, now_s, request_id, waited,
+                        predicted_s=(round(waited + lead, 3) if lead is not None
+                                     and waited is not None else None),
+                        seen=self._seen if lead is not None else None)
         self._out.append((request, event))
         if self.bound is not None:
             self.bound.refused += 1

@@ -398,9 +398,12 @@ class _TunedMixin:
         self._refused_out.extend(done)
         now = self._clock()
         reason = ",".join(dict.fromkeys(e.reason for _, e in refused))
+        predicted = [e.predicted_s for _, e in refused if e.predicted_s is not None]
         log.info("requests_refused", reason=reason, n=len(done),
                  longest_wait_s=round(max(now - (r.arrival_time - self._wall_offset_s())
-                                          for r in done), 3) if done else None)
+                                          for r in done), 3) if done else None,
+                 predicted_first_token_s=min(predicted) if predicted else None,
+                 seen=next((e.seen for _, e in refused if e.seen), None))
 
     def _emit_refused(self, result: dict) -> None:
         """One final output per refused request to its client (vLLM's own shape for

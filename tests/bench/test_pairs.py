@@ -264,6 +264,16 @@ def test_a_cap_that_never_moved_is_said_with_where_the_gain_came_from():
     assert "The batch cap never moved (it stayed at 8)" in md
 
 
+def test_a_ratio_over_a_zero_is_said_in_words():
+    rep = _report(_field(cap_moves=0))
+    rep["ratios"] = {"goodput_vs_vllm-default": float("inf"), "goodput_vs_best_static": 1.5,
+                     "goodput_vs_best_cap": None}
+    md = report_mod.markdown(rep)
+    assert "| goodput vs vllm-default | above a zero (the other had none) |" in md
+    assert "| goodput vs best_static | 1.5x |" in md
+    assert "| goodput vs best_cap | - |" in md
+
+
 # --- the command -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag, value, message", [

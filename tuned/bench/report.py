@@ -429,6 +429,15 @@ def _fmt_ratio(x: float) -> str:
     return f"{x:.2f}x" if math.isfinite(x) else "inf x"
 
 
+def _ratio_cell(v: float | None) -> str:
+    """A ratio's cell: ``1.05x``; over a zero, "above 0 (the other: 0)"; '-' none."""
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "above a zero (the other had none)" if v > 0 else "-"
+    return f"{_fmt(v)}x"
+
+
 def _fmt(v: Any, key: str = "") -> str:
     if v is None:
         return "-"
@@ -502,8 +511,7 @@ def markdown(report: dict[str, Any]) -> str:
     if rat:
         lines += ["", "## tuned's ratios", "", "| ratio | value |", "|---|---|"]
         for k, v in rat.items():
-            lines.append(f"| {k.replace('_vs_', ' vs ')} | {_fmt(v)}x |" if v is not None
-                         else f"| {k} | - |")
+            lines.append(f"| {k.replace('_vs_', ' vs ')} | {_ratio_cell(v)} |")
     lines.append("")
     return "\n".join(lines)
 

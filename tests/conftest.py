@@ -14,6 +14,19 @@ MODEL_CACHE = ROOT / ".cache" / "test-models"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+def _bind_engines_to_this_workers_core() -> None:
+    """Under pytest-xdist (tools/test.sh runs the ``parallel`` engine tests two at a
+    time), each worker's engines compute on a core of their own: vLLM's CPU build binds
+    every engine to core 0 by default, where two would share one core."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        cores = len(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(worker[2:]) % cores))
+
+
+_bind_engines_to_this_workers_core()
+
+
 @pytest.fixture
 def logs():
     """tuned's JSON log lines, captured: call the fixture's value to read them."""

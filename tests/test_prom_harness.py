@@ -21,6 +21,7 @@ def exporter():
 
 
 @pytest.mark.slow  # a real Prometheus scraping for several seconds
+@pytest.mark.parallel
 def test_prometheus_scrapes_a_gauge(prometheus, exporter):
     registry, target = exporter
     Gauge("tuned_test_cap_seqs", "test cap", registry=registry).set(7)

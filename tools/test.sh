@@ -26,13 +26,18 @@ if [ "$#" -gt 0 ]; then
 else
   # the fast tests on every core (pytest-xdist); the slow ones that start no engine
   # (simulations) on every core too, a file per worker so that a module's fixture is
-  # built once; then the slow ones that start the real engine, one at a time
+  # built once; the slow engine tests that check states only (marked parallel) two at
+  # a time, each worker's engines on a core of their own (tests/conftest.py); then the
+  # rest, whose figures or deadlines depend on the host's speed, one at a time
   "${pytest[@]}" -m "not slow" -n auto
   fast=$?
   "${pytest[@]}" -m "slow and simulation" -n auto --dist loadfile
   sim=$?
-  "${pytest[@]}" -m "slow and not simulation"
+  "${pytest[@]}" -m "slow and not simulation and parallel" -n 2 --dist loadfile
+  par=$?
+  "${pytest[@]}" -m "slow and not simulation and not parallel"
   rc=$?
+  if [ "$par" -ne 0 ]; then rc=$par; fi
   if [ "$sim" -ne 0 ]; then rc=$sim; fi
   if [ "$fast" -ne 0 ]; then rc=$fast; fi
 fi

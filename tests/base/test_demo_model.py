@@ -160,6 +160,7 @@ def test_param_counts():
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_small_builds_with_expected_params(tmp_path):
     out = build_demo_model(tmp_path / "small", size="small", seed=0)
     m = read_manifest(out)
@@ -242,6 +243,7 @@ def test_resolve_model_missing_folder_is_file_not_found(tmp_path):
 # ------------------------------------------------------------------ vLLM
 
 @pytest.mark.slow
+@pytest.mark.parallel
 @pytest.mark.timeout(600)
 def test_tiny_generates_in_vllm(tiny, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB

@@ -367,6 +367,7 @@ def _pairs(result: list) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow  # a real Prometheus scraping for several seconds
+@pytest.mark.parallel
 def test_every_query_returns_what_it_says(prometheus):
     """Two servers, as a fleet runs them: server A (127.0.0.1) with two data-parallel
     ranks, server B (127.0.0.2) with one; each serves tuned's real metrics registry

@@ -468,6 +468,7 @@ def test_init_container_refuses_a_bad_config(docs, tmp_path):
 
 
 @pytest.mark.slow  # imports vLLM's CLI (tens of seconds); starts no engine
+@pytest.mark.parallel
 def test_vllm_serve_parses_the_container_arguments(docs, tmp_path):
     """vLLM's own `vllm serve` parser reads the container's arguments: the model as
     its positional, tuned's scheduler class and the middleware; tuned's scheduler

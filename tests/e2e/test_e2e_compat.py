@@ -35,7 +35,7 @@ from serve_harness import parse_metric_values, wait_for
 from tuned.launch import launcher
 from tuned.base.netutil import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.parallel, pytest.mark.timeout(1500)]
 
 MAX_NUM_SEQS = 4
 BUDGET = 40             # tokens per step: a 2000-token prompt prefills over 50 steps or more

@@ -26,7 +26,7 @@ from serve_harness import engine_args, get_json, get_text, mval, parse_metric_va
 from tuned.launch import launcher
 from tuned.base.netutil import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
 CEILING, BATCHED_TOKENS = 6, 384
 MAX_TOKENS = 16

@@ -23,7 +23,7 @@ import faults
 from serve_harness import wait_for, Load, metric_values, mval, tuned_serve
 from tuned.policies.gpu_memory import RECOVER_TICKS
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.parallel, pytest.mark.timeout(900)]
 
 INTERVAL_S = 0.25
 CEILING = 8

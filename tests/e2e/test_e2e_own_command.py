@@ -34,7 +34,7 @@ from doc_readers import documented_command
 from tuned.launch import launcher
 from tuned.base.netutil import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
 #: the documented command line's engine settings (docs/kubernetes.md)
 CEILING, BATCHED_TOKENS = 256, 8192

@@ -23,7 +23,7 @@ from serve_harness import Load, tuned_serve
 from doc_readers import all_queries, grafana_to_promql as _grafana_to_promql, guide_queries, \
     guide_scrape_configs, load_dashboard
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
 CEILING = 16
 B_MAX = 6     # the cap tuned settles on: memory is ample, so b_mem = B_max

@@ -48,7 +48,7 @@ import pytest
 
 from serve_harness import get_json, metric_values, msum, mval, tuned_serve
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.parallel, pytest.mark.timeout(600)]
 
 
 def base_config(model) -> str:

@@ -26,7 +26,7 @@ import pytest
 from serve_harness import ROOT, Load, _wait_ready, metric_values, mval, start_server, stop
 from tuned.curves.profile import load_profile, save_profile
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.parallel, pytest.mark.timeout(900)]
 
 REQUESTS = 16
 FALLBACK_CAP = 2

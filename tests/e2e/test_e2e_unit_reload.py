@@ -19,7 +19,7 @@ import pytest
 from serve_harness import (ROOT, get_json, metric_values, mval, tuned_serve, unit_command,
                            wait_for)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
 CONFIG = ("max_num_seqs = 8\nmax_num_batched_tokens = 512\nmax_model_len = 512\n"
           "num_gpu_blocks = 16\ninterval_s = 0.5\nstale_after_s = 5.0\ntbt_sla_s = 0.0\n"

@@ -163,6 +163,7 @@ def _build(src: Path, out: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel
 def test_release_builds_checks_and_runs_from_a_clean_venv(tmp_path):
     """The release as a user gets it: ``python -m build`` makes an sdist and a wheel
     that ``twine check --strict`` accepts, carrying the licences, the changelog and

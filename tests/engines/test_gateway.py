@@ -291,6 +291,14 @@ CHAT_ABORT = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","creat
 CHAT_TOKEN = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
               b'"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},'
               b'"logprobs":null,"finish_reason":null}]}\n\n')
+#: a token that reads as empty text (a lone byte of a character, which the detokenizer
+#: holds back): vLLM still sends its chunk, and ends a served answer with "length"
+EMPTY_TOKEN = (b'data: {"id":"cmpl-3","object":"text_completion","created":1,'
+               b'"model":"m","choices":[{"index":0,"text":"","logprobs":null,'
+               b'"finish_reason":null,"stop_reason":null}]}\n\n')
+CHAT_LENGTH = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
+               b'"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,'
+               b'"finish_reason":"length","stop_reason":null}]}\n\ndata: [DONE]\n\n')
 ERROR_EVENT = (b'data: {"error":{"message":"Internal server error","type":'
                b'"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n')
 
@@ -302,6 +310,8 @@ ERROR_EVENT = (b'data: {"error":{"message":"Internal server error","type":'
     (CHAT_ROLE, None),                                 # no token yet: keep reading
     (CHAT_ROLE + CHAT_ABORT, False),
     (CHAT_ROLE + CHAT_TOKEN, True),
+    (EMPTY_TOKEN, True),                               # served, its token reads empty
+    (CHAT_ROLE + CHAT_LENGTH, True),                   # served, every token empty text
     (ERROR_EVENT, True),                               # vLLM's own error: passed on
     (b'{"choices":[{"index":0,"text":"","finish_reason":"abort"}]}', False),
     (b'{"choices":[{"index":0,"text":"","finish_reason":"length"}]}', True),

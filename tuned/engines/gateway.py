@@ -122,12 +122,20 @@ HELD_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
 
 def _has_token(choices: Any) -> bool:
     """Whether a completion or chat choice list carries output: text, tokens, a
-    delta's content, reasoning or tool calls."""
+    delta's content, reasoning or tool calls; a choice finished as served; or a
+    completion chunk at all (a random model's tokens may read as empty text, and an
+    answer of such tokens is served, not refused)."""
     for c in choices if isinstance(choices, list) else ():
         if not isinstance(c, dict):
             continue
         if c.get("text") or c.get("token_ids") or c.get("logprobs"):
             return True
+        if c.get("finish_reason") not in (None, "abort"):
+            return True          # finished as served ("length", "stop"): its tokens
+                                 # may all read as empty text (a lone byte's piece)
+        if "text" in c and "delta" not in c and c.get("finish_reason") is None:
+            return True          # a completion chunk: vLLM sends none before the first
+                                 # token, so this one carries a token, text or not
         for part in (c.get("delta"), c.get("message")):
             if isinstance(part, dict) and any(
                     part.get(k) for k in ("content", "reasoning_content", "reasoning",

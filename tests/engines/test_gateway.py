@@ -364,6 +364,13 @@ def test_a_stream_the_queue_refused_is_answered_429_before_any_byte(endpoint):
     assert err["message"].startswith("refused (max_wait) after waiting ")
     assert err["message"].endswith("; retry in 3 s")
     assert mw.refused == before          # counted once, by the queue, not the door
+    # Starlette closes a stream with an empty body after the last chunk: it goes
+    # nowhere (sent after the 429, the server would raise "Unexpected ASGI message
+    # 'http.response.body' sent, after response already completed")
+    sent = held(mw, [CHAT_ROLE, CHAT_ABORT, b""], path="/v1/chat/completions")
+    assert [(m["type"], m.get("status")) for m in sent] == [
+        ("http.response.start", 429), ("http.response.body", None)]
+    assert sent[1].get("more_body", False) is False
 
 
 def test_a_served_stream_passes_whole_and_in_order(endpoint):

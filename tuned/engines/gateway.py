@@ -204,9 +204,13 @@ class HeldStart:
         self._held: list[dict] = []
         self._body = b""
         self._passing = False
+        self._answered = False
         self._t0 = time.monotonic()
 
     async def __call__(self, message: dict) -> None:
+        if self._answered:
+            return      # the 429 was the whole answer: what the app sends after it
+                        # (the stream's closing empty body) goes nowhere
         if self._passing:
             await self._send(message)
             return
@@ -239,7 +243,7 @@ class HeldStart:
 
     async def _refuse(self) -> None:
         """The 429 instead of the empty answer (the queue counted the refusal)."""
-        self._passing = True
+        self._answered = True
         self._held.clear()
         waited = time.monotonic() - self._t0
         await send_429(self._send, Refusal(REASON_MAX_WAIT, time.monotonic(),

@@ -32,7 +32,7 @@ from test_e2e_queue_policies import (Ctx, admissions, engine_pause, engine_resum
                                      policy_lines, queue_installed, settle, steps_since,
                                      use_policy, wait_ticks)
 
-pytestmark = [pytest.mark.slow, pytest.mark.parallel, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def base_config(model) -> str:

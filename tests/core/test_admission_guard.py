@@ -145,6 +145,38 @@ def test_the_guard_holds_a_prompt_at_most_twice_its_own_prefill():
     assert "big" not in q.guard.held_since
 
 
+def test_with_a_ttft_target_the_guard_holds_a_prompt_while_it_can_still_meet_it():
+    """r0 (201 tokens; first token at t = -4.5, a 4.5 s stall) decodes a token every
+    25 ms from t = 0: projected TPOT (4.5 + 200 * 25 ms) / 200 = 47.5 ms, which the
+    300-token prompt would push past 50 ms until t = 4. With a TTFT target of 3 s the
+    prompt (arrived at t = 0) is held past twice its prefill alone (0.64 s), until
+    that much before its TTFT deadline: 3 - 0.64 = 2.36 s, then admitted though the
+    check still says no."""
+    q = QueueCore(make_policy("fcfs"))
+    running: list = []
+    r0 = Req("r0", -4.6, 10, 201, extra_args={"tuned_output_tokens": 201})
+    q.add_request(r0)
+    q.begin_step(ctx(-4.5, ttft=3.0), running)
+    assert q.pop_request() is r0
+    running.append(r0)
+    r0.num_output_tokens = 1
+    q.begin_step(ctx(-4.5, ttft=3.0), running)
+    q.begin_step(ctx(0.0, ttft=3.0), running)
+    q.add_request(Req("big", 0.0, 300, 8))
+    assert not q and q.last_verdict.reason == "tpot_guard"
+    assert q.guard.hold_bound_s(q._infos["big"], ctx(0.0), 0.0) == pytest.approx(0.64)
+    assert q.guard.hold_bound_s(q._infos["big"], ctx(0.0, ttft=3.0), 0.0) == \
+        pytest.approx(2.36)
+    for now in (0.7, 1.5, 2.35):
+        r0.num_output_tokens = 1 + round(now / 0.025)
+        q.begin_step(ctx(now, ttft=3.0), running)
+        assert not q and q.last_verdict.reason == "tpot_guard", now
+    r0.num_output_tokens = 1 + round(2.37 / 0.025)
+    assert not q.guard.tpot_room(q._infos["big"], ctx(2.37, ttft=3.0), running, q._infos)
+    q.begin_step(ctx(2.37, ttft=3.0), running)
+    assert q and q.pop_request().request_id == "big"
+
+
 def test_prompts_admitted_but_not_yet_prefilled_count_against_the_running():
     """r0 projects 25 ms. A 100-token prompt p is admitted (25 + 15 = 40 ms); its
     prefill still to run lengthens r0's coming steps by 0.1 s over 10 tokens, so r0's

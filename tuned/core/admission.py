@@ -8,8 +8,8 @@ reads the engine's running requests (their progress, their remaining prompt toke
 and the step model T(b, c, kv) the controller publishes, so it lives beside the queue
 core that owns those, and wraps every policy the same way. Off without a step model
 or an SLA; a held request never waits forever (with nothing to protect it is
-admitted, and the guard holds one at most :data:`HOLD_BOUND_PREFILLS` times its own
-prefill alone).
+admitted, and the guard holds one only while it can still meet its TTFT target, or
+without one, at most :data:`HOLD_BOUND_PREFILLS` times its own prefill alone).
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ def prompt_tokens_left(r) -> int:
     return max(int(r.num_prompt_tokens) - done, 0)
 
 
-#: the guard holds one request at most this many times its own prefill alone, T(0, p):
-#: what it protects (the running requests' TPOT) is paid for in the held prompt's
-#: TTFT, and this bounds that price to a multiple of the prompt's own service time
-#: (a bounded slowdown: the guard adds at most twice the prompt's prefill to its wait)
+#: the guard holds one request at least this many times its own prefill alone,
+#: T(0, p), and without a TTFT target at most that: what it protects (the running
+#: requests' TPOT) is paid for in the held prompt's TTFT, and this bounds that price to
+#: a multiple of the prompt's own service time. With a TTFT target it holds the prompt
+#: while it can still meet it: until that many prefills alone before its TTFT deadline
+#: (:meth:`AdmissionGuard.hold_bound_s`)
 HOLD_BOUND_PREFILLS = 2.0
 
 
@@ -96,7 +98,7 @@ class AdmissionGuard:
         (also once the guard has held it :data:`HOLD_BOUND_PREFILLS` times its own
         prefill alone, :meth:`hold_bound_s`)."""
         since = self.held_since.get(cand.request_id)
-        if since is not None and ctx.now_s - since >= self.hold_bound_s(cand, ctx):
+        if since is not None and ctx.now_s - since >= self.hold_bound_s(cand, ctx, since):
             return None
         held = ("tpot_guard" if not self.tpot_room(cand, ctx, running, infos)
                 else "ttft_guard" if not self.ttft_room(cand, ctx, running, infos) else None)
@@ -106,13 +108,21 @@ class AdmissionGuard:
         return held
 
     @staticmethod
-    def hold_bound_s(cand: ReqInfo, ctx: AdmitContext) -> float:
-        """How long the guard may hold ``cand`` in all: :data:`HOLD_BOUND_PREFILLS`
-        times its prefill alone, T(0, p) (inf without a step model)."""
+    def hold_bound_s(cand: ReqInfo, ctx: AdmitContext, since: float | None = None) -> float:
+        """How long the guard may hold ``cand`` in all, from its first hold at
+        ``since``: :data:`HOLD_BOUND_PREFILLS` times its prefill alone, T(0, p), or,
+        with a TTFT target (``ctx.ttft_sla_s``), while it can still meet it: until
+        that many prefills alone before its TTFT deadline, if later (inf without a
+        step model). On a CPU host a prefill is tens of decode steps, and twice it
+        released a held prompt into the steps of requests it would push over their
+        TPOT while its own TTFT had seconds to spare."""
         model = ctx.step_model
         if model is None:
             return float("inf")
-        return HOLD_BOUND_PREFILLS * model.predict_step_s(0, max(cand.prompt_tokens, 0))
+        own = HOLD_BOUND_PREFILLS * model.predict_step_s(0, max(cand.prompt_tokens, 0))
+        if ctx.ttft_sla_s > 0 and since is not None:
+            return max(own, cand.arrival_s + ctx.ttft_sla_s - own - since)
+        return own
 
     def forget(self, request_id: str) -> None:
         self.first_token_s.pop(request_id, None)

@@ -100,6 +100,22 @@ def test_each_429_is_counted_in_the_process_registry(endpoint):
     assert f"\n{gateway.REFUSED_METRIC} {before + 3}\n" in generate_latest(REGISTRY).decode()
 
 
+def test_each_429_is_timed_from_the_request_s_arrival(endpoint):
+    """The door's 429s go into the refusal-wait histogram under where="door", within
+    its first bucket (on arrival)."""
+    from prometheus_client import REGISTRY
+
+    def door(suffix: str, **labels) -> float:
+        return REGISTRY.get_sample_value(gateway.REFUSAL_WAIT_METRIC + suffix,
+                                         {"where": "door", **labels}) or 0.0
+
+    _Admission.state = {"refusing": True, "retry_after_s": 2}
+    before, fast = door("_count"), door("_bucket", le="0.01")
+    mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
+    assert [call(mw)[0], call(mw)[0]] == [429, 429]
+    assert door("_count") == before + 2 and door("_bucket", le="0.01") == fast + 2
+
+
 def test_not_refusing_or_no_endpoint_lets_requests_through(endpoint):
     _Admission.state = {"refusing": False}
     assert call(warm(gateway.RefuseWhenOverloaded(None, url=endpoint)))[:1] == (200,)
@@ -351,10 +367,17 @@ def test_a_stream_the_queue_refused_is_answered_429_before_any_byte(endpoint):
     """vLLM's empty answer to a refused request becomes the door's answer: 429, its
     Retry-After from the last /admission answer, vLLM's error body naming the
     refusal and the wait; the stream's own bytes never reach the client."""
+    from prometheus_client import REGISTRY
+
+    def timed() -> float:
+        return REGISTRY.get_sample_value(gateway.REFUSAL_WAIT_METRIC + "_count",
+                                         {"where": "queue"}) or 0.0
+
     _Admission.state = {"refusing": False, "retry_after_s": 3}
     mw = warm(gateway.RefuseWhenOverloaded(None, url=endpoint))
-    before = mw.refused
+    before, timed_before = mw.refused, timed()
     sent = held(mw, [CHAT_ROLE, CHAT_ABORT], path="/v1/chat/completions")
+    assert timed() == timed_before + 1   # timed under where="queue"
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 429
     headers = {k.decode(): v.decode() for k, v in sent[0]["headers"]}

@@ -66,6 +66,11 @@ URL_ENV = "TUNED_ADMISSION_URL"
 #: the counter of 429s, on vLLM's own ``/metrics`` (this process's registry)
 REFUSED_METRIC = "tuned_gateway_refused_total"
 _refused_counter: Any = None
+#: the histogram of the time from a request's arrival at the API server to its 429
+REFUSAL_WAIT_METRIC = "tuned_gateway_refusal_wait_seconds"
+#: its buckets: around the TTFT targets a refusal should come within
+REFUSAL_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+_refusal_wait: Any = None
 
 
 def refused_counter():
@@ -86,6 +91,33 @@ def refused_counter():
         except ValueError:      # registered already, by an earlier import of this module
             _refused_counter = REGISTRY._names_to_collectors[REFUSED_METRIC]
     return _refused_counter
+
+
+def refusal_wait_histogram():
+    """The process's histogram of how long a request had been at the API server when
+    it was answered 429, by where it was refused: ``door`` (on arrival) or ``queue``
+    (tuned's queue refused it while it waited; :class:`HeldStart`). Made once, in
+    vLLM's default registry, like :func:`refused_counter`."""
+    global _refusal_wait
+    if _refusal_wait is None:
+        from prometheus_client import REGISTRY, Histogram
+
+        try:
+            _refusal_wait = Histogram(
+                REFUSAL_WAIT_METRIC,
+                "Time from a request's arrival at vLLM's API server to its HTTP 429, "
+                "by where tuned refused it: door (on arrival) or queue (while waiting)",
+                ("where",), buckets=REFUSAL_WAIT_BUCKETS_S)
+        except ValueError:      # registered already, by an earlier import of this module
+            _refusal_wait = REGISTRY._names_to_collectors[REFUSAL_WAIT_METRIC]
+    return _refusal_wait
+
+
+def _observe_refusal(where: str, waited_s: float) -> None:
+    try:
+        refusal_wait_histogram().labels(where=where).observe(max(waited_s, 0.0))
+    except Exception:   # a metric never stands between a client and its answer
+        pass
 
 
 def admission_url(argv: list[str] | None = None, environ: dict | None = None) -> str | None:
@@ -246,6 +278,7 @@ class HeldStart:
         self._answered = True
         self._held.clear()
         waited = time.monotonic() - self._t0
+        _observe_refusal("queue", waited)
         await send_429(self._send, Refusal(REASON_MAX_WAIT, time.monotonic(),
                                            waited_s=waited,
                                            retry_after_s=self._gate.retry_after_s()))
@@ -329,4 +362,5 @@ class RefuseWhenOverloaded:
                 refused_counter().inc()
             except Exception:   # a metric never stands between a client and its answer
                 pass
+            _observe_refusal("door", event.waited_s or 0.0)
             await send_429(send, event)

@@ -228,9 +228,11 @@ def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefil
     tokens clear at T(2, 1000) / 1000 = 1.02 ms a token, and a first token comes out of
     a step carrying the 300 prompt tokens pending, T(2, 300) = 0.32 s. A takes the slot
     at 0.2 s: 0.2 + 0.102 + 0.32 = 0.622 s; B the one at 0.6 s: 1.022 s; C the slot A
-    frees (0.622 + 19 decodes = 1.002 s): 1.424 s, past a bound of 1.2 s, so it takes
-    nothing from a request arriving now, whose first token comes at the next free
-    slot, 1.002 s, and one such step later."""
+    frees (0.622 + 19 decodes = 1.002 s): 1.424 s. With a bound of 1.6 s, C's first
+    token plus the step now (its refusal's answer comes as the step ends, and the next
+    check a step later), 1.744 s, is past it, so C takes nothing from a request
+    arriving now, whose first token comes at the next free slot, 1.002 s, and one such
+    step later; B (1.022 + 0.32 = 1.342 s) keeps its place."""
     from tuned.core.queue_policy import ReqInfo
     from tuned.core.refusal import first_token_leads
     from tuned.curves.online import LinearStepModel
@@ -239,19 +241,23 @@ def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefil
     c = AdmitContext(now_s=5.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
                      cap=2, step_model=model, token_budget=1002, num_running=2)
     waiting = [ReqInfo(rid, 5.0, 100, 64, 20) for rid in "ABC"]
-    leads, door = first_token_leads(c, waiting, [10, 30], 5.0, 1.2)
+    leads, door, answer = first_token_leads(c, waiting, [10, 30], 5.0, 1.6)
     assert leads == pytest.approx({"A": 0.622, "B": 1.022, "C": 1.424})
-    assert door == pytest.approx(1.322)
+    assert door == pytest.approx(1.322) and answer == pytest.approx(0.32)
+    # a bound of 1.3 s: B (1.342 s with the step) is refused too, and C takes its slot
+    leads, door, _ = first_token_leads(c, waiting, [10, 30], 5.0, 1.3)
+    assert leads == pytest.approx({"A": 0.622, "B": 1.022, "C": 1.022})
     # no step model, or no token budget beyond the running requests: no prediction
     import dataclasses
     assert first_token_leads(dataclasses.replace(c, step_model=None), waiting, [10, 30],
-                             5.0, 1.2) == (None, None)
+                             5.0, 1.6) == (None, None, 0.0)
     assert first_token_leads(dataclasses.replace(c, token_budget=2), waiting, [10, 30],
-                             5.0, 1.2) == (None, None)
+                             5.0, 1.6) == (None, None, 0.0)
 
 
 def test_a_refusal_by_prediction_carries_the_prediction_and_what_it_read():
-    """The same queue as above, bound 1.2 s: C (predicted 1.424 s) is refused at once;
+    """The same queue as above, bound 1.6 s: C (predicted 1.424 s, and the step now
+    0.32 s) is refused at once;
     its event carries the predicted first token from its arrival and the cap, running
     requests, token budget, prefill backlog and KV tokens the prediction read, which
     the engine's ``requests_refused`` log line prints."""
@@ -262,7 +268,7 @@ def test_a_refusal_by_prediction_carries_the_prediction_and_what_it_read():
     c = AdmitContext(now_s=5.0, kv_capacity_tokens=1000, kv_free_tokens=600, cap=2,
                      step_model=LinearStepModel(a=0.0, beta=0.01, gamma=0.001),
                      token_budget=1002, num_running=2, prefill_backlog_tokens=0)
-    r = QueueRefusals(WaitBound(1.2, True, 0.6))
+    r = QueueRefusals(WaitBound(1.6, True, 0.8))
     infos = {rid: ReqInfo(rid, 5.0, 100, 64, 20) for rid in "ABC"}
     for info in infos.values():
         r.join(info)

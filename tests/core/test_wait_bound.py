@@ -118,7 +118,8 @@ def test_under_sustained_overload_every_wait_ends_by_the_bound():
     bound, so the requests still waiting at it are refused, never past the bound
     and no earlier than the bound less the largest lead (the 10-token prefill, 0.01 s,
     and the step the first token would come out of, carrying a full budget of the
-    prompts pending: T(0, 1024) = 1.024 s): at the first step after 8.966 s while the
+    prompts pending: T(0, 1024) = 1.024 s) and the step now, which the refusal's
+    answer waits for (1.024 s again): at the first step after 7.942 s while the
     stream lasts, later as the queue drains and the pending prefill shrinks. No
     admitted request waited the bound."""
     q = bounded("refuse")
@@ -126,9 +127,9 @@ def test_under_sustained_overload_every_wait_ends_by_the_bound():
     admitted, refused = run(q, arrivals, until_s=40.0)
     assert len(admitted) + len(refused) + len(q) == len(arrivals)
     assert refused, "an overload this size must refuse"
-    due = BOUND_S - (1.024 + 0.01)
+    due = BOUND_S - (1.024 + 0.01 + 1.024)
     assert all(due - 1e-9 <= w <= BOUND_S + 1e-9 for w in refused.values())
-    assert min(refused.values()) == pytest.approx(9.0)
+    assert min(refused.values()) == pytest.approx(8.0)
     assert max(admitted.values()) < BOUND_S
     assert q.snapshot()["refused"] == len(refused)
 
@@ -179,27 +180,31 @@ def test_a_long_prompt_is_refused_its_prefill_early():
     """With the step model, a request is refused once its wait plus its lead reaches
     the bound: its prefill at the engine's pace (1 ms per prompt token here), plus the
     step it would come out of, carrying the prompts pending up to the budget (T(0,
-    1024) = 1.024 s): a 3000-token prompt at 10 - 4.024 = 5.976 s, the first step at or
-    after it 6.0 s, so its first token would not come past the bound."""
+    1024) = 1.024 s), and that step again for the refusal's answer (it goes out as the
+    step now ends, and the next check comes a step later): a 3000-token prompt at
+    10 - 5.048 = 4.952 s, the first step at or after it 5.0 s, so its answer would not
+    come past the bound."""
     refused = refusal_times([Req("long", 0.0, 3000)] + stream(200, per_step=2), 120)
-    assert refused["long"] == pytest.approx(6.0)
+    assert refused["long"] == pytest.approx(5.0)
 
 
 def test_a_younger_longer_prompt_is_refused_before_the_oldest():
     """Every request within reach of the bound is checked, not only the oldest: a
     3000-token prompt from t = 1 s, behind a 10-token one from t = 0, is refused after
-    waiting 10 - (0.01 + 3.0 + 1.024) = 5.966 s (the step at 7.0 s: its lead is the
-    prompt ahead, its own and a full budget's step), first; the 10-token one, alone
-    then, after 10 - (0.01 + 0.01) = 9.98 s (the step at 10.0 s)."""
+    waiting 10 - (0.01 + 3.0 + 2 x 1.024) = 4.942 s (the step at 6.0 s: its lead is the
+    prompt ahead, its own and a full budget's step, and its answer waits a step), first;
+    the 10-token one, alone then, after 10 - (0.01 + 2 x 0.01) = 9.97 s (the step at
+    10.0 s)."""
     refused = refusal_times([Req("old", 0.0, 10), Req("long", 1.0, 3000)], 110)
-    assert refused == {"long": pytest.approx(6.0), "old": pytest.approx(10.0)}
+    assert refused == {"long": pytest.approx(5.0), "old": pytest.approx(10.0)}
 
 
 def test_the_prefill_ahead_counts_in_the_lead():
     """The prompt tokens the running requests still owe are prefilled first: with 2000
     of them (one running request, none of its prompt computed), a 10-token prompt's
-    lead is 2.010 s and the step it comes out of, T(1, 1023) = 1.023 s, refused at the
-    step at or after 10 - 3.033 = 6.967 s."""
+    lead is 2.010 s and the step it comes out of, T(1, 1023) = 1.023 s, and its answer
+    waits for the step now (1.023 s again): refused at the step at or after
+    10 - 4.056 = 5.944 s."""
     q = bounded("refuse")
     q.add_request(Req("r", 0.0, 10))
     running = [Req("running", 0.0, 2000)]      # none of its prompt computed yet
@@ -210,4 +215,4 @@ def test_the_prefill_ahead_counts_in_the_lead():
         out = q.refusals.take()
         if out and refused is None:
             refused = now
-    assert refused == pytest.approx(7.0)
+    assert refused == pytest.approx(6.0)

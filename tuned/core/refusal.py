@@ -138,6 +138,7 @@ class QueueRefusals(Generic[R]):
         #: prediction), what the door decides a new request by
         self.door_wait_s: float | None = None
         self._leads: dict[str, float] = {}
+        self._answer_s = 0.0
         self._seen: dict | None = None
 
     def set_bound(self, spec: tuple | None, waiting: Iterable[ReqInfo]) -> None:
@@ -174,17 +175,22 @@ class QueueRefusals(Generic[R]):
         :attr:`door_wait_s`, the same prediction for a request arriving now."""
         if self.bound is None:
             return []
-        leads, self.door_wait_s = first_token_leads(
+        leads, self.door_wait_s, self._answer_s = first_token_leads(
             ctx, infos.values(), running_left, ctx.now_s, self.bound.bound_s)
         self._leads = leads or {}
         if leads is None:
             return self.bound.due(ctx.now_s)
+        # a refusal decided now reaches its client as this step ends, and the queue
+        # looks again only a step later: refused a step early, its answer comes
+        # within the bound (answer_s is also in each lead's comparison below)
+        answer_s = self._answer_s
         self._seen = {"cap": int(ctx.cap), "running": int(ctx.num_running),
                       "token_budget": int(ctx.token_budget),
                       "prefill_backlog_tokens": int(ctx.prefill_backlog_tokens),
                       "kv_resident_tokens": int(ctx.kv_resident_tokens or 0)}
-        lead_max = max(leads.values(), default=0.0)
-        return self.bound.due(ctx.now_s, lambda rid: leads.get(rid, 0.0), lead_max)
+        lead_max = max(leads.values(), default=0.0) + answer_s
+        return self.bound.due(ctx.now_s, lambda rid: leads.get(rid, 0.0) + answer_s,
+                              lead_max)
 
     def refused(self, request: R, request_id: str, now_s: float,
                 arrival_s: float | None, reason: str = REASON_MAX_WAIT) -> Refusal:
@@ -223,10 +229,13 @@ class QueueRefusals(Generic[R]):
 
 def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
                       running_left: Sequence[int], now_s: float, bound_s: float
-                      ) -> tuple[dict[str, float] | None, float | None]:
+                      ) -> tuple[dict[str, float] | None, float | None, float]:
     """Predicted seconds from now to each waiting request's first token if the queue
-    is served oldest first, and the same for a request arriving now; (None, None)
-    without the step model the controller publishes or a token budget.
+    is served oldest first, the same for a request arriving now, and the step now
+    (``answer_s``: a refusal decided now is answered as it ends, and the next check
+    comes a step later, so a request is refused once its first token would come past
+    ``bound_s - answer_s``); (None, None, 0.0) without the step model the controller
+    publishes or a token budget.
 
     The engine is a set of batch slots (the cap) and a prefill pace. A slot frees when
     a running request ends (its predicted decode steps left at the decode step time of
@@ -246,7 +255,7 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     model = ctx.step_model
     b_now = max(int(ctx.num_running), 0)
     if model is None or ctx.token_budget <= b_now:
-        return None, None
+        return None, None, 0.0
     waiting = list(waiting)
     cap = max(int(ctx.cap), 1)
     kv = ctx.kv_resident_tokens
@@ -267,13 +276,13 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
         own = per_token * max(r.prompt_tokens, 0)
         first = max(slot, prefill) + own + step_s
         leads[r.request_id] = first
-        if now_s - r.arrival_s + first >= bound_s:
+        if now_s - r.arrival_s + first + step_s >= bound_s:
             continue                      # refused: leaves the slot and the pace
         prefill = max(slot, prefill) + own
         if slots:
             heapq.heapreplace(slots, first + max(r.predicted_output - 1, 0) * decode_s)
     door = max(slots[0] if slots else 0.0, prefill) + step_s
-    return leads, door
+    return leads, door, step_s
 
 
 def answer(refusals: QueueRefusals[R], engine: RefusalAnswer[R]) -> int:

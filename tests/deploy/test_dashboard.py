@@ -16,7 +16,7 @@ import yaml
 from doc_readers import (DASHBOARD, all_queries, grafana_to_promql as _grafana_to_promql,
                          guide_queries, guide_scrape_configs, load_dashboard as load)
 from prom_harness import prometheus  # noqa: F401  (fixture)
-from tuned.engines.gateway import REFUSAL_WAIT_METRIC, REFUSED_METRIC
+from tuned.engines.gateway import EXPORTED as GATEWAY_EXPORTED, REFUSED_METRIC
 
 # PromQL functions, aggregations and keywords the dashboard may use.
 PROMQL_WORDS = {
@@ -129,7 +129,7 @@ def alert_rules() -> dict[str, dict]:
 def exported() -> tuple[set[str], set[str]]:
     """(tuned's names: its registry's and the gateway's 429 count on vLLM's /metrics,
     vLLM's names)."""
-    return tuned_exported() | {REFUSED_METRIC, REFUSAL_WAIT_METRIC}, vllm_exported()
+    return tuned_exported() | set(GATEWAY_EXPORTED), vllm_exported()
 
 
 def test_exported_names_are_collected_not_listed(exported):
@@ -545,12 +545,12 @@ def test_operator_guide_documents_exactly_the_exported_metrics():
     """docs/operator-guide.md names every series tuned.control.metrics registers, and no other."""
     from tuned.control.metrics import Metrics
 
-    from tuned.engines.gateway import REFUSAL_WAIT_METRIC, REFUSED_METRIC
+    from tuned.engines.gateway import EXPORTED
 
     # the names a query uses: a counter's _total, an info's _info
     registered = {m.name + {"counter": "_total", "info": "_info"}.get(m.type, "")
                   for m in Metrics().registry.collect()}
-    registered |= {REFUSED_METRIC, REFUSAL_WAIT_METRIC}   # the gateway's, on vLLM's /metrics
+    registered |= set(EXPORTED)         # the gateway's, on vLLM's own /metrics
     guide = (DASHBOARD.parents[1] / "docs" / "operator-guide.md").read_text()
     documented = set(re.findall(r"`(tuned_[a-z_]+)", guide))
     documented = {re.sub(r"_(bucket|sum|count)$", "", n) for n in documented}

@@ -200,11 +200,14 @@ def test_a_documented_model_is_what_the_help_says_model_takes():
 def exported_names() -> set[str]:
     """The names a Prometheus query uses for each series tuned's metrics module
     declares (whether or not a labelled family has a child yet), and the gateway's
-    counter, which vLLM's own /metrics carries."""
-    from tuned.engines.gateway import REFUSED_METRIC
+    series, which vLLM's own /metrics carries."""
+    from tuned.engines.gateway import EXPORTED
     from tuned.control.metrics import Metrics
 
-    names = {REFUSED_METRIC}
+    names = set()
+    for name, kind in EXPORTED.items():
+        names |= {name} | ({name + s for s in ("_bucket", "_sum", "_count")}
+                           if kind == "histogram" else set())
     for fam in Metrics().exported.collect():
         if fam.type == "counter":
             names.add(fam.name + "_total")

@@ -369,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     pair = runner.static_name(cap, max(budget, cap + base.min_chunk_tokens),
                               engine["max_num_batched_tokens"])
     field = [c for c in field if c.name in ("tuned", "vllm-default", pair)]
-    meta = {"host": f"{cpu_model()}, {os.cpu_count()} cores, {preferred_cpu_dtype()}", "date": time.strftime("%Y-%m-%d %H:%M"), "model": a.model,
+    meta = {"host": f"{cpu_model()}, {os.cpu_count()} cores, {preferred_cpu_dtype()}",
+            "date": time.strftime("%Y-%m-%d %H:%M"), "model": a.model,
             "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "tpot_multiple": factor,
             "step_s": step, "fit": fit, "capacity_rps": cap_rps, "batch_at_sla": b_sla,
             "k": a.k, "burst_rps": a.k * cap_rps, "burst_s": a.burst_s,

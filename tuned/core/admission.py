@@ -95,8 +95,7 @@ class AdmissionGuard:
     def hold_reason(self, cand: ReqInfo, ctx: AdmitContext, running: Sequence,
                     infos: Mapping[str, ReqInfo]) -> str | None:
         """``"tpot_guard"`` or ``"ttft_guard"`` when ``cand`` must wait, else None
-        (also once the guard has held it :data:`HOLD_BOUND_PREFILLS` times its own
-        prefill alone, :meth:`hold_bound_s`)."""
+        (also once the guard has held it for :meth:`hold_bound_s`)."""
         since = self.held_since.get(cand.request_id)
         if since is not None and ctx.now_s - since >= self.hold_bound_s(cand, ctx, since):
             return None
@@ -113,9 +112,8 @@ class AdmissionGuard:
         ``since``: :data:`HOLD_BOUND_PREFILLS` times its prefill alone, T(0, p), or,
         with a TTFT target (``ctx.ttft_sla_s``), while it can still meet it: until
         that many prefills alone before its TTFT deadline, if later (inf without a
-        step model). On a CPU host a prefill is tens of decode steps, and twice it
-        released a held prompt into the steps of requests it would push over their
-        TPOT while its own TTFT had seconds to spare."""
+        step model): on a CPU host a prefill is tens of decode steps, and a hold of
+        twice it ends while the prompt's TTFT still has seconds to spare."""
         model = ctx.step_model
         if model is None:
             return float("inf")

@@ -182,7 +182,7 @@ class QueueRefusals(Generic[R]):
             return self.bound.due(ctx.now_s)
         # a refusal decided now reaches its client as this step ends, and the queue
         # looks again only a step later: refused a step early, its answer comes
-        # within the bound (answer_s is also in each lead's comparison below)
+        # within the bound (first_token_leads passes over a request by the same rule)
         answer_s = self._answer_s
         self._seen = {"cap": int(ctx.cap), "running": int(ctx.num_running),
                       "token_budget": int(ctx.token_budget),

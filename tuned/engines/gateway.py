@@ -69,8 +69,8 @@ _refused_counter: Any = None
 #: the histogram of the time from a request's arrival at the API server to its 429
 REFUSAL_WAIT_METRIC = "tuned_gateway_refusal_wait_seconds"
 #: its buckets: around the TTFT targets a refusal should come within
-REFUSAL_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 10.0,
-                          30.0, 60.0)
+REFUSAL_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
+                          5.0, 10.0, 30.0, 60.0)
 _refusal_wait: Any = None
 #: every series the gateway adds to vLLM's /metrics, by type
 EXPORTED = {REFUSED_METRIC: "counter", REFUSAL_WAIT_METRIC: "histogram"}

@@ -101,20 +101,21 @@ def run_benches(parts: list[tuple[list, float, Path]], log: Path) -> list[dict]:
 
 def counts(res: dict, slo) -> dict:
     """good / served / refused / failed of one ``vllm bench serve`` result, good by
-    vLLM's goodput rule; TTFT p99 of the served."""
+    :meth:`tuned.bench.metrics.Slo.is_good` (vLLM's goodput rule); TTFT p99 of the
+    served."""
+    from tuned.bench.metrics import RequestResult
+
     good = served = refused = other = 0
     ttfts = []
-    for ok, ttft, lat, n, err in zip(
-            (e == "" for e in res["errors"]), res["ttfts"], res["latencies"],
-            res["output_lens"], res["errors"]):
-        if not ok:
+    for ttft, lat, n, err in zip(res["ttfts"], res["latencies"], res["output_lens"],
+                                 res["errors"]):
+        if err:
             refused += err == REFUSED
             other += err != REFUSED
             continue
         served += 1
         ttfts.append(ttft)
-        tpot = (lat - ttft) / (n - 1) if n > 1 else 0.0
-        good += ttft <= slo.ttft_s and tpot <= slo.tpot_s
+        good += slo.is_good(RequestResult("", 0.0, 0, n, ttft, lat))
     ttfts.sort()
     p99 = ttfts[min(len(ttfts) - 1, math.ceil(0.99 * len(ttfts)) - 1)] if ttfts else None
     return {"n": len(res["errors"]), "good": good, "served": served, "refused": refused,

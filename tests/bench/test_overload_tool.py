@@ -4,13 +4,13 @@ refusal-wait histogram (no engine: hand-made results in vLLM's detailed shape)."
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 
 from fakes import load_tool
+from tuned.bench.metrics import Slo
 
-SLO = SimpleNamespace(ttft_s=3.0, tpot_s=0.05)
+SLO = Slo(ttft_s=3.0, tpot_s=0.05)
 
 
 @pytest.fixture(scope="module")

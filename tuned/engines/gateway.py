@@ -46,7 +46,7 @@ import os
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tuned.core.refusal import REASON_MAX_WAIT, Refusal, at_the_door
@@ -65,55 +65,55 @@ PATHS = QUEUED_ROUTES
 URL_ENV = "TUNED_ADMISSION_URL"
 #: the counter of 429s, on vLLM's own ``/metrics`` (this process's registry)
 REFUSED_METRIC = "tuned_gateway_refused_total"
-_refused_counter: Any = None
 #: the histogram of the time from a request's arrival at the API server to its 429
 REFUSAL_WAIT_METRIC = "tuned_gateway_refusal_wait_seconds"
 #: its buckets: around the TTFT targets a refusal should come within
 REFUSAL_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
                           5.0, 10.0, 30.0, 60.0)
-_refusal_wait: Any = None
+#: the collectors above, made once per process (:func:`_registered`)
+_collectors: dict[str, Any] = {}
 #: every series the gateway adds to vLLM's /metrics, by type
 EXPORTED = {REFUSED_METRIC: "counter", REFUSAL_WAIT_METRIC: "histogram"}
 
 
-def refused_counter():
-    """The process's counter of requests answered 429 (made once: vLLM's server may
-    build its middleware stack more than once). In vLLM's default registry, so its
-    API server's ``/metrics`` exports it beside vLLM's series; with several API
-    servers vLLM sets up prometheus_client's multiprocess mode before starting them,
-    and their counts add up there."""
-    global _refused_counter
-    if _refused_counter is None:
-        from prometheus_client import REGISTRY, Counter
+def _registered(name: str, make: Callable[[], Any]) -> Any:
+    """The process's collector ``name`` (made once: vLLM's server may build its
+    middleware stack more than once), in vLLM's default registry, so that its API
+    server's ``/metrics`` exports it beside vLLM's series; with several API servers
+    vLLM sets up prometheus_client's multiprocess mode before starting them, and
+    their values add up there."""
+    got = _collectors.get(name)
+    if got is None:
+        from prometheus_client import REGISTRY
 
         try:
-            _refused_counter = Counter(REFUSED_METRIC.removesuffix("_total"),
-                                       "Requests vLLM's API server answered HTTP 429 "
-                                       "because tuned's queue was refusing at its wait "
-                                       "bound (tuned's gateway middleware)")
+            got = make()
         except ValueError:      # registered already, by an earlier import of this module
-            _refused_counter = REGISTRY._names_to_collectors[REFUSED_METRIC]
-    return _refused_counter
+            got = REGISTRY._names_to_collectors[name]
+        _collectors[name] = got
+    return got
+
+
+def refused_counter():
+    """The process's counter of requests answered 429."""
+    from prometheus_client import Counter
+
+    return _registered(REFUSED_METRIC, lambda: Counter(
+        REFUSED_METRIC.removesuffix("_total"), "Requests vLLM's API server answered HTTP "
+        "429 because tuned's queue was refusing at its wait bound (tuned's gateway "
+        "middleware)"))
 
 
 def refusal_wait_histogram():
     """The process's histogram of how long a request had been at the API server when
     it was answered 429, by where it was refused: ``door`` (on arrival) or ``queue``
-    (tuned's queue refused it while it waited; :class:`HeldStart`). Made once, in
-    vLLM's default registry, like :func:`refused_counter`."""
-    global _refusal_wait
-    if _refusal_wait is None:
-        from prometheus_client import REGISTRY, Histogram
+    (tuned's queue refused it while it waited; :class:`HeldStart`)."""
+    from prometheus_client import Histogram
 
-        try:
-            _refusal_wait = Histogram(
-                REFUSAL_WAIT_METRIC,
-                "Time from a request's arrival at vLLM's API server to its HTTP 429, "
-                "by where tuned refused it: door (on arrival) or queue (while waiting)",
-                ("where",), buckets=REFUSAL_WAIT_BUCKETS_S)
-        except ValueError:      # registered already, by an earlier import of this module
-            _refusal_wait = REGISTRY._names_to_collectors[REFUSAL_WAIT_METRIC]
-    return _refusal_wait
+    return _registered(REFUSAL_WAIT_METRIC, lambda: Histogram(
+        REFUSAL_WAIT_METRIC, "Time from a request's arrival at vLLM's API server to its "
+        "HTTP 429, by where tuned refused it: door (on arrival) or queue (while waiting)",
+        ("where",), buckets=REFUSAL_WAIT_BUCKETS_S))
 
 
 def _observe_refusal(where: str, waited_s: float) -> None:

@@ -14,9 +14,10 @@ and a light load follows it on the same server:
    (:func:`tuned.bench.live.sla_capacity`, as ``rate=Kx`` sizes a workload).
 2. Per repeat, for tuned, vLLM's default and the static pair (each on a fresh server,
    started as ``tuned bench`` starts it; the order rotates each repeat):
-   - each static setting first gets its capacity run: ``vllm bench serve`` at the
-     capacity for ``--burst-s`` seconds (the reference: what the engine serves within
-     both SLOs when offered exactly its capacity);
+   - each server first gets its capacity run: ``vllm bench serve`` at the
+     capacity for ``--burst-s`` seconds (for a static setting, the reference: what the
+     engine serves within both SLOs when offered exactly its capacity; every server,
+     tuned's too, so meets the burst warm, after the same kind of load);
    - the scenario: ``vllm bench serve`` at k x capacity for ``--burst-s`` seconds and,
      a second one started ``--burst-s`` seconds after it, ``--light-n`` requests at
      ``--light`` x capacity. Prompts and outputs: vLLM's random dataset, 256 and 128
@@ -181,23 +182,23 @@ def run_contender(c, cfg_args, out: Path, rep: int, cap_rps: float, slo,
     print(f"[{time.strftime('%H:%M:%S')}] repeat {rep}: {c.name}", file=sys.stderr, flush=True)
     with LiveServer(c, model_path=cfg_args.model_path, log_dir=d, seed=seed) as srv:
         blog = d / "bench.log"
-        if c.kind == "static":
-            # its capacity: the highest of the estimate's fractions at which it meets
-            # both SLOs for CAPACITY_ATTAINMENT of the requests (searched on the first
-            # repeat, then offered again on each)
-            known = found.get(c.name)
-            for f in ([known] if known is not None else CAPACITY_FRACTIONS):
-                rate = f * cap_rps
-                n = max(round(rate * burst_s), 1)
-                out_json = d / f"capacity-{f:g}.json"
-                (res,) = run_benches([(bench_cmd(srv, cfg_args.model_path, rate, n, seed,
-                                                 slo, out_json), 0.0, out_json)], blog)
-                row.setdefault("capacity_tries", []).append(
-                    {"fraction": f, "rate_rps": rate, **counts(res, slo)})
-                row["capacity"], row["capacity_fraction"] = counts(res, slo), f
-                if row["capacity"]["good"] >= CAPACITY_ATTAINMENT * n:
-                    break
-            found.setdefault(c.name, row["capacity_fraction"])
+        # its capacity: the highest of the estimate's fractions at which it meets
+        # both SLOs for CAPACITY_ATTAINMENT of the requests (searched on the first
+        # repeat, then offered again on each). tuned has this run too, so that every
+        # server meets the burst warm, after the same kind of load
+        known = found.get(c.name)
+        for f in ([known] if known is not None else CAPACITY_FRACTIONS):
+            rate = f * cap_rps
+            n = max(round(rate * burst_s), 1)
+            out_json = d / f"capacity-{f:g}.json"
+            (res,) = run_benches([(bench_cmd(srv, cfg_args.model_path, rate, n, seed,
+                                             slo, out_json), 0.0, out_json)], blog)
+            row.setdefault("capacity_tries", []).append(
+                {"fraction": f, "rate_rps": rate, **counts(res, slo)})
+            row["capacity"], row["capacity_fraction"] = counts(res, slo), f
+            if row["capacity"]["good"] >= CAPACITY_ATTAINMENT * n:
+                break
+        found.setdefault(c.name, row["capacity_fraction"])
         before = (scrape(srv.endpoint + "/metrics") if srv.endpoint else {},
                   scrape(srv.url + "/metrics"))
         n_burst = max(round(k * cap_rps * burst_s), 1)
@@ -282,6 +283,7 @@ def report(rows: list[dict], meta: dict) -> str:
     for r in rows:
         if r.get("capacity"):
             by_static.setdefault(r["contender"], []).append(r)
+    tuned_cap = by_static.pop("tuned", None)
     lines.append("")
     for name, runs in by_static.items():
         tries = "; ".join(f"{t['fraction']:g}x: {t['good']} of {t['n']}"
@@ -291,6 +293,14 @@ def report(rows: list[dict], meta: dict) -> str:
                      f"{tries or '-'}); at it, per repeat: "
                      + ", ".join(f"{r['capacity']['good']} of {r['capacity']['n']}"
                                  for r in runs))
+    if tuned_cap:
+        tries = "; ".join(f"{t['fraction']:g}x: {t['good']} of {t['n']}"
+                          for t in tuned_cap[0].get("capacity_tries", []))
+        lines.append(f"- tuned's run before its burst (the same warm-up): "
+                     f"{tuned_cap[0].get('capacity_fraction', 1.0):g} x the estimate "
+                     f"({tries or '-'}); per repeat: "
+                     + ", ".join(f"{r['capacity']['good']} of {r['capacity']['n']}"
+                                 for r in tuned_cap))
     if by_static and tuned_burst:
         def mean_good(runs):
             return sum(r["capacity"]["good"] for r in runs) / len(runs)
@@ -323,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo", default="ttft=3,tpot=2.5x")
     ap.add_argument("--pair", default="8@256", help="the static pair: CAP@TOKEN_BUDGET")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--contenders", default="tuned,vllm-default,pair",
+                    help="which to run, comma-separated: tuned, vllm-default, pair")
+    ap.add_argument("--log-level", default=None,
+                    help="tuned's log level on its server (default: the bench's, warning)")
     ap.add_argument("--report-only", action="store_true",
                     help="write OUT/report.md again from OUT/report.json; run nothing")
     a = ap.parse_args(argv)
@@ -369,7 +383,11 @@ def main(argv: list[str] | None = None) -> int:
                               caps=[cap], budgets=[budget], peers=False, ablate=False)
     pair = runner.static_name(cap, max(budget, cap + base.min_chunk_tokens),
                               engine["max_num_batched_tokens"])
-    field = [c for c in field if c.name in ("tuned", "vllm-default", pair)]
+    wanted = [pair if w == "pair" else w for w in a.contenders.split(",")]
+    field = [c for c in field if c.name in wanted]
+    if a.log_level:
+        field = [dataclasses.replace(c, config=dataclasses.replace(
+            c.config, log_level=a.log_level)) if c.kind == "tuned" else c for c in field]
     meta = {"host": f"{cpu_model()}, {os.cpu_count()} cores, {preferred_cpu_dtype()}",
             "date": time.strftime("%Y-%m-%d %H:%M"), "model": a.model,
             "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "tpot_multiple": factor,

@@ -326,9 +326,10 @@ def test_observation_window_and_demand_moments():
 
 
 def test_first_step_fit_comes_as_soon_as_there_are_steps_then_every_few_seconds():
-    """Without a fit the token budget is the full budget, so the first fit is tried at
-    every tick until it succeeds, not at the next 4 s refresh."""
-    from tuned.control.controller import STEP_FIT_EVERY_S
+    """Without a fit the token budget is the full budget and the queue cannot predict a
+    first token, so the first fit is tried at every tick until it succeeds, from 16
+    busy steps, not at the next 4 s refresh."""
+    from tuned.control.controller import FIRST_STEP_FIT_SAMPLES, STEP_FIT_EVERY_S
     from tuned.core.ring import StepSample
 
     clock = [100.0]
@@ -344,7 +345,10 @@ def test_first_step_fit_comes_as_soon_as_there_are_steps_then_every_few_seconds(
             s.append(StepSample(s.next_seq, clock[0], 0.010 + 0.001 * b + 0.0001 * c, b,
                                 1 if c else 0, c, b + c, b, 0.1, 1, 100 * b, 8, 4, 0))
 
-    add(60)
+    add(FIRST_STEP_FIT_SAMPLES - 1)
+    clock[0] += 0.5
+    assert ctrl.observe().step_model is None            # one step short of the first fit
+    add(1)
     clock[0] += 0.5                                     # one tick, not 4 s later
     first = ctrl.observe().step_model
     assert first is not None

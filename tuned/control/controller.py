@@ -57,6 +57,10 @@ log = structlog.get_logger("tuned.controller")
 #: the online step-time fit: refreshed this often, over this many recent steps
 STEP_FIT_EVERY_S = 4.0
 STEP_FIT_SAMPLES = 1024
+#: the busy steps the first fit needs (later fits need the online fit's own minimum,
+#: 50): on a fresh engine hit by a burst, 50 steps take seconds, and until the first
+#: fit the queue cannot predict a first token, so it refuses only at the wait bound
+FIRST_STEP_FIT_SAMPLES = 16
 #: a failure that repeats tick after tick is logged again this often (with the count)
 FAIL_LOG_EVERY_S = 60.0
 
@@ -374,16 +378,18 @@ class Controller:
         """The online step model: refreshed every few seconds from this engine's own
         recent steps (tuned.curves.online), where an SLA or the guard reads it (a
         plugin policy that reads it says so with ``wants_step_fit``). Until the first
-        fit succeeds it is tried every tick: without one the token budget is the full
-        budget, and a long prompt's whole prefill in one step stalls the decodes
-        beside it."""
+        fit succeeds it is tried every tick, from :data:`FIRST_STEP_FIT_SAMPLES` busy
+        steps: without one the token budget is the full budget, and a long prompt's
+        whole prefill in one step stalls the decodes beside it."""
         cfg = self.cfg
         due = self._step_fit is None or now - self._fit_t >= STEP_FIT_EVERY_S
         if (due and (cfg.sla_enabled or cfg.tbt_sla_auto)
                 and (wants_step_fit(cfg.batch_policy) or cfg.guards_admission
                      or getattr(self.policy, "wants_step_fit", False))):
             self._fit_t = now
-            fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES))
+            fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES),
+                                   **({"min_samples": FIRST_STEP_FIT_SAMPLES}
+                                      if self._step_fit is None else {}))
             if fit is not None:
                 self._step_fit = fit
 

@@ -325,7 +325,7 @@ def test_controller_json_has_no_request_text(tmp_path):
     notes = {v for v in strings if note.fullmatch(v)}
     assert notes, "every decision carries a cap_note"
     # reasons, and the config's own names (policy, statistic, SLA source)
-    names = {"fcfs", "tuned", "auto", "p90", "config", "online", "", "none"}
+    names = {"fcfs", "tuned", "auto", "p90", "config", "online", "tpot", "", "none"}
     assert strings - notes <= set(REASONS) | names | {dec["current"]["reason"]}
 
 

@@ -104,8 +104,20 @@ class SpeedStepModel:
         return fits[-1] if fits else 0
 
 
+#: the busy steps an online fit needs; one from fewer (the controller's first, made
+#: as soon as it can be) is provisional: :func:`provisional`
+MIN_SAMPLES = 50
+
+
+def provisional(model) -> bool:
+    """Whether ``model`` is an online fit from fewer than :data:`MIN_SAMPLES` steps:
+    good enough to predict a first token, not to declare an SLA out of reach."""
+    return (getattr(model, "source", None) == "online"
+            and getattr(model, "n_samples", MIN_SAMPLES) < MIN_SAMPLES)
+
+
 def fit_step_times(b: Sequence[float], c: Sequence[float], kv: Sequence[float],
-                   t: Sequence[float], *, min_samples: int = 50,
+                   t: Sequence[float], *, min_samples: int = MIN_SAMPLES,
                    source: str = "online") -> LinearStepModel | None:
     """The online fit: :func:`tuned.curves.fit.fit_step_time` by non-negative least
     squares on (1, b, c, kv); None with fewer than ``min_samples`` finite samples or a
@@ -119,7 +131,8 @@ def fit_step_times(b: Sequence[float], c: Sequence[float], kv: Sequence[float],
     return LinearStepModel.from_fit(fit, source)
 
 
-def fit_recent_steps(steps: Sequence, *, min_samples: int = 50) -> LinearStepModel | None:
+def fit_recent_steps(steps: Sequence, *, min_samples: int = MIN_SAMPLES
+                     ) -> LinearStepModel | None:
     """The online fit over ring samples (:class:`~tuned.core.ring.StepSample`) of
     busy steps; kv is the step's resident KV tokens."""
     busy = [s for s in steps if s.num_decode or s.prefill_tokens]

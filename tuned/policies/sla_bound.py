@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 
 from tuned.core.types import Observation, StepModel
+from tuned.curves.online import provisional
 from tuned.policies.catalog import SLA_STATISTICS
 
 
@@ -415,8 +416,9 @@ class Feasibility:
     """Is the TBT SLA reachable at all? (``tuned_sla_feasible``, reason
     ``sla_infeasible``.)
 
-    Infeasible when the step model (online fit, else the profile) predicts that even
-    b_min decodes with no prefill exceed D_SLA at the current context, or when the
+    Infeasible when the step model (online fit, else the profile; not a provisional
+    first fit from a few steps) predicts that even b_min decodes with no prefill
+    exceed D_SLA at the current context, or when the
     decode-only steps measured at the lowest batches tried (b-bar <= b_min + alpha),
     brought down to b_min (x T(b_min) / T(b-bar) on the step model, x b_min / b-bar,
     a lower bound, without one), exceed D_SLA + eps_D on ``patience`` consecutive
@@ -457,7 +459,7 @@ class Feasibility:
         elif low:
             self._strikes = 0
         if self.feasible:
-            if t_min is not None and t_min > self.sla_s:
+            if t_min is not None and t_min > self.sla_s and not provisional(model):
                 self.feasible = False
                 self.why = (f"predicted step at b_min={self.b_min} without prefill is "
                             f"{t_min * 1e3:.1f} ms > SLA {self.sla_s * 1e3:.1f} ms")

@@ -384,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     pair = runner.static_name(cap, max(budget, cap + base.min_chunk_tokens),
                               engine["max_num_batched_tokens"])
     wanted = [pair if w == "pair" else w for w in a.contenders.split(",")]
+    unknown = [w for w in wanted if w not in {c.name for c in field}]
+    if unknown:
+        raise SystemExit(f"--contenders: {', '.join(unknown)} not among tuned, "
+                         f"vllm-default, pair")
     field = [c for c in field if c.name in wanted]
     if a.log_level:
         field = [dataclasses.replace(c, config=dataclasses.replace(

@@ -279,13 +279,12 @@ def report(rows: list[dict], meta: dict) -> str:
                      f"{r.get('light_started_after_s', '-')} s | {tuned} | {p99} | {inside} | "
                      f"{'200' if r['health_200'] else 'NOT 200'}, {r['tracebacks']} |")
     tuned_burst = [r["burst"]["good"] for r in rows if r["contender"] == "tuned"]
-    by_static: dict[str, list[dict]] = {}
+    by_name: dict[str, list[dict]] = {}
     for r in rows:
         if r.get("capacity"):
-            by_static.setdefault(r["contender"], []).append(r)
-    tuned_cap = by_static.pop("tuned", None)
+            by_name.setdefault(r["contender"], []).append(r)
     lines.append("")
-    for name, runs in by_static.items():
+    for name, runs in by_name.items():
         tries = "; ".join(f"{t['fraction']:g}x: {t['good']} of {t['n']}"
                           for t in runs[0].get("capacity_tries", []))
         lines.append(f"- {name}'s capacity: {runs[0].get('capacity_fraction', 1.0):g} x "
@@ -293,14 +292,8 @@ def report(rows: list[dict], meta: dict) -> str:
                      f"{tries or '-'}); at it, per repeat: "
                      + ", ".join(f"{r['capacity']['good']} of {r['capacity']['n']}"
                                  for r in runs))
-    if tuned_cap:
-        tries = "; ".join(f"{t['fraction']:g}x: {t['good']} of {t['n']}"
-                          for t in tuned_cap[0].get("capacity_tries", []))
-        lines.append(f"- tuned's run before its burst (the same warm-up): "
-                     f"{tuned_cap[0].get('capacity_fraction', 1.0):g} x the estimate "
-                     f"({tries or '-'}); per repeat: "
-                     + ", ".join(f"{r['capacity']['good']} of {r['capacity']['n']}"
-                                 for r in tuned_cap))
+    # the reference is a static setting's: tuned's run is its warm-up, shown above
+    by_static = {name: runs for name, runs in by_name.items() if name != "tuned"}
     if by_static and tuned_burst:
         def mean_good(runs):
             return sum(r["capacity"]["good"] for r in runs) / len(runs)

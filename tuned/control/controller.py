@@ -44,7 +44,7 @@ from tuned.core.queue_channel import NO_SWITCH, QueueChannel, QueueInputs
 from tuned.core.refusal import RefusalWatch
 from tuned.core.window import (BindingHistory, demand_moments, occupancy_moments,
                                present_pairs, request_tpot_s, step_window)
-from tuned.curves.online import fit_recent_steps
+from tuned.curves.online import MIN_SAMPLES, fit_recent_steps
 from tuned.core.types import Decision, Observation
 from tuned.policies.explain import BIND_SHARE, explained
 from tuned.policies.registry import build_batch_policy, wants_step_fit
@@ -388,8 +388,8 @@ class Controller:
                      or getattr(self.policy, "wants_step_fit", False))):
             self._fit_t = now
             fit = fit_recent_steps(self.engine.steps.last(STEP_FIT_SAMPLES),
-                                   **({"min_samples": FIRST_STEP_FIT_SAMPLES}
-                                      if self._step_fit is None else {}))
+                                   min_samples=FIRST_STEP_FIT_SAMPLES
+                                   if self._step_fit is None else MIN_SAMPLES)
             if fit is not None:
                 self._step_fit = fit
 

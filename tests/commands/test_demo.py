@@ -104,5 +104,24 @@ def test_two_runs_each_give_a_verdict_on_their_spread_and_counts_over_both(capsy
     assert ("  goodput per run: tuned 0.667, 1.081; vllm-default 0.444, 0.444 req/s (the "
             "table gives each side's mean over its runs)\n") in out
     assert "worst repeat 0.667 above vllm-default's best 0.444" in out
-    assert "8/8" in out and "requests lost: 0;" in out
+    assert "8/8" in out and "requests lost: 0 (refused with HTTP 429: 0);" in out
     assert quiet == {"tuned": [None, None], "vllm-default": [None, None]}
+
+
+def test_a_refused_request_is_answered_not_lost(capsys):
+    """A request the server refused with HTTP 429 got its answer: the demo counts it as
+    refused, and only a request with neither an answer nor a refusal as lost (which
+    fails the demo's exit code)."""
+    from tuned.commands.demo import _lost
+
+    slo = Slo(ttft_s=3.0, tpot_s=0.1)
+    served = RequestResult("r0", 0.0, 10, 5, 0.5, 0.7)
+    refused = RequestResult("r1", 0.1, 10, 0, None, None, error="refused: HTTP 429",
+                            refused_s=0.9)
+    unanswered = RequestResult("r2", 0.2, 10, 0, None, None)
+    rows = [("tuned", mean_summary([summarize([served, refused], slo)])),
+            ("vllm-default", mean_summary([summarize([served, unanswered], slo)]))]
+    assert _lost(rows) == 1
+    alive = SimpleNamespace(server_returncode=None, pace_s=(None, None), results=[])
+    _summary(rows, slo, {"sla": 3}, [alive], [alive])
+    assert "requests lost: 1 (refused with HTTP 429: 1);" in capsys.readouterr().out

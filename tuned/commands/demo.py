@@ -293,9 +293,8 @@ def cmd_demo(args) -> int:
          "calibration": ({k: v for k, v in derived.items() if k != "fit"}
                          if derived else None)},
         indent=1, default=str))
-    lost = sum(_total(r, "submitted") - _total(r, "completed") for _, r in rows)
     bad_exit = [r for runs in done.values() for r in runs if r.server_returncode is not None]
-    return 0 if lost == 0 and not bad_exit else 1
+    return 0 if _lost(rows) == 0 and not bad_exit else 1
 
 
 def _write_records(log_dir: Path, slo, done: dict[str, list]) -> None:
@@ -324,6 +323,13 @@ def _total(row: dict, key: str) -> int:
     """A count summed over a side's runs (:func:`tuned.bench.metrics.mean_summary`
     keeps their mean)."""
     return int(round((row.get(key) or 0) * (row.get("repeats") or 1)))
+
+
+def _lost(rows) -> int:
+    """Requests that got neither their answer nor a refusal: a request refused with
+    HTTP 429 and ``Retry-After`` was answered, and is counted as refused, not lost."""
+    return sum(_total(r, "submitted") - _total(r, "completed") - _total(r, "refused")
+               for _, r in rows)
 
 
 def _summary(rows, slo, reasons, tuned_runs, static_runs) -> tuple[dict, dict | None, dict]:
@@ -371,7 +377,8 @@ def _summary(rows, slo, reasons, tuned_runs, static_runs) -> tuple[dict, dict | 
     if words:
         _say(f"  {words}")
     _say(f"  tuned's decisions by reason: {json.dumps(reasons, sort_keys=True)}")
-    lost = sum(_total(r, "submitted") - _total(r, "completed") for _, r in rows)
     alive = all(r.server_returncode is None for r in (*tuned_runs, *static_runs))
-    _say(f"  requests lost: {lost}; servers still serving at the end: {alive}")
+    refused = sum(_total(r, "refused") for _, r in rows)
+    _say(f"  requests lost: {_lost(rows)} (refused with HTTP 429: {refused}); servers "
+         f"still serving at the end: {alive}")
     return verdict, pace, quiet

@@ -96,13 +96,15 @@ def test_serve_mode_never_refuses_and_the_counts_survive_a_new_bound():
     q.begin_step(ctx(50.1), [])
     assert [r.request_id for r, _ in q.refusals.take()] == ["a"]
     q.set_wait_bound((2.0, True, 0.5))             # another bound: the count stays
-    assert q.refusals.counts() == {"aged": 0, "refused": 1, "door_wait_s": None}
+    assert q.refusals.counts() == {"aged": 0, "refused": 1, "newest_first": 0,
+                                   "door_wait_s": None}
 
 
 def test_no_bound_no_refusal_and_zero_counts():
     r: QueueRefusals = QueueRefusals()
     assert r.due(ctx(1e9), {}) == [] and r.aged_head(1e9) is None
-    assert r.counts() == {"aged": 0, "refused": 0, "door_wait_s": None}
+    assert r.counts() == {"aged": 0, "refused": 0, "newest_first": 0,
+                          "door_wait_s": None}
 
 
 def test_the_door_refuses_a_new_request_only_while_its_own_first_token_is_late():
@@ -222,42 +224,143 @@ def test_the_decision_and_its_words_live_in_the_refusal_module_only():
     assert all(re.search(p, text) for p in ONE_ROOM)
 
 
-def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefill_pace():
-    """T(b, c) = 0.01 b + 0.001 c. Two running requests fill the cap of 2, with 10 and
-    30 decode steps left at T(2, 0) = 20 ms: slots free at 0.2 and 0.6 s. Prompts of 100
-    tokens clear at T(2, 1000) / 1000 = 1.02 ms a token, and a first token comes out of
-    a step carrying the 300 prompt tokens pending, T(2, 300) = 0.32 s. A takes the slot
-    at 0.2 s: 0.2 + 0.102 + 0.32 = 0.622 s; B the one at 0.6 s: 1.022 s; C the slot A
-    frees (0.622 + 19 decodes = 1.002 s): 1.424 s. With a bound of 1.6 s, C's first
-    token plus the step now (its refusal's answer comes as the step ends, and the next
-    check a step later), 1.744 s, is past it, so C takes nothing from a request
-    arriving now, whose first token comes at the next free slot, 1.002 s, and one such
-    step later; B (1.022 + 0.32 = 1.342 s) keeps its place."""
-    from tuned.core.queue_policy import ReqInfo
-    from tuned.core.refusal import first_token_leads
+def _leads_ctx():
+    """T(b, c) = 0.01 b + 0.001 c, two running requests filling a cap of 2 (10 and 30
+    decode steps left at T(2, 0) = 20 ms: slots free at 0.2 and 0.6 s), a token
+    budget of 1002: prompt tokens clear at T(2, 1000) / 1000 = 1.02 ms a token."""
     from tuned.curves.online import LinearStepModel
 
-    model = LinearStepModel(a=0.0, beta=0.01, gamma=0.001)
-    c = AdmitContext(now_s=5.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
-                     cap=2, step_model=model, token_budget=1002, num_running=2)
-    waiting = [ReqInfo(rid, 5.0, 100, 64, 20) for rid in "ABC"]
-    leads, door, answer = first_token_leads(c, waiting, [10, 30], 5.0, 1.6)
+    return AdmitContext(now_s=5.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
+                        cap=2, step_model=LinearStepModel(a=0.0, beta=0.01, gamma=0.001),
+                        token_budget=1002, num_running=2)
+
+
+def test_first_token_leads_schedule_the_queue_over_the_caps_slots_and_the_prefill_pace():
+    """On :func:`_leads_ctx`, prompts of 100 tokens, and a first token comes out of a
+    step carrying the 300 prompt tokens pending, T(2, 300) = 0.32 s. Oldest first, A
+    (waited 1 s) takes the slot at 0.2 s: 0.2 + 0.102 + 0.32 = 0.622 s; B (waited
+    0.5 s) the one at 0.6 s: 1.022 s; C (arrived now) the slot A frees (0.622 + 19
+    decodes = 1.002 s): 1.424 s. A request is refused once its wait, its lead and the
+    step now (its refusal's answer comes as the step ends, and the next check a step
+    later) reach the bound: under 2.1 s none is (A 1.942, B 1.842, C 1.744 s), and a
+    request arriving now waits for B's slot (1.402 s) and one such step: 1.722 s,
+    which fits -- the queue is not full."""
+    from tuned.core.queue_policy import ReqInfo
+    from tuned.core.refusal import first_token_leads
+
+    c = _leads_ctx()
+    waiting = [ReqInfo(rid, t, 100, 64, 20) for rid, t in (("A", 4.0), ("B", 4.5),
+                                                           ("C", 5.0))]
+    leads, door, answer, full = first_token_leads(c, waiting, [10, 30], 5.0, 2.1)
     assert leads == pytest.approx({"A": 0.622, "B": 1.022, "C": 1.424})
-    assert door == pytest.approx(1.322) and answer == pytest.approx(0.32)
-    # a bound of 1.3 s: B (1.342 s with the step) is refused too, and C takes its slot
-    leads, door, _ = first_token_leads(c, waiting, [10, 30], 5.0, 1.3)
-    assert leads == pytest.approx({"A": 0.622, "B": 1.022, "C": 1.022})
+    assert door == pytest.approx(1.722) and answer == pytest.approx(0.32)
+    assert full is False
+    # 2.0 s: all three still fit, a request arriving now would not (1.722 + 0.32 s)
+    leads, door, _, full = first_token_leads(c, waiting, [10, 30], 5.0, 2.0)
+    assert leads == pytest.approx({"A": 0.622, "B": 1.022, "C": 1.424})
+    assert door == pytest.approx(1.722) and full is True
+    # 1.9 s: A is late (1.942 s) and refused; it leaves its slot to B (0.622 s) and B's
+    # to C (1.022 s)
+    leads, door, _, full = first_token_leads(c, waiting, [10, 30], 5.0, 1.9)
+    assert leads == pytest.approx({"A": 0.622, "B": 0.622, "C": 1.022})
+    assert door == pytest.approx(1.322) and full is True
     # no step model, or no token budget beyond the running requests: no prediction
     import dataclasses
     assert first_token_leads(dataclasses.replace(c, step_model=None), waiting, [10, 30],
-                             5.0, 1.6) == (None, None, 0.0)
+                             5.0, 1.6) == (None, None, 0.0, False)
     assert first_token_leads(dataclasses.replace(c, token_budget=2), waiting, [10, 30],
-                             5.0, 1.6) == (None, None, 0.0)
+                             5.0, 1.6) == (None, None, 0.0, False)
+
+
+def test_newest_first_after_the_overload_began():
+    """The same queue once it serves newest first from 4.2 s: A, there before, goes
+    first (0.622 s); then C, the newest, at B's slot (0.6 + 0.102 + 0.32 = 1.022 s);
+    B last, at the slot A frees (1.424 s); a request arriving now goes right after A,
+    at the slot of 0.6 s: 0.92 s. Under 1.9 s, A is refused and C takes its slot."""
+    from tuned.core.queue_policy import ReqInfo
+    from tuned.core.refusal import first_token_leads
+
+    c = _leads_ctx()
+    waiting = [ReqInfo(rid, t, 100, 64, 20) for rid, t in (("A", 4.0), ("B", 4.5),
+                                                           ("C", 5.0))]
+    leads, door, _, full = first_token_leads(c, waiting, [10, 30], 5.0, 2.5, 4.2)
+    assert leads == pytest.approx({"A": 0.622, "C": 1.022, "B": 1.424})
+    assert door == pytest.approx(0.92) and full is True
+    leads, door, _, _ = first_token_leads(c, waiting, [10, 30], 5.0, 1.9, 4.2)
+    assert leads == pytest.approx({"A": 0.622, "C": 0.622, "B": 1.022})
+    assert door == pytest.approx(0.52)
+
+
+def test_a_large_prompt_is_refused_so_that_the_small_ones_behind_it_come_in_time():
+    """Moore and Hodgson's rule: X, a prompt of 600 tokens, then S1-S3 of 50, all
+    arriving now, bound 3 s (a step of T(2, 750) = 0.77 s). Oldest first X would take
+    the slot at 0.2 s and hold back S2 and S3 (both late): two served. Refusing X
+    instead serves all three S (S3 at 2.222 s + 0.77 s < 3 s). X's lead is then the
+    bound itself, so the wait bound refuses it now."""
+    from tuned.core.queue_policy import ReqInfo
+    from tuned.core.refusal import first_token_leads
+
+    c = _leads_ctx()
+    waiting = [ReqInfo("X", 5.0, 600, 64, 20)] + [ReqInfo(r, 5.0, 50, 64, 20)
+                                                  for r in ("S1", "S2", "S3")]
+    leads, _, step, _ = first_token_leads(c, waiting, [10, 30], 5.0, 3.0)
+    assert step == pytest.approx(0.77)
+    assert leads == pytest.approx({"S1": 1.021, "S2": 1.421, "S3": 2.222, "X": 3.0})
+    # S, waiting since 2.5 s behind X, is late whether X goes or not (0.921 s from
+    # now without X): X keeps its place and S is refused
+    waiting = [ReqInfo("X", 5.0, 600, 64, 20), ReqInfo("S", 2.5, 50, 64, 20)]
+    leads, _, _, _ = first_token_leads(c, waiting, [10, 30], 5.0, 3.0)
+    assert leads == pytest.approx({"X": 1.482, "S": 1.533})
+
+
+def test_past_twice_capacity_the_queue_serves_the_newest_first():
+    """A, B and C (waited 1, 0.5 and 0 s) behind two running requests the queue never
+    saw (a step left each: slots free at 20 ms), bound 1.9 s: oldest first, C would
+    take the slot A frees after its 64 tokens and come 2.124 + 0.32 s from now, so it
+    is refused at once. One refused and none admitted over the last bound is an
+    overload past twice what the engine serves, and the queue turns newest first from
+    now: A and B, there before, still go first, oldest first; then E, the newest,
+    before D (short ones: 4 tokens), counted once in ``newest_first`` however often
+    the gate is asked. With
+    nothing waiting the queue is fcfs's again."""
+    from tuned.curves.online import LinearStepModel
+
+    q: QueueCore = QueueCore(make_policy("fcfs", {}))
+    q.set_wait_bound((1.9, True, 10.0))
+    for rid, t in (("A", 4.0), ("B", 4.5), ("C", 5.0)):
+        q.add_request(QueuedReq(rid, t, 100, max_tokens=64))
+    running = [QueuedReq(rid, 0.0, 100, max_tokens=n + 1, num_output_tokens=1)
+               for rid, n in (("x", 10), ("y", 30))]
+    for r in running:
+        r.num_computed_tokens = 100          # through its prompt
+
+    def step(now):
+        q.begin_step(AdmitContext(now_s=now, kv_capacity_tokens=1 << 20,
+                                  kv_free_tokens=1 << 20, cap=2,
+                                  step_model=LinearStepModel(a=0.0, beta=0.01, gamma=0.001),
+                                  token_budget=1002), running)
+
+    step(5.0)
+    assert [r.request_id for r, _ in q.refusals.take()] == ["C"]
+    assert q.refusals.newest_since == 5.0
+    assert q.pop_request().request_id == "A"
+    q.add_request(QueuedReq("D", 5.05, 100, max_tokens=4))
+    q.add_request(QueuedReq("E", 5.1, 100, max_tokens=4))
+    step(5.1)
+    assert q.refusals.take() == []
+    assert q.pop_request().request_id == "B"
+    assert q.peek_request().request_id == "E" and bool(q)
+    assert q.peek_request().request_id == "E"
+    assert q.last_verdict.reason.startswith("overloaded: newest first")
+    assert q.snapshot()["newest_first"] == 1
+    assert [q.pop_request().request_id for _ in range(2)] == ["E", "D"]
+    step(5.2)
+    assert q.refusals.newest_since is None and not q.refusals.newest_first
 
 
 def test_a_refusal_by_prediction_carries_the_prediction_and_what_it_read():
-    """The same queue as above, bound 1.6 s: C (predicted 1.424 s, and the step now
-    0.32 s) is refused at once;
+    """The first queue above with all three arriving now, bound 1.6 s: C (predicted
+    1.424 s, and the step now 0.32 s) is refused at once;
     its event carries the predicted first token from its arrival and the cap, running
     requests, token budget, prefill backlog and KV tokens the prediction read, which
     the engine's ``requests_refused`` log line prints."""

@@ -65,6 +65,7 @@ class MetricsExport:
             if delta > 0:
                 counter.labels(pol).inc(delta)
         queue_counts = [("aged", snap.get("aged", 0), m.q_aged),
+                        ("newest_first", snap.get("newest_first", 0), m.q_newest),
                         ("refused", snap.get("refused", 0),
                          m.refused.labels(refusal.REASON_MAX_WAIT))]
         queue_counts += [(f"guard_held:{reason}", n, m.q_held.labels(reason))

@@ -141,6 +141,9 @@ class Metrics:
                            "queue (saber)", ("policy",))
         self.q_aged = c("tuned_queue_aged_total", "Requests admitted before the queue "
                         "policy's choice because they had waited age_after_s")
+        self.q_newest = c("tuned_queue_newest_first_total", "Requests admitted newest "
+                          "first, before the queue policy's choice, while an overload made "
+                          "the queue refuse (the older ones are refused as they turn late)")
         self.refused = c("tuned_requests_refused_total", "Requests refused, by reason ("
                          + ", ".join(f"{r}: {REASONS[r]}" for r in QUEUE_REASONS) + ")",
                          ("reason",))

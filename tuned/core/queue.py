@@ -42,9 +42,12 @@ a request's ``priority`` comes first, the smaller value first as vLLM's
 ``PriorityRequestQueue`` orders; the policy orders and gates only the requests of
 the most urgent level waiting, and a lower level waits until that level is empty
 (the policy never admits a less urgent request past a more urgent one). Within a
-level: preempted requests first (most recently preempted first), then an aged
-request of that level (the wait bound), then the policy's order, whose ties keep
-arrival order. vLLM's own queue orders a level by arrival alone, preempted requests
+level: preempted requests first (most recently preempted first), then, while an
+overload past twice the engine's capacity makes the queue serve newest first, the
+oldest of those waiting since before then and after them the newest of that level
+(:func:`tuned.core.refusal.first_token_leads`), then an aged request of that level
+(the wait bound), then the policy's order, whose ties keep arrival order. Without
+priority scheduling the same order holds over one level. vLLM's own queue orders a level by arrival alone, preempted requests
 included; its preemption of running requests for a more urgent one
 (``Scheduler.schedule`` when KV blocks run out) is vLLM's and unchanged.
 
@@ -359,6 +362,8 @@ class QueueCore(Generic[R]):
         self._set_info(rid, dataclasses.replace(info, started_s=now))
         self._popped[rid] = _Popped(info, now, pin_key)
         self._head_valid = False
+        if pin_key is None:
+            self.refusals.admitted(now)
         return req
 
     def peek_request(self) -> R:
@@ -568,6 +573,11 @@ class QueueCore(Generic[R]):
             top = ordered[0].priority
             ordered = ordered[:bisect.bisect_right(ordered, top, key=_priority)]
             eligible = lambda rid: self._unpinned[rid].priority == top  # noqa: E731
+        newest = self.refusals.newest_head(self._unpinned.values(), eligible)
+        if newest is not None:
+            return self._guarded_head(self._unpinned[newest], ctx, Verdict(
+                True, "overloaded: newest first, the older ones are refused as they "
+                      "turn late"))
         aged = self.refusals.aged_head(ctx.now_s, eligible)
         if aged is not None:
             return self._guarded_head(self._unpinned[aged], ctx, Verdict(

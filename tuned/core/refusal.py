@@ -9,7 +9,10 @@ parts, one per question a change asks:
   ``on_max_wait``, ``age_after_s``, ``ttft_sla_s``); :class:`QueueRefusals`, the
   waiting queue's collaborator, refuses each waiting request whose first token
   cannot come within it (:mod:`tuned.core.wait_bound` keeps the waiting requests by
-  arrival); :class:`RefusalWatch` says while the queue is refusing (what tuned's
+  arrival; a large prompt is refused rather than the several small ones it would
+  hold back, and past twice the engine's capacity the newest go first, so a request
+  arriving can still meet its target); :class:`RefusalWatch` says while the queue
+  is refusing (what tuned's
   ``GET /admission`` answers) and :func:`at_the_door` turns that answer into a
   refusal of a new request. Queue policies only defer (a deferred request waits);
   none refuses.
@@ -34,6 +37,7 @@ client reads) and the one engine adapter concerned.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 import math
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
@@ -62,6 +66,15 @@ QUEUE_REASONS = (REASON_MAX_WAIT,)
 REFUSAL_STATUSES = (429, 503)
 
 R = TypeVar("R")
+
+#: the most waiting requests one prediction refuses to make room for later ones
+#: (Moore and Hodgson's rule, :func:`first_token_leads`); past it, each request that
+#: cannot come in time is refused itself
+MAX_DROPS = 8
+#: the queue turns newest first once, over the last bound, it refused more than this
+#: many times as many requests as it admitted: an overload past twice what the
+#: engine serves (:func:`first_token_leads`)
+OVERLOAD_FACTOR = 1.0
 
 
 def bound_spec(on_max_wait: str, max_wait_s: float, ttft_sla_s: float,
@@ -140,6 +153,13 @@ class QueueRefusals(Generic[R]):
         self._leads: dict[str, float] = {}
         self._answer_s = 0.0
         self._seen: dict | None = None
+        #: the queue serves newest first (an overload, with refusal: see
+        #: :func:`first_token_leads`); the requests admitted so (counted once each)
+        self.newest_since: float | None = None
+        #: (when, refused, admitted) over the last bound: the overload test
+        self._window: deque[tuple[float, int, int]] = deque()
+        self.newest_admitted = 0
+        self._newest_ids: set[str] = set()
 
     def set_bound(self, spec: tuple | None, waiting: Iterable[ReqInfo]) -> None:
         """``spec``: ``(bound_s, refuse[, age_after_s])`` (:func:`bound_spec`) or None;
@@ -161,6 +181,7 @@ class QueueRefusals(Generic[R]):
             self.bound.add(info.request_id, info.arrival_s)
 
     def leave(self, request_id: str) -> None:
+        self._newest_ids.discard(request_id)
         if self.bound is not None:
             self.bound.discard(request_id)
 
@@ -172,11 +193,40 @@ class QueueRefusals(Generic[R]):
         come within the bound from their arrival, as :func:`first_token_leads`
         predicts it (the work ahead of each, at the engine's pace, under the cap),
         refused as soon as that is known rather than at the bound. Also keeps
-        :attr:`door_wait_s`, the same prediction for a request arriving now."""
+        :attr:`door_wait_s`, the same prediction for a request arriving now, and the
+        order: newest first (:attr:`newest_since`) once, over the last bound, the
+        queue refused more requests than it admitted (:data:`OVERLOAD_FACTOR`) while
+        full, until nothing waits."""
         if self.bound is None:
+            self.newest_since = None
             return []
-        leads, self.door_wait_s, self._answer_s = first_token_leads(
-            ctx, infos.values(), running_left, ctx.now_s, self.bound.bound_s)
+        bound_s, now = self.bound.bound_s, ctx.now_s
+        if not infos:
+            self.newest_since = None          # the overload is over
+        leads, self.door_wait_s, self._answer_s, full = first_token_leads(
+            ctx, infos.values(), running_left, now, bound_s, self.newest_since)
+        out = self._due(ctx, leads)
+        window = self._window
+        while window and now - window[0][0] > bound_s:
+            window.popleft()
+        if out:
+            window.append((now, len(out), 0))
+        if (self.newest_since is None and leads is not None and self.bound.refuse
+                and full and window):
+            refused = sum(n for _, n, _ in window)
+            if refused > OVERLOAD_FACTOR * sum(a for _, _, a in window):
+                # those waiting now keep their order; the ones arriving from now on
+                # go ahead of each other, newest first
+                self.newest_since = now
+        return out
+
+    def admitted(self, now_s: float) -> None:
+        """A waiting request was admitted (the queue tells each): what the overload
+        test weighs the refusals against."""
+        if self.bound is not None:
+            self._window.append((now_s, 0, 1))
+
+    def _due(self, ctx: AdmitContext, leads: dict[str, float] | None) -> list[str]:
         self._leads = leads or {}
         if leads is None:
             return self.bound.due(ctx.now_s)
@@ -213,29 +263,85 @@ class QueueRefusals(Generic[R]):
         out, self._out = self._out, []
         return out
 
+    @property
+    def newest_first(self) -> bool:
+        """Whether the queue serves newest first now (a sustained overload, with
+        refusal: see :func:`first_token_leads`)."""
+        return self.newest_since is not None
+
+    def newest_head(self, infos: Iterable[ReqInfo], eligible=None) -> str | None:
+        """While the queue serves newest first (:attr:`newest_first`), the request
+        that goes before the policy's choice and the aged head: the oldest of those
+        that arrived before the queue turned newest first, then the newest of
+        ``infos`` (``eligible(id)``: may it go now, under priority scheduling); else
+        None."""
+        since = self.newest_since
+        if since is None:
+            return None
+        old = new = None
+        for info in infos:
+            if eligible is not None and not eligible(info.request_id):
+                continue
+            if info.arrival_s <= since:
+                if old is None or info.arrival_s < old.arrival_s:
+                    old = info
+            elif new is None or info.arrival_s >= new.arrival_s:
+                new = info
+        if old is not None:
+            return old.request_id
+        if new is None:
+            return None
+        if new.request_id not in self._newest_ids:
+            self._newest_ids.add(new.request_id)
+            self.newest_admitted += 1
+        return new.request_id
+
     def aged_head(self, now_s: float, eligible=None) -> str | None:
         """The oldest waiting request once it has waited the aging point (it goes
         before the policy's choice), else None (see :meth:`WaitBound.aged_head`)."""
         return self.bound.aged_head(now_s, eligible) if self.bound is not None else None
 
     def counts(self) -> dict[str, Any]:
-        """``aged`` and ``refused``: the queue snapshot's counts; ``door_wait_s``: the
-        prediction for a new request (None without one)."""
+        """``aged``, ``refused`` and ``newest_first`` (requests admitted newest first):
+        the queue snapshot's counts; ``door_wait_s``: the prediction for a new request
+        (None without one)."""
         b = self.bound
         return {"aged": b.aged if b is not None else 0,
                 "refused": b.refused if b is not None else 0,
+                "newest_first": self.newest_admitted,
                 "door_wait_s": self.door_wait_s if b is not None else None}
 
 
 def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
-                      running_left: Sequence[int], now_s: float, bound_s: float
-                      ) -> tuple[dict[str, float] | None, float | None, float]:
-    """Predicted seconds from now to each waiting request's first token if the queue
-    is served oldest first, the same for a request arriving now, and the step now
-    (``answer_s``: a refusal decided now is answered as it ends, and the next check
-    comes a step later, so a request is refused once its first token would come past
-    ``bound_s - answer_s``); (None, None, 0.0) without the step model the controller
-    publishes or a token budget.
+                      running_left: Sequence[int], now_s: float, bound_s: float,
+                      newest_since: float | None = None
+                      ) -> tuple[dict[str, float] | None, float | None, float, bool]:
+    """Predicted seconds from now to each waiting request's first token, the same for
+    a request arriving now, the step now (``answer_s``: a refusal decided now is
+    answered as it ends, and the next check comes a step later, so a request is
+    refused once its first token would come past ``bound_s - answer_s``), and whether
+    the queue is full (a request refused, or one arriving now would be); (None, None,
+    0.0, False) without the step model the controller publishes or a token budget.
+
+    **Which are refused.** Served oldest first, a request that would come past the
+    bound is refused -- unless refusing a larger one ahead of it (its prefill and its
+    share of the slots, :data:`MAX_DROPS` at most) lets it come in time: Moore and
+    Hodgson's rule for the most jobs on time (Moore, Management Science 15(1), 1968),
+    with the drop undone when it does not save the later one. One large prompt that
+    would hold back several small ones is refused instead of them.
+
+    **Which order** (``newest_since``). Oldest first, which meets the most deadlines
+    while the engine keeps up. Under an overload past twice what the engine serves
+    (:class:`QueueRefusals` decides), oldest first leaves the queue packed with
+    requests that will just make it, and a request arriving, however few follow it,
+    finds no room: the first request after a burst is refused behind the burst's last
+    feasible ones. From ``newest_since`` on, the requests that arrived after it go
+    ahead of each other, newest first, behind those waiting then -- adaptive LIFO, as
+    Facebook's servers queue under overload (Maurer, "Fail at Scale", ACM Queue 13(8),
+    2015): the requests refused are the ones that have waited longest, and a request
+    that arrives can still meet its target. A request arriving now is predicted at
+    the back, or, newest first, right after the requests waiting since before
+    ``newest_since``.
 
     The engine is a set of batch slots (the cap) and a prefill pace. A slot frees when
     a running request ends (its predicted decode steps left at the decode step time of
@@ -255,7 +361,7 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     model = ctx.step_model
     b_now = max(int(ctx.num_running), 0)
     if model is None or ctx.token_budget <= b_now:
-        return None, None, 0.0
+        return None, None, 0.0, False
     waiting = list(waiting)
     cap = max(int(ctx.cap), 1)
     kv = ctx.kv_resident_tokens
@@ -266,23 +372,75 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     pending = max(int(ctx.prefill_backlog_tokens), 0) + sum(
         max(r.prompt_tokens, 0) for r in waiting)
     step_s = model.predict_step_s(b_now, min(c, pending), kv)
-    slots = [0.0] * max(cap - len(running_left), 0) + sorted(
-        max(int(n), 0) * decode_s for n in running_left)
-    heapq.heapify(slots)
-    prefill = per_token * max(int(ctx.prefill_backlog_tokens), 0)
-    leads: dict[str, float] = {}
-    for r in waiting:
-        slot = slots[0] if slots else 0.0
-        own = per_token * max(r.prompt_tokens, 0)
-        first = max(slot, prefill) + own + step_s
-        leads[r.request_id] = first
-        if now_s - r.arrival_s + first + step_s >= bound_s:
-            continue                      # refused: leaves the slot and the pace
-        prefill = max(slot, prefill) + own
-        if slots:
-            heapq.heapreplace(slots, first + max(r.predicted_output - 1, 0) * decode_s)
-    door = max(slots[0] if slots else 0.0, prefill) + step_s
-    return leads, door, step_s
+    running = sorted(max(int(n), 0) * decode_s for n in running_left)
+    free = [0.0] * max(cap - len(running_left), 0)
+    prefill_now = per_token * max(int(ctx.prefill_backlog_tokens), 0)
+
+    def cost(r: ReqInfo) -> float:
+        """What serving ``r`` takes from those behind it: its prefill, and its share
+        of the slots while it decodes."""
+        return per_token * max(r.prompt_tokens, 0) + \
+            max(r.predicted_output - 1, 0) * decode_s / cap
+
+    def serve(order: list[ReqInfo]) -> tuple[dict[str, float], float, int]:
+        """Leads in ``order``, a request arriving after them, the number refused."""
+        dropped: dict[str, str] = {}          # refused for a later one: id -> the later
+        tried: dict[str, str] = {}            # a later one -> what was dropped for it
+        itself: set[str] = set()              # late, and no drop saves it
+        while True:
+            slots = free + running
+            heapq.heapify(slots)
+            prefill = prefill_now
+            leads: dict[str, float] = {}
+            kept: list[ReqInfo] = []
+            late = 0
+            again = False
+            for r in order:
+                rid = r.request_id
+                if rid in dropped:
+                    continue
+                slot = slots[0] if slots else 0.0
+                own = per_token * max(r.prompt_tokens, 0)
+                first = max(slot, prefill) + own + step_s
+                leads[rid] = first
+                if now_s - r.arrival_s + first + step_s >= bound_s:
+                    if rid in tried:          # the drop did not save it: undone
+                        del dropped[tried.pop(rid)]
+                        itself.add(rid)
+                        again = True
+                        break
+                    victim = max(kept, key=cost, default=None)
+                    if (rid not in itself and len(tried) + len(itself) < MAX_DROPS
+                            and victim is not None and cost(victim) > cost(r)):
+                        dropped[victim.request_id] = rid      # Moore-Hodgson
+                        tried[rid] = victim.request_id
+                        again = True
+                        break
+                    itself.add(rid)
+                    late += 1
+                    continue                  # refused: leaves the slot and the pace
+                kept.append(r)
+                prefill = max(slot, prefill) + own
+                if slots:
+                    heapq.heapreplace(slots, first + max(r.predicted_output - 1, 0) * decode_s)
+            if not again:
+                break
+        for r in order:
+            if r.request_id in dropped:       # refused so that a later one comes in time
+                leads[r.request_id] = max(leads.get(r.request_id, 0.0),
+                                          bound_s - (now_s - r.arrival_s))
+                late += 1
+        return leads, max(slots[0] if slots else 0.0, prefill) + step_s, late
+
+    if newest_since is None:
+        leads, door, late = serve(waiting)
+        return leads, door, step_s, bool(late) or door + step_s >= bound_s
+    before = [r for r in waiting if r.arrival_s <= newest_since]
+    after = sorted(reversed([r for r in waiting if r.arrival_s > newest_since]),
+                   key=lambda r: r.arrival_s, reverse=True)
+    leads, _, _ = serve(before + after)
+    _, door, _ = serve(before)
+    return leads, door, step_s, True
 
 
 def answer(refusals: QueueRefusals[R], engine: RefusalAnswer[R]) -> int:

@@ -217,3 +217,55 @@ def test_a_contender_that_does_not_start_is_its_message_and_log_tail_not_a_trace
         "  tuned.config.ConfigError: F: sla_statistic: must be one of mean, p90, attainment, "
         "got 'x'"]
     assert "Traceback" not in err
+
+
+def test_a_share_for_the_default_outside_0_1_is_refused_before_any_engine(tmp_path):
+    code, out, err = run_main(["bench", "--out", str(tmp_path / "o"), "--workload", SIZED,
+                               "--engine", "vllm", "--model", "demo:tiny", "--slo",
+                               "ttft=3,tpot=2.5x", "--default-attainment", "1.5"])
+    assert (code, out, err) == (2, "", "tuned bench: --default-attainment: must be a share "
+                                "in (0, 1), e.g. 0.5, got 1.5\n")
+
+
+def _sized_target(workload: str):
+    """The bench's target and arguments after the relative SLO and the rate=Kx sizing,
+    on the step fit of profiles/demo-small-cpu.json (this repository's CPU host)."""
+    from argparse import Namespace
+    from pathlib import Path
+
+    from tuned.bench.command import _Target, _size_workload, base_config
+    from tuned.bench.metrics import SloSpec
+    from tuned.curves.profile import load_profile
+    from tuned.sim.hardware import engine_defaults
+
+    prof = load_profile(Path(__file__).resolve().parents[2] / "profiles" / "demo-small-cpu.json")
+    fit = prof.step_model().to_dict()
+    step = fit["a"] + fit["beta"] + 0.002           # a batch-1 step with 2 ms between steps
+    slo = SloSpec.parse("ttft=3,tpot=2.5x").resolve(step)
+    args = Namespace(workload=workload, seed=0, config=None, default_attainment=None)
+    engine = engine_defaults(None)
+    target = _Target(None, None, engine, base_config(args, slo, engine, model="demo:small"),
+                     "vllm-cpu:demo:small", step={"fit": fit, "step_s_batch1": step})
+    _size_workload(args, target, slo)
+    return args, target, slo
+
+
+def test_the_default_attainment_sizes_the_rates_on_the_simulator_of_the_measured_step():
+    """--default-attainment A: every rate=Kx part scaled by one factor, found where the
+    simulator of the measured step (its 2 ms between steps included) puts vLLM's
+    default at A within 2 points; a lower share needs a heavier load."""
+    from tuned.bench.command import ATTAINMENT_TOLERANCE, _size_for_attainment
+
+    wl = ("phases:poisson:rate=0.9x,prompt=LN(200,120),output=LN(150,100),s=20;"
+          "poisson:rate=1.5x,prompt=U(400,800),output=U(16,64),s=8")
+    factors = {}
+    for share in (0.3, 0.7):
+        args, target, slo = _sized_target(wl)
+        args.default_attainment = share
+        _size_for_attainment(args, target, slo)
+        got = target.sized["attainment"]
+        assert got["target"] == share and got["gap_s"] == pytest.approx(0.002)
+        assert abs(got["predicted"] - share) <= ATTAINMENT_TOLERANCE
+        assert target.sized["sized"] == args.workload and "x," not in args.workload
+        factors[share] = got["factor"]
+    assert factors[0.3] > factors[0.7]

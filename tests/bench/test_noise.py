@@ -66,3 +66,13 @@ def test_the_report_judges_tuned_against_the_best_pair_and_the_default():
     assert f"- {out[0]['words']}." in md and f"- {out[1]['words']}." in md
     assert "| vllm-default | static | 1 | 0.9-1.1 (0.1) | 3.00 s, 2.00 s, 4.00 s |" in md
     assert "| tuned | tuned | 1.6 | - | - |" in md
+
+
+def test_the_report_says_what_the_default_was_sized_to_meet_and_what_it_met():
+    runs = [{"name": "vllm-default", "kind": "static", "goodput_rps": 1.0,
+             "attainment": 0.4375}]
+    rep = {"engine": "vllm", "hardware": "h", "workload": "w", "seed": 0, "slo": "tpot=0.1",
+           "runs": runs, "workload_sized": {"attainment": {
+               "target": 0.5, "factor": 0.6877, "predicted": 0.5065, "gap_s": 0.002}}}
+    assert ("- sized for vLLM's default to meet 50%: every rate x 0.6877, where the "
+            "simulator of the measured step put it at 51%; it met 44% here") in markdown(rep)

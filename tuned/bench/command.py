@@ -94,6 +94,12 @@ def register(subparsers) -> None:
                    f"where repeat k uses seed + k; {LIVE_REPEATS} on the real engine, "
                    "interleaved, so that its spread says whether a margin stands above "
                    "the host's noise)")
+    p.add_argument("--default-attainment", type=float, default=None, metavar="SHARE",
+                   help="vllm, with a workload in rate=Kx: scale every rate so that "
+                   "vLLM's default meets about this share of the requests within the SLO "
+                   "(0 < SHARE < 1, e.g. 0.5), found on the simulator of the step fit "
+                   "measured before the contenders; the report gives the prediction "
+                   "beside what the default met")
     p.add_argument("--capacity", choices=("auto", "on", "off"), default="auto",
                    help="search each contender's capacity (auto: on for sim)")
     p.add_argument("--jobs", type=int, default=0,
@@ -217,6 +223,8 @@ def prepare(args) -> tuple["_Target", Any, Any, list, list]:
         slo = _relative_slo(args, spec, target, step_fit=sized)
         if sized:
             _size_workload(args, target, slo)
+            if getattr(args, "default_attainment", None) is not None:
+                _size_for_attainment(args, target, slo)
         wl, wls, field = _field(args, target)
     return target, slo, wl, wls, field
 
@@ -226,6 +234,10 @@ def _check_sized(args, spec) -> None:
     SLO it needs, and its grammar (sized at 1 req/s a capacity)."""
     from tuned.base.workloads import WorkloadError, parse_workload, sized_workload
 
+    share = getattr(args, "default_attainment", None)
+    if share is not None and not 0.0 < share < 1.0:
+        raise _Refused(f"--default-attainment: must be a share in (0, 1), e.g. 0.5, "
+                       f"got {share:g}")
     if args.engine != "vllm" or "tpot" not in spec.multiples:
         raise _Refused(f"--workload: a rate in x (K times this host's capacity) is sized "
                        f"from the engine's measured step: it needs --engine vllm and a "
@@ -263,6 +275,77 @@ def _size_workload(args, target: "_Target", slo) -> None:
     print(f"tuned bench: --workload sized to this host: {args.workload} (capacity "
           + ", ".join(f"{c['capacity_rps']:g} req/s" for c in caps) + ")",
           file=sys.stderr, flush=True)
+
+
+#: how close the simulator's attainment of vLLM's default must come to
+#: ``--default-attainment``, and the scales searched between
+ATTAINMENT_TOLERANCE = 0.02
+ATTAINMENT_SCALES = (0.05, 20.0)
+
+
+def _size_for_attainment(args, target: "_Target", slo) -> None:
+    """``--default-attainment A``: every rate of the sized workload times the factor at
+    which vLLM's default meets a share A of the requests on the simulator of the step
+    fit measured before the contenders (the engine's time between steps taken as the
+    batch-1 step's excess over the fit), found by bisection on the factor's log (the
+    share falls as the load rises); ``target.sized["attainment"]`` records it."""
+    import math
+
+    from tuned.base.workloads import parse_workload, sized_workload
+    from tuned.bench import runner
+    from tuned.bench.metrics import summarize
+    from tuned.sim.hardware import fitted_hardware
+
+    share = args.default_attainment
+    sized, fit = target.sized, target.sized["fit"]
+    step = float(target.step.get("step_s_batch1") or 0.0)
+    gap = max(step - float(fit.get("a", 0.0)) - float(fit.get("beta", 0.0)), 0.0)
+    try:
+        hw = fitted_hardware(fit, target.engine, gap)
+    except ValueError as e:
+        raise _Refused(f"--default-attainment: {e}") from None
+    engine = target.engine
+    default = runner.contenders(target.base, default_seqs=engine["max_num_seqs"],
+                                default_tokens=engine["max_num_batched_tokens"],
+                                quick=True, peers=False, ablate=False,
+                                only=["vllm-default"])[0]
+    bench = runner.SimBench(hw)
+    caps = {(c["prompt_mean"], c["output_mean"]): c["capacity_rps"] for c in sized["parts"]}
+
+    def spec_at(k: float) -> str:
+        return sized_workload(sized["given"], lambda p, o: k * caps[(round(p.mean, 1),
+                                                                     round(o.mean, 1))])
+
+    def attainment(k: float) -> float:
+        wl = parse_workload(spec_at(k), args.seed, max_model_len=target.base.max_model_len)
+        out = bench.run(default, wl.requests, timelines=False)
+        return float(summarize(out.results, slo)["attainment"] or 0.0)
+
+    lo, hi = ATTAINMENT_SCALES
+    a_lo, a_hi = attainment(lo), attainment(hi)
+    if not a_hi <= share <= a_lo:
+        raise _Refused(f"--default-attainment {share:g}: vLLM's default meets "
+                       f"{a_hi:.0%}-{a_lo:.0%} of this workload on the simulator from "
+                       f"{lo:g}x to {hi:g}x its rates; give a share in that range")
+    k, a = (lo, a_lo) if abs(a_lo - share) < abs(a_hi - share) else (hi, a_hi)
+    for _ in range(24):
+        if abs(a - share) <= ATTAINMENT_TOLERANCE:
+            break
+        mid = math.sqrt(lo * hi)
+        a_mid = attainment(mid)
+        if abs(a_mid - share) < abs(a - share):
+            k, a = mid, a_mid
+        if a_mid > share:
+            lo = mid
+        else:
+            hi = mid
+    args.workload = spec_at(k)
+    sized["sized"] = args.workload
+    sized["attainment"] = {"target": share, "factor": round(k, 4),
+                           "predicted": round(a, 4), "gap_s": round(gap, 6)}
+    print(f"tuned bench: --default-attainment {share:g}: every rate x {k:.3g} "
+          f"(vLLM's default meets {a:.0%} on the simulator of the measured step): "
+          f"{args.workload}", file=sys.stderr, flush=True)
 
 
 def _relative_slo(args, spec, target: "_Target", step_fit: bool = False):

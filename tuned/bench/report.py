@@ -466,6 +466,13 @@ def markdown(report: dict[str, Any]) -> str:
              f"- best static pair (cap, token budget) in hindsight: {picks('best_static')}"]
     if report.get("best_cap"):
         lines.append(f"- best cap at vLLM's default token budget: {picks('best_cap')}")
+    aim = (report.get("workload_sized") or {}).get("attainment")
+    if aim:
+        met = next((r.get("attainment") for r in runs if r["name"] == "vllm-default"), None)
+        lines.append(f"- sized for vLLM's default to meet {aim['target']:.0%}: every rate "
+                     f"x {aim['factor']:g}, where the simulator of the measured step put it "
+                     f"at {aim['predicted']:.0%}"
+                     + (f"; it met {met:.0%} here" if met is not None else ""))
     if (report.get("repeats") or 1) > 1:
         lines.append(f"- every figure is the mean of {report['repeats']} repeats")
     lines.append("")

@@ -99,6 +99,37 @@ def profile_hardware(path: str | Path) -> SimHardware:
                        max_model_len=CPU_MAX_MODEL_LEN)
 
 
+#: the KV block of vLLM's CPU build (its attention backend's page)
+CPU_BLOCK_SIZE = 128
+
+
+def fitted_hardware(fit: dict, engine: dict[str, int], gap_s: float = 0.0) -> SimHardware:
+    """The CPU host a real engine's step fit describes (``fit``: ``a``, ``beta``,
+    ``gamma`` and ``eta``, seconds, as `tuned bench --engine vllm` measures it before
+    its contenders), with the engine's settings ``engine`` (:func:`engine_defaults`
+    of None, or the bench's) and ``gap_s`` between steps. ValueError for a fit without
+    a positive step."""
+    from tuned.curves.online import LinearStepModel
+
+    from tuned.sim.stepmodel import LinearStepClock
+
+    try:
+        model = LinearStepModel(float(fit["a"]), float(fit["beta"]), float(fit["gamma"]),
+                                float(fit.get("eta") or 0.0), source="measured")
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"step fit: needs numbers a, beta and gamma, got {fit!r}") from None
+    if not model.predict_step_s(1) > 0:
+        raise ValueError(f"step fit: a batch-1 step of {model.predict_step_s(1)!r} s")
+    seqs, toks = VLLM_DEFAULTS["cpu"]
+    return SimHardware("measured step fit", LinearStepClock(model, "measured step fit",
+                                                            max(gap_s, 0.0)),
+                       CPU_BLOCK_SIZE, int(engine.get("num_gpu_blocks") or CPU_NUM_GPU_BLOCKS),
+                       int(engine.get("max_num_seqs") or seqs),
+                       int(engine.get("max_num_batched_tokens") or toks),
+                       {"fit": dict(fit)},
+                       max_model_len=int(engine.get("max_model_len") or CPU_MAX_MODEL_LEN))
+
+
 def engine_defaults(hardware: SimHardware | None) -> dict[str, int]:
     """The engine settings ``tuned simulate`` and ``tuned bench`` start from (a config
     file's keys override them): vLLM 0.32's ``max_num_seqs`` and

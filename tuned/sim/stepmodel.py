@@ -1,10 +1,11 @@
 """Step-time models: how long one engine step takes, given what it carries.
 
-A step clock is the simulator's only source of time. Three kinds exist:
+A step clock is the simulator's only source of time. These kinds exist:
 
-* :class:`ProfileStepModel`: the fitted T(b, c, kv) of a `tuned profile` run
-  (measured on this host, through vLLM), evaluated by the control core's one step
-  model, :class:`tuned.curves.online.LinearStepModel`;
+* :class:`LinearStepClock`: a fitted T(b, c, kv), evaluated by the control core's
+  one step model, :class:`tuned.curves.online.LinearStepModel`: a `tuned profile`
+  run's (:class:`ProfileStepModel`, measured on this host, through vLLM) or the one
+  `tuned bench --engine vllm` measures before its contenders;
 * the GPU-shaped models of :mod:`tuned.sim.gpu`, built from Vidur's per-operator
   timings of Llama-2 on A100 / H100;
 * :class:`ConstantStepModel`, Multi-bin batching's unit-time steps.
@@ -51,32 +52,48 @@ class StepClock(Protocol):
     def step_s(self, shape: StepShape) -> float: ...
 
 
-class ProfileStepModel:
-    """T(b, c, kv) from a `tuned profile` fit: ``a + beta*b + gamma*c + eta*kv``, the
-    profile's :class:`~tuned.curves.online.LinearStepModel` (its KV term included).
+class LinearStepClock:
+    """T(b, c, kv) = ``a + beta*b + gamma*c + eta*kv`` of a
+    :class:`~tuned.curves.online.LinearStepModel`, the control core's one step model:
+    a profile's fit (:class:`ProfileStepModel`) or the one `tuned bench --engine vllm`
+    measures on the engine before its contenders.
 
     ``b`` is the step's decode count, ``c`` its prefill tokens and ``kv`` the KV
-    tokens resident after the step, the same quantities the profile's step samples
-    recorded. Predictions are floored at 0.1 ms: a linear fit can go below zero far
-    outside its data.
+    tokens resident after the step, the same quantities the engine's step records
+    hold. Predictions are floored at 0.1 ms: a linear fit can go below zero far
+    outside its data. ``gap_s``: the engine's time between steps (see
+    :class:`StepClock`).
     """
 
     MIN_STEP_S = 1e-4
 
+    def __init__(self, model, name: str, gap_s: float = 0.0) -> None:
+        self.model = model
+        self.name = name
+        self._t = model.predict_step_s
+        self.gap_s = float(gap_s)
+
+    def step_s(self, shape: StepShape) -> float:
+        t = self._t(shape.num_decode, shape.prefill_tokens, shape.kv_tokens)
+        return t if t > self.MIN_STEP_S else self.MIN_STEP_S
+
+    def describe(self) -> dict:
+        return {"kind": "fit", "fit": self.model.to_dict(), "gap_s": self.gap_s}
+
+
+class ProfileStepModel(LinearStepClock):
+    """The fitted T(b, c, kv) of a `tuned profile` run (measured on this host, through
+    vLLM), with the profile's step gap."""
+
     def __init__(self, profile) -> None:
         self.profile = profile
-        self.name = f"profile:{profile.source or 'in-memory'}"
         st = profile.step_time
         if st is None:
             raise ValueError(f"{profile.source or 'profile'}: no step-time fit (the profile "
                              "has no engine step samples); re-run `tuned profile` against "
                              "tuned serve")
-        self._t = profile.step_model().predict_step_s
-        self.gap_s = profile.step_gap_s
-
-    def step_s(self, shape: StepShape) -> float:
-        t = self._t(shape.num_decode, shape.prefill_tokens, shape.kv_tokens)
-        return t if t > self.MIN_STEP_S else self.MIN_STEP_S
+        super().__init__(profile.step_model(), f"profile:{profile.source or 'in-memory'}",
+                         profile.step_gap_s)
 
     def describe(self) -> dict:
         st = self.profile.step_time

@@ -348,6 +348,9 @@ def test_past_twice_capacity_the_queue_serves_the_newest_first():
     q.add_request(QueuedReq("E", 5.1, 100, max_tokens=4))
     step(5.1)
     assert q.refusals.take() == []
+    assert q.peek_request().request_id == "B"
+    assert q.last_verdict.reason == ("overloaded: the requests waiting since before go "
+                                     "first, oldest first")
     assert q.pop_request().request_id == "B"
     assert q.peek_request().request_id == "E" and bool(q)
     assert q.peek_request().request_id == "E"

@@ -573,11 +573,13 @@ class QueueCore(Generic[R]):
             top = ordered[0].priority
             ordered = ordered[:bisect.bisect_right(ordered, top, key=_priority)]
             eligible = lambda rid: self._unpinned[rid].priority == top  # noqa: E731
-        newest = self.refusals.newest_head(self._unpinned.values(), eligible)
-        if newest is not None:
-            return self._guarded_head(self._unpinned[newest], ctx, Verdict(
+        overloaded = self.refusals.newest_head(self._unpinned.values(), eligible)
+        if overloaded is not None:
+            rid, newest = overloaded
+            return self._guarded_head(self._unpinned[rid], ctx, Verdict(
                 True, "overloaded: newest first, the older ones are refused as they "
-                      "turn late"))
+                      "turn late" if newest else "overloaded: the requests waiting "
+                      "since before go first, oldest first"))
         aged = self.refusals.aged_head(ctx.now_s, eligible)
         if aged is not None:
             return self._guarded_head(self._unpinned[aged], ctx, Verdict(

@@ -269,12 +269,13 @@ class QueueRefusals(Generic[R]):
         refusal: see :func:`first_token_leads`)."""
         return self.newest_since is not None
 
-    def newest_head(self, infos: Iterable[ReqInfo], eligible=None) -> str | None:
+    def newest_head(self, infos: Iterable[ReqInfo],
+                    eligible=None) -> tuple[str, bool] | None:
         """While the queue serves newest first (:attr:`newest_first`), the request
         that goes before the policy's choice and the aged head: the oldest of those
         that arrived before the queue turned newest first, then the newest of
-        ``infos`` (``eligible(id)``: may it go now, under priority scheduling); else
-        None."""
+        ``infos`` (``eligible(id)``: may it go now, under priority scheduling), with
+        whether it is the newest; else None."""
         since = self.newest_since
         if since is None:
             return None
@@ -288,13 +289,13 @@ class QueueRefusals(Generic[R]):
             elif new is None or info.arrival_s >= new.arrival_s:
                 new = info
         if old is not None:
-            return old.request_id
+            return old.request_id, False
         if new is None:
             return None
         if new.request_id not in self._newest_ids:
             self._newest_ids.add(new.request_id)
             self.newest_admitted += 1
-        return new.request_id
+        return new.request_id, True
 
     def aged_head(self, now_s: float, eligible=None) -> str | None:
         """The oldest waiting request once it has waited the aging point (it goes

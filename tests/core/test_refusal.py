@@ -313,6 +313,60 @@ def test_a_large_prompt_is_refused_so_that_the_small_ones_behind_it_come_in_time
     assert leads == pytest.approx({"X": 1.482, "S": 1.533})
 
 
+def test_newest_first_a_request_the_engine_can_keep_up_with_is_never_refused_for_another():
+    """Newest first since 3 s: X (600 tokens, arrived now) goes ahead of S (50 tokens,
+    waiting 1 s), which then comes late (3.203 s with the step); Moore and Hodgson
+    would refuse X so that S makes it. X in ``keep`` (it arrived as the arrivals slowed
+    below the engine's pace) keeps its place, and S is refused instead."""
+    from tuned.core.queue_policy import ReqInfo
+    from tuned.core.refusal import first_token_leads
+
+    c = _leads_ctx()
+    waiting = [ReqInfo("S", 4.0, 50, 64, 20), ReqInfo("X", 5.0, 600, 64, 20)]
+    leads, _, step, _ = first_token_leads(c, waiting, [10, 30], 5.0, 3.0, 3.0)
+    assert step == pytest.approx(0.67)
+    assert leads == pytest.approx({"S": 0.921, "X": 3.0})
+    leads, _, _, _ = first_token_leads(c, waiting, [10, 30], 5.0, 3.0, 3.0, {"X"})
+    assert leads == pytest.approx({"X": 1.482, "S": 1.533})
+
+
+def test_a_request_arriving_slower_than_the_engine_admits_is_kept():
+    """The queue's keep set: newest first, a request whose gap from the arrival before
+    it is at least the time between two admissions over the last bound (2 in 3 s:
+    1.5 s): a, the first arrival, and c, 1.9 s after b; none while the queue serves
+    oldest first."""
+    from tuned.core.queue_policy import ReqInfo
+    from tuned.core.wait_bound import WaitBound
+    from tuned.curves.online import LinearStepModel
+
+    seen = []
+    r = QueueRefusals(WaitBound(3.0, True, 1.5))
+    import tuned.core.refusal as mod
+    real = mod.first_token_leads
+
+    def spy(*a, **k):
+        seen.append(set(a[6]) if len(a) > 6 else set(k.get("keep", ())))
+        return real(*a, **k)
+
+    infos = {}
+    for rid, t in (("a", 10.0), ("b", 10.1), ("c", 12.0)):
+        infos[rid] = ReqInfo(rid, t, 10, 8, 8)
+        r.join(infos[rid])
+    r.admitted(9.5)
+    r.admitted(10.5)
+    c = AdmitContext(now_s=12.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
+                     cap=4, step_model=LinearStepModel(a=0.0, beta=0.01, gamma=0.001),
+                     token_budget=1000)
+    mod.first_token_leads = spy
+    try:
+        r.due(c, infos)
+        r.newest_since = 11.0
+        r.due(c, infos)
+    finally:
+        mod.first_token_leads = real
+    assert seen == [set(), {"a", "c"}]
+
+
 def test_past_twice_capacity_the_queue_serves_the_newest_first():
     """A, B and C (waited 1, 0.5 and 0 s) behind two running requests the queue never
     saw (a step left each: slots free at 20 ms), bound 1.9 s: oldest first, C would

@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 import math
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -158,6 +158,9 @@ class QueueRefusals(Generic[R]):
         self.newest_since: float | None = None
         #: (when, refused, admitted) over the last bound: the overload test
         self._window: deque[tuple[float, int, int]] = deque()
+        #: each waiting request's time since the arrival before it
+        self._gap: dict[str, float] = {}
+        self._last_arrival = -math.inf
         self.newest_admitted = 0
         self._newest_ids: set[str] = set()
 
@@ -177,11 +180,15 @@ class QueueRefusals(Generic[R]):
             self.bound = new
 
     def join(self, info: ReqInfo) -> None:
+        if info.arrival_s > self._last_arrival:
+            self._gap[info.request_id] = info.arrival_s - self._last_arrival
+            self._last_arrival = info.arrival_s
         if self.bound is not None:
             self.bound.add(info.request_id, info.arrival_s)
 
     def leave(self, request_id: str) -> None:
         self._newest_ids.discard(request_id)
+        self._gap.pop(request_id, None)
         if self.bound is not None:
             self.bound.discard(request_id)
 
@@ -203,12 +210,19 @@ class QueueRefusals(Generic[R]):
         bound_s, now = self.bound.bound_s, ctx.now_s
         if not infos:
             self.newest_since = None          # the overload is over
-        leads, self.door_wait_s, self._answer_s, full = first_token_leads(
-            ctx, infos.values(), running_left, now, bound_s, self.newest_since)
-        out = self._due(ctx, leads)
         window = self._window
         while window and now - window[0][0] > bound_s:
             window.popleft()
+        keep: set[str] = set()
+        if self.newest_since is not None:
+            # arrivals slower than the engine admits (over the last bound): traffic it
+            # can serve, never refused for the overload's leftovers
+            admitted = sum(a for _, _, a in window)
+            pace = bound_s / admitted if admitted else math.inf
+            keep = {rid for rid, gap in self._gap.items() if gap >= pace}
+        leads, self.door_wait_s, self._answer_s, full = first_token_leads(
+            ctx, infos.values(), running_left, now, bound_s, self.newest_since, keep)
+        out = self._due(ctx, leads)
         if out:
             window.append((now, len(out), 0))
         if (self.newest_since is None and leads is not None and self.bound.refuse
@@ -315,7 +329,7 @@ class QueueRefusals(Generic[R]):
 
 def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
                       running_left: Sequence[int], now_s: float, bound_s: float,
-                      newest_since: float | None = None
+                      newest_since: float | None = None, keep: Collection[str] = ()
                       ) -> tuple[dict[str, float] | None, float | None, float, bool]:
     """Predicted seconds from now to each waiting request's first token, the same for
     a request arriving now, the step now (``answer_s``: a refusal decided now is
@@ -329,7 +343,8 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
     share of the slots, :data:`MAX_DROPS` at most) lets it come in time: Moore and
     Hodgson's rule for the most jobs on time (Moore, Management Science 15(1), 1968),
     with the drop undone when it does not save the later one. One large prompt that
-    would hold back several small ones is refused instead of them.
+    would hold back several small ones is refused instead of them. A request of
+    ``keep`` is never refused for another.
 
     **Which order** (``newest_since``). Oldest first, which meets the most deadlines
     while the engine keeps up. Under an overload past twice what the engine serves
@@ -410,7 +425,8 @@ def first_token_leads(ctx: AdmitContext, waiting: Iterable[ReqInfo],
                         itself.add(rid)
                         again = True
                         break
-                    victim = max(kept, key=cost, default=None)
+                    victim = max((k for k in kept if k.request_id not in keep),
+                                 key=cost, default=None)
                     if (rid not in itself and len(tried) + len(itself) < MAX_DROPS
                             and victim is not None and cost(victim) > cost(r)):
                         dropped[victim.request_id] = rid      # Moore-Hodgson

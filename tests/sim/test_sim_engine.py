@@ -626,3 +626,24 @@ def test_a_late_queue_head_lifts_the_cap_on_the_simulator():
     assert late["hold"] == [] and late["lift"]
     assert all(d["cap"] == d["b_mem"] > d["b_sla"] for d in late["lift"])
     assert last_first["lift"] < last_first["hold"]
+
+
+def test_a_measured_step_fit_is_a_cpu_host_to_simulate():
+    """``fitted_hardware``: the step fit the real-engine bench measures, as a host the
+    simulator runs (vLLM's CPU build: block 128, the engine's blocks and defaults),
+    its steps T(b, c) = a + beta b + gamma c and the given time between steps; a fit
+    without a positive step is refused by name."""
+    from tuned.sim.hardware import engine_defaults, fitted_hardware
+    from tuned.sim.stepmodel import StepShape
+
+    hw = fitted_hardware({"a": 0.01, "beta": 0.001, "gamma": 0.0002}, engine_defaults(None),
+                         gap_s=0.002)
+    assert (hw.block_size, hw.num_gpu_blocks, hw.vllm_default_max_num_seqs,
+            hw.vllm_default_max_num_batched_tokens) == (128, 48, 128, 2048)
+    assert hw.step_model.step_s(StepShape(4, 0, 100, 1, 0.0, 500)) == pytest.approx(0.034)
+    assert hw.step_model.gap_s == 0.002
+    assert hw.describe()["step_model"]["kind"] == "fit"
+    with pytest.raises(ValueError, match=r"step fit: a batch-1 step of 0\.0 s"):
+        fitted_hardware({"a": 0.0, "beta": 0.0, "gamma": 0.001}, engine_defaults(None))
+    with pytest.raises(ValueError, match="step fit: needs numbers a, beta and gamma"):
+        fitted_hardware({"a": 0.01}, engine_defaults(None))

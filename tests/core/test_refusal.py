@@ -330,41 +330,54 @@ def test_newest_first_a_request_the_engine_can_keep_up_with_is_never_refused_for
     assert leads == pytest.approx({"X": 1.482, "S": 1.533})
 
 
-def test_a_request_arriving_slower_than_the_engine_admits_is_kept():
-    """The queue's keep set: newest first, a request whose gap from the arrival before
-    it is at least the time between two admissions over the last bound (2 in 3 s:
-    1.5 s): a, the first arrival, and c, 1.9 s after b; none while the queue serves
-    oldest first."""
+def test_the_requests_arriving_once_the_arrivals_slow_to_the_engines_pace_are_kept():
+    """The queue's keep set, newest first: two admissions over the last bound of 3 s
+    make a pace of 1.5 s between admissions. c came 1.9 s after b: the arrivals had
+    slowed to that pace, and c is kept (not a, which came before b's rush). Once d and
+    e follow within 0.2 s, three arrivals in 0.3 s are more than the pace admits: the
+    overload goes on, and none is kept. None either while the queue serves oldest
+    first."""
     from tuned.core.queue_policy import ReqInfo
     from tuned.core.wait_bound import WaitBound
     from tuned.curves.online import LinearStepModel
 
-    seen = []
-    r = QueueRefusals(WaitBound(3.0, True, 1.5))
     import tuned.core.refusal as mod
+
+    seen = []
     real = mod.first_token_leads
 
     def spy(*a, **k):
         seen.append(set(a[6]) if len(a) > 6 else set(k.get("keep", ())))
         return real(*a, **k)
 
+    r = QueueRefusals(WaitBound(3.0, True, 1.5))
     infos = {}
-    for rid, t in (("a", 10.0), ("b", 10.1), ("c", 12.0)):
+
+    def arrive(rid, t):
         infos[rid] = ReqInfo(rid, t, 10, 8, 8)
         r.join(infos[rid])
+
+    def due(now):
+        c = AdmitContext(now_s=now, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
+                         cap=4, step_model=LinearStepModel(a=0.0, beta=0.01, gamma=0.001),
+                         token_budget=1000)
+        r.due(c, infos)
+
+    for rid, t in (("a", 10.0), ("b", 10.1), ("c", 12.0)):
+        arrive(rid, t)
     r.admitted(9.5)
     r.admitted(10.5)
-    c = AdmitContext(now_s=12.0, kv_capacity_tokens=1 << 20, kv_free_tokens=1 << 20,
-                     cap=4, step_model=LinearStepModel(a=0.0, beta=0.01, gamma=0.001),
-                     token_budget=1000)
     mod.first_token_leads = spy
     try:
-        r.due(c, infos)
+        due(12.0)
         r.newest_since = 11.0
-        r.due(c, infos)
+        due(12.0)
+        arrive("d", 12.1)
+        arrive("e", 12.2)
+        due(12.3)
     finally:
         mod.first_token_leads = real
-    assert seen == [set(), {"a", "c"}]
+    assert seen == [set(), {"c"}, set()]
 
 
 def test_past_twice_capacity_the_queue_serves_the_newest_first():

@@ -158,8 +158,8 @@ class QueueRefusals(Generic[R]):
         self.newest_since: float | None = None
         #: (when, refused, admitted) over the last bound: the overload test
         self._window: deque[tuple[float, int, int]] = deque()
-        #: each waiting request's time since the arrival before it
-        self._gap: dict[str, float] = {}
+        #: (arrival, time since the arrival before it) over the last bound, in order
+        self._arrivals: deque[tuple[float, float]] = deque()
         self._last_arrival = -math.inf
         self.newest_admitted = 0
         self._newest_ids: set[str] = set()
@@ -181,14 +181,13 @@ class QueueRefusals(Generic[R]):
 
     def join(self, info: ReqInfo) -> None:
         if info.arrival_s > self._last_arrival:
-            self._gap[info.request_id] = info.arrival_s - self._last_arrival
+            self._arrivals.append((info.arrival_s, info.arrival_s - self._last_arrival))
             self._last_arrival = info.arrival_s
         if self.bound is not None:
             self.bound.add(info.request_id, info.arrival_s)
 
     def leave(self, request_id: str) -> None:
         self._newest_ids.discard(request_id)
-        self._gap.pop(request_id, None)
         if self.bound is not None:
             self.bound.discard(request_id)
 
@@ -203,7 +202,8 @@ class QueueRefusals(Generic[R]):
         :attr:`door_wait_s`, the same prediction for a request arriving now, and the
         order: newest first (:attr:`newest_since`) once, over the last bound, the
         queue refused more requests than it admitted (:data:`OVERLOAD_FACTOR`) while
-        full, until nothing waits."""
+        full, until nothing waits; newest first, the requests that arrived once the
+        arrivals slowed to the engine's pace (:meth:`_lull`) are refused for none."""
         if self.bound is None:
             self.newest_since = None
             return []
@@ -213,13 +213,14 @@ class QueueRefusals(Generic[R]):
         window = self._window
         while window and now - window[0][0] > bound_s:
             window.popleft()
+        arrivals = self._arrivals
+        while arrivals and now - arrivals[0][0] > bound_s:
+            arrivals.popleft()
         keep: set[str] = set()
         if self.newest_since is not None:
-            # arrivals slower than the engine admits (over the last bound): traffic it
-            # can serve, never refused for the overload's leftovers
-            admitted = sum(a for _, _, a in window)
-            pace = bound_s / admitted if admitted else math.inf
-            keep = {rid for rid, gap in self._gap.items() if gap >= pace}
+            lull = self._lull(bound_s, now)
+            if lull is not None:
+                keep = {rid for rid, info in infos.items() if info.arrival_s >= lull}
         leads, self.door_wait_s, self._answer_s, full = first_token_leads(
             ctx, infos.values(), running_left, now, bound_s, self.newest_since, keep)
         out = self._due(ctx, leads)
@@ -233,6 +234,24 @@ class QueueRefusals(Generic[R]):
                 # go ahead of each other, newest first
                 self.newest_since = now
         return out
+
+    def _lull(self, bound_s: float, now_s: float) -> float | None:
+        """When the arrivals slowed to what the engine serves: the last arrival that
+        came at least the time between two admissions (over the last bound) after
+        the one before it, while no more have arrived since than the engine admits
+        at that pace; None when the overload goes on. The requests arriving from
+        then on are traffic the engine can serve, never refused for the overload's
+        leftovers."""
+        admitted = sum(a for _, _, a in self._window)
+        if not admitted:
+            return None
+        pace = bound_s / admitted
+        n = 0
+        for t, gap in reversed(self._arrivals):
+            n += 1
+            if gap >= pace:
+                return t if n <= (now_s - t) / pace + 1 else None
+        return None
 
     def admitted(self, now_s: float) -> None:
         """A waiting request was admitted (the queue tells each): what the overload
